@@ -1,0 +1,30 @@
+# `make demo` and `make test` set everything up on a fresh machine.
+# TORCH_SPEC installs the small CPU wheel first; a GPU user overrides it, e.g.
+#   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+PYTHON ?= python3.11
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/cmf_basic.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_log_metric.py
+	$(PY) benchmarks/bench_commit.py
+
+clean:
+	rm -rf $(VENV) cmf_store demo_store .pytest_cache

@@ -1,0 +1,24 @@
+"""Environment variables, on-disk names and MLMD type names, in one place."""
+
+from __future__ import annotations
+
+ENV_STORE = "RAY_CMF_STORE"
+DEFAULT_STORE = "cmf_store"
+
+MLMD_FILE = "mlmd.sqlite"
+ARTIFACTS_DIR = "artifacts"
+SPILL_DIR = "spill"
+SPILL_MANIFEST = "manifest.json"
+SEGMENT_GLOB = "seg-*.arrows"
+
+SEQUENCE_COLUMN = "SequenceNumber"
+
+PIPELINE_CONTEXT_TYPE = "Parent_Context"
+STAGE_CONTEXT_TYPE = "Child_Context"
+STEP_METRICS_TYPE = "Step_Metrics"
+EXECUTION_METRICS_TYPE = "Metrics"
+DATASET_TYPE = "Dataset"
+MODEL_TYPE = "Model"
+
+DEFAULT_FLUSH_ROWS = 10_000
+DEFAULT_FLUSH_SECONDS = 30.0

@@ -1,0 +1,57 @@
+"""Exception hierarchy: every message names the offending key and value and says what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RayCmfError(Exception):
+    """Base class of every error raised by ray_cmf."""
+
+
+class InvalidNameError(RayCmfError, ValueError):
+    """A metrics, pipeline, stage or column name that cannot be used as a path component."""
+
+    def __init__(self, what: str, name: Any) -> None:
+        super().__init__(
+            f"Invalid {what} {name!r}: names must be non-empty strings without '/', '\\' or '..'."
+        )
+        self.what = what
+        self.name = name
+
+
+class InvalidValueError(RayCmfError, ValueError):
+    """A logged value of a type that cannot be stored as a scalar column."""
+
+    def __init__(self, key: str, value: Any, hint: str = "") -> None:
+        super().__init__(
+            f"Metric {key!r} has unsupported type {type(value).__name__} (value {value!r:.80}); "
+            "log int, float, bool, str or None." + (f" {hint}" if hint else "")
+        )
+        self.key = key
+        self.value = value
+
+
+class SchemaError(RayCmfError, ValueError):
+    """A column changed type in a way that cannot widen (e.g. number to str)."""
+
+    def __init__(self, key: str, row: int, old: str, new: str) -> None:
+        super().__init__(
+            f"Metric {key!r} at row {row} changed type from {old} to {new}; only int -> float widens. "
+            "Log it under another name."
+        )
+        self.key = key
+        self.row = row
+        self.old = old
+        self.new = new
+
+
+class StoreError(RayCmfError):
+    """The store directory or its MLMD database cannot be opened or written."""
+
+
+class MetricsNotFoundError(RayCmfError, KeyError):
+    """No committed metrics of that name (or md5) exist in the pipeline."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0])

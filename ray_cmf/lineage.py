@@ -1,0 +1,262 @@
+"""ML-Metadata lineage in cmflib's model: pipeline (parent) and stage (child) contexts, executions, artifacts.
+
+Only the store's single writer opens a Lineage for writing; readers open it read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+from ray_cmf.constants import PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE
+from ray_cmf.errors import StoreError
+
+Artifact = mlpb.Artifact
+Context = mlpb.Context
+Execution = mlpb.Execution
+
+_STATES = {
+    "RUNNING": mlpb.Execution.RUNNING,
+    "COMPLETE": mlpb.Execution.COMPLETE,
+    "FAILED": mlpb.Execution.FAILED,
+    "CANCELED": mlpb.Execution.CANCELED,
+}
+_EVENTS = {"input": mlpb.Event.INPUT, "output": mlpb.Event.OUTPUT}
+_NONFINITE_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+_NONFINITE_VALUE = {text: float(key) for key, text in _NONFINITE_TEXT.items()}
+_PROPERTY_TYPES = {str: mlpb.STRING, int: mlpb.INT, float: mlpb.DOUBLE}
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings to ``a.b`` keys; leave scalars, render anything else as JSON."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name + "."))
+        elif value is None or isinstance(value, bool | int | float | str):
+            flat[name] = value
+        else:
+            flat[name] = json.dumps(value, default=repr)
+    return flat
+
+
+def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Execution properties for a config: its flattened scalars plus the whole config as JSON."""
+    return {**flatten_config(config), "config_json": json.dumps(config, default=repr, sort_keys=True)}
+
+
+def _value(value: Any) -> mlpb.Value:
+    """A Python scalar as an MLMD Value (bool, int, double or string; anything else as JSON)."""
+    if isinstance(value, bool):
+        return mlpb.Value(bool_value=value)
+    if isinstance(value, int) and -(2**63) <= value < 2**63:
+        return mlpb.Value(int_value=value)
+    if isinstance(value, float | int):
+        if not math.isfinite(value):  # MLMD's SQL writer renders nan/inf as bare words and fails
+            return mlpb.Value(string_value=_NONFINITE_TEXT[str(float(value))])
+        return mlpb.Value(double_value=float(value))
+    if isinstance(value, str):
+        return mlpb.Value(string_value=value)
+    return mlpb.Value(string_value=json.dumps(value, default=repr))
+
+
+def python_value(value: mlpb.Value) -> Any:
+    """An MLMD Value back as a Python scalar (non-finite floats included)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    raw = getattr(value, kind)
+    return _NONFINITE_VALUE.get(raw, raw) if kind == "string_value" else raw
+
+
+def properties(node: Artifact | Execution | Context) -> dict[str, Any]:
+    """Typed and custom properties of an MLMD node as one plain dict."""
+    out = {k: python_value(v) for k, v in node.custom_properties.items()}
+    out.update({k: python_value(v) for k, v in node.properties.items()})
+    return out
+
+
+def _set(target: Any, props: Mapping[str, Any] | None) -> None:
+    for key, value in (props or {}).items():
+        if value is None:
+            continue
+        target[key].CopyFrom(_value(value))
+
+
+def connection_config(target: str | os.PathLike[str], *, readonly: bool = False) -> mlpb.ConnectionConfig:
+    """Connection for a SQLite file path or a ``mysql://user:password@host:port/database`` URL."""
+    config = mlpb.ConnectionConfig()
+    text = os.fspath(target)
+    if text.startswith("mysql://"):
+        url = urlparse(text)
+        config.mysql.host = url.hostname or "localhost"
+        config.mysql.port = url.port or 3306
+        config.mysql.database = url.path.lstrip("/")
+        config.mysql.user = unquote(url.username or "")
+        config.mysql.password = unquote(url.password or "")
+        return config
+    config.sqlite.filename_uri = text
+    config.sqlite.connection_mode = (
+        mlpb.SqliteMetadataSourceConfig.READONLY if readonly else mlpb.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+    )
+    return config
+
+
+class Lineage:
+    """A typed, cmflib-shaped view of one MLMD database.
+
+    Args:
+        target: SQLite file path (created on demand) or a MySQL URL.
+        readonly: Open without write access (for readers beside the single writer).
+    """
+
+    def __init__(self, target: str | os.PathLike[str], *, readonly: bool = False) -> None:
+        self.target = os.fspath(target)
+        if not self.target.startswith("mysql://"):
+            path = Path(self.target)
+            if readonly and not path.is_file():
+                raise StoreError(f"No MLMD database at {path}; run a sweep or Cmf commit first")
+            if not readonly:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.store = metadata_store.MetadataStore(connection_config(self.target, readonly=readonly))
+            self.store.get_context_types()  # fail here, not at first use, on a corrupt file
+        except Exception as exc:
+            raise StoreError(
+                f"Cannot open the MLMD database {self.target}: {exc}. "
+                "Is it a valid ML-Metadata SQLite file that this user may write?"
+            ) from exc
+        self._type_ids: dict[tuple[str, str], int] = {}
+
+    # -- types ---------------------------------------------------------------------------------------
+    def type_id(self, kind: str, name: str, typed: Mapping[str, type] | None = None) -> int:
+        """Id of the artifact/execution/context type ``name``, created (or extended) on first use."""
+        key = (kind, name)
+        if key not in self._type_ids:
+            proto = {"artifact": mlpb.ArtifactType, "execution": mlpb.ExecutionType, "context": mlpb.ContextType}[kind]
+            node = proto(name=name)
+            for prop, py in (typed or {}).items():
+                node.properties[prop] = _PROPERTY_TYPES[py]
+            put = getattr(self.store, f"put_{kind}_type")
+            self._type_ids[key] = put(node, can_add_fields=True)
+        return self._type_ids[key]
+
+    # -- contexts ------------------------------------------------------------------------------------
+    def _context(self, type_name: str, name: str, props: Mapping[str, Any] | None) -> Context:
+        type_id = self.type_id("context", type_name)
+        existing = self.store.get_context_by_type_and_name(type_name, name)
+        if existing is not None:
+            return existing
+        ctx = mlpb.Context(type_id=type_id, name=name)
+        _set(ctx.custom_properties, props)
+        [ctx.id] = self.store.put_contexts([ctx])
+        return ctx
+
+    def pipeline(self, name: str, props: Mapping[str, Any] | None = None) -> Context:
+        """The pipeline (parent) context called ``name``, created on first use."""
+        return self._context(PIPELINE_CONTEXT_TYPE, name, props)
+
+    def stage(self, pipeline: Context, stage: str, props: Mapping[str, Any] | None = None) -> Context:
+        """The stage (child) context of ``pipeline``, created and linked to its parent on first use."""
+        ctx = self._context(
+            STAGE_CONTEXT_TYPE, f"{pipeline.name}/{stage}", {"pipeline": pipeline.name, "stage": stage, **(props or {})}
+        )
+        parents = self.store.get_parent_contexts_by_context(ctx.id)
+        if not any(p.id == pipeline.id for p in parents):
+            self.store.put_parent_contexts([mlpb.ParentContext(child_id=ctx.id, parent_id=pipeline.id)])
+        return ctx
+
+    def stages(self, pipeline: Context) -> list[Context]:
+        """Stage contexts of a pipeline, oldest first."""
+        return sorted(self.store.get_children_contexts_by_context(pipeline.id), key=lambda c: c.id)
+
+    def pipelines(self) -> list[Context]:
+        """Every pipeline context, oldest first."""
+        return sorted(self.store.get_contexts_by_type(PIPELINE_CONTEXT_TYPE), key=lambda c: c.id)
+
+    def find_pipeline(self, name: str) -> Context | None:
+        return self.store.get_context_by_type_and_name(PIPELINE_CONTEXT_TYPE, name)
+
+    # -- executions ----------------------------------------------------------------------------------
+    def execution(
+        self, stage: Context, type_name: str, name: str, props: Mapping[str, Any] | None = None
+    ) -> Execution:
+        """The execution ``name`` of ``type_name`` in ``stage``: reused if it exists (restores), else created."""
+        type_id = self.type_id("execution", type_name)
+        existing = self.store.get_execution_by_type_and_name(type_name, name)
+        if existing is not None:
+            return existing
+        execution = mlpb.Execution(type_id=type_id, name=name, last_known_state=mlpb.Execution.RUNNING)
+        _set(execution.custom_properties, props)
+        execution.id, _, _ = self.store.put_execution(execution, [], [stage], reuse_context_if_already_exist=True)
+        return execution
+
+    def update_execution(
+        self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
+    ) -> Execution:
+        """Merge ``props`` into an execution's custom properties and optionally set its state."""
+        [execution] = self.store.get_executions_by_id([execution_id])
+        _set(execution.custom_properties, props)
+        if state is not None:
+            execution.last_known_state = _STATES[state]
+        self.store.put_executions([execution])
+        return execution
+
+    def get_execution(self, execution_id: int) -> Execution:
+        found = self.store.get_executions_by_id([execution_id])
+        if not found:
+            raise StoreError(f"No MLMD execution with id {execution_id} in {self.target}")
+        return found[0]
+
+    def contexts_of(self, execution_id: int) -> list[Context]:
+        return list(self.store.get_contexts_by_execution(execution_id))
+
+    # -- artifacts -----------------------------------------------------------------------------------
+    def put_artifact(
+        self,
+        execution_id: int,
+        type_name: str,
+        name: str,
+        uri: str,
+        typed: Mapping[str, Any],
+        custom: Mapping[str, Any] | None = None,
+        event: str = "output",
+    ) -> Artifact:
+        """Record an artifact, its event and its attribution in ONE ``put_execution`` transaction."""
+        type_id = self.type_id("artifact", type_name, {k: type(v) for k, v in typed.items()})
+        execution = self.get_execution(execution_id)
+        contexts = self.contexts_of(execution_id)
+        artifact = mlpb.Artifact(type_id=type_id, name=name, uri=uri, state=mlpb.Artifact.LIVE)
+        _set(artifact.properties, typed)
+        _set(artifact.custom_properties, custom)
+        ev = mlpb.Event(type=_EVENTS[event])
+        _, [artifact.id], _ = self.store.put_execution(
+            execution, [(artifact, ev)], contexts, reuse_context_if_already_exist=True
+        )
+        return artifact
+
+    def artifacts(self, contexts: Iterable[Context], type_name: str) -> list[Artifact]:
+        """Artifacts of one type attributed to any of ``contexts``, oldest first."""
+        seen: dict[int, Artifact] = {}
+        type_id = self.type_id("artifact", type_name)
+        for ctx in contexts:
+            for artifact in self.store.get_artifacts_by_context(ctx.id):
+                if artifact.type_id == type_id:
+                    seen[artifact.id] = artifact
+        return [seen[k] for k in sorted(seen)]
+
+    def producing_execution(self, artifact_id: int) -> int | None:
+        """Id of the execution that output the artifact, if any."""
+        for event in self.store.get_events_by_artifact_ids([artifact_id]):
+            if event.type == mlpb.Event.OUTPUT:
+                return event.execution_id
+        return None

@@ -1,0 +1,199 @@
+"""Store: one directory holding the MLMD database, the DVC repo and the artifacts, and its single writer.
+
+Every write to MLMD and DVC goes through one :class:`Store` object. Its methods take and return plain,
+picklable values (names, ids, protos, :class:`FinishedFile`), so the same object can run in-process,
+in a driver thread or inside a Ray actor without change.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ray_cmf._names import check_name
+from ray_cmf.buffer import FinishedFile
+from ray_cmf.constants import (
+    ARTIFACTS_DIR,
+    DEFAULT_STORE,
+    ENV_STORE,
+    EXECUTION_METRICS_TYPE,
+    MLMD_FILE,
+    SPILL_DIR,
+    STEP_METRICS_TYPE,
+)
+from ray_cmf.errors import StoreError
+from ray_cmf.lineage import Artifact, Context, Execution, Lineage
+from ray_cmf.versioning import DvcRepo, file_md5
+
+
+def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """The store directory: the argument, else ``$RAY_CMF_STORE``, else ``./cmf_store``."""
+    return Path(root if root is not None else os.environ.get(ENV_STORE, DEFAULT_STORE)).absolute()
+
+
+class Store:
+    """The embedded store and its single writer. Created on first use; needs no init and no remote.
+
+    Args:
+        root: Store directory (default: ``$RAY_CMF_STORE`` or ``./cmf_store``).
+        mlmd: MLMD database: a SQLite path or a ``mysql://`` URL (default: ``<root>/mlmd.sqlite``).
+        scm: Initialise the DVC repo with git instead of ``--no-scm``.
+
+    Example:
+        >>> import tempfile
+        >>> store = Store(tempfile.mkdtemp())
+        >>> store.pipeline("demo").name
+        'demo'
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str] | None = None, *, mlmd: str | os.PathLike[str] | None = None, scm: bool = False
+    ) -> None:
+        self.root = resolve_root(root)
+        self.mlmd = os.fspath(mlmd) if mlmd is not None else str(self.root / MLMD_FILE)
+        self.scm = scm
+        self._lineage: Lineage | None = None
+        self._dvc: DvcRepo | None = None
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle only the location; connections reopen lazily where the object lands."""
+        return {"root": self.root, "mlmd": self.mlmd, "scm": self.scm}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"], mlmd=state["mlmd"], scm=state["scm"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # -- lazily opened parts -------------------------------------------------------------------------
+    def _ensure_root(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"Store path {self.root} exists and is not a directory; pass another store path")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".write-probe-{uuid.uuid4().hex}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise StoreError(f"Store directory {self.root} is not writable: {exc}") from exc
+
+    @property
+    def lineage(self) -> Lineage:
+        """The MLMD database, opened for writing on first use."""
+        with self._lock:
+            if self._lineage is None:
+                self._ensure_root()
+                self._lineage = Lineage(self.mlmd)
+            return self._lineage
+
+    @property
+    def dvc(self) -> DvcRepo:
+        """The DVC repo at the store root, initialised on first use."""
+        with self._lock:
+            if self._dvc is None:
+                self._ensure_root()
+                self._dvc = DvcRepo(self.root, scm=self.scm)
+            return self._dvc
+
+    # -- paths ---------------------------------------------------------------------------------------
+    def artifact_dir(self, pipeline: str, stage: str, run: str) -> Path:
+        """``artifacts/<pipeline>/<stage>/<run>``: where one execution's files live."""
+        return self.root / ARTIFACTS_DIR / check_name("pipeline", pipeline) / check_name("stage", stage) / run
+
+    def spill_dir(self, key: str) -> Path:
+        """A fresh-per-key directory for a buffer's crash-safe segments."""
+        return self.root / SPILL_DIR / key
+
+    def url(self, path: str | os.PathLike[str]) -> str:
+        """A path as stored in MLMD: relative to the store root when inside it, else absolute."""
+        path = Path(path).absolute()
+        return path.relative_to(self.root).as_posix() if path.is_relative_to(self.root) else str(path)
+
+    def resolve(self, url: str) -> Path:
+        """Inverse of :meth:`url`."""
+        path = Path(url)
+        return path if path.is_absolute() else self.root / path
+
+    # -- writes (the single writer) ------------------------------------------------------------------
+    def pipeline(self, name: str, props: Mapping[str, Any] | None = None) -> Context:
+        """Get or create the pipeline context ``name``."""
+        with self._lock:
+            return self.lineage.pipeline(check_name("pipeline", name), props)
+
+    def stage(self, pipeline: str, stage: str, props: Mapping[str, Any] | None = None) -> Context:
+        """Get or create the stage context ``stage`` under ``pipeline``."""
+        with self._lock:
+            parent = self.pipeline(pipeline)
+            return self.lineage.stage(parent, check_name("stage", stage), props)
+
+    def execution(
+        self, pipeline: str, stage: str, type_name: str, name: str, props: Mapping[str, Any] | None = None
+    ) -> Execution:
+        """Get (on restore) or create the execution ``name`` in the stage context."""
+        with self._lock:
+            ctx = self.stage(pipeline, stage)
+            return self.lineage.execution(ctx, check_name("execution type", type_name), name, props)
+
+    def update_execution(
+        self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
+    ) -> Execution:
+        """Merge properties into an execution and optionally set RUNNING/COMPLETE/FAILED/CANCELED."""
+        with self._lock:
+            return self.lineage.update_execution(execution_id, props, state)
+
+    def commit_metrics(
+        self,
+        execution_id: int,
+        metrics_name: str,
+        finished: FinishedFile,
+        custom: Mapping[str, Any] | None = None,
+    ) -> Artifact:
+        """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction)."""
+        with self._lock:
+            self.dvc.track(finished.path, finished.md5, finished.size)
+            url = self.url(finished.path)
+            typed = {"Commit": finished.md5, "url": url, "metrics_name": metrics_name, "rows": finished.rows,
+                     "size": finished.size}
+            name = f"{metrics_name}:{finished.md5}"
+            return self.lineage.put_artifact(
+                execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom
+            )
+
+    def log_file(
+        self,
+        execution_id: int,
+        type_name: str,
+        path: str | os.PathLike[str],
+        event: str,
+        custom: Mapping[str, Any] | None = None,
+    ) -> Artifact:
+        """Hash a dataset or model file, DVC-track it when it lies in the store, and record it in MLMD."""
+        path = Path(path).absolute()
+        if not path.is_file():
+            raise StoreError(f"Cannot log {type_name} {str(path)!r}: no such file")
+        if event not in ("input", "output"):
+            raise ValueError(f"event must be 'input' or 'output', got {event!r}")
+        with self._lock:
+            md5 = file_md5(path)
+            size = path.stat().st_size
+            tracked = path.is_relative_to(self.root)
+            if tracked:
+                self.dvc.track(path, md5, size)
+            typed = {"Commit": md5, "url": self.url(path), "size": size}
+            return self.lineage.put_artifact(
+                execution_id, type_name, f"{path.name}:{md5}", str(path), typed,
+                {"dvc_tracked": tracked, **(custom or {})}, event,
+            )
+
+    def log_execution_metrics(self, execution_id: int, metrics_name: str, values: Mapping[str, Any]) -> Artifact:
+        """Record execution-level metrics (no file) as a ``Metrics`` artifact, as cmflib does."""
+        with self._lock:
+            name = f"{metrics_name}:{uuid.uuid4().hex}"
+            return self.lineage.put_artifact(
+                execution_id, EXECUTION_METRICS_TYPE, name, "", {"metrics_name": metrics_name}, values
+            )

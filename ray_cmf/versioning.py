@@ -1,0 +1,116 @@
+"""DVC versioning of the store: init without git, constant-cost tracking of finished files, push.
+
+Tracking a file writes exactly what ``dvc add`` would leave behind (the object in
+``.dvc/cache/files/md5/xx/…`` and a ``<file>.dvc`` beside the file) without DVC's repo-wide index, so the
+cost of one commit does not grow with the number of files already tracked. The real ``dvc`` CLI reads
+the result: ``dvc status`` is clean and ``dvc push`` uploads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ray_cmf.errors import StoreError
+
+_CHUNK = 1 << 20
+_DVC_FILE = """outs:
+- md5: {md5}
+  size: {size}
+  hash: md5
+  path: {name}
+"""
+
+
+def file_md5(path: str | os.PathLike[str]) -> str:
+    """md5 (hex) of a file's bytes, as DVC 3 computes it for ``hash: md5`` outputs."""
+    digest = hashlib.md5()
+    with open(path, "rb") as source:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class DvcRepo:
+    """The DVC repository at the store root (created on first use, with git only when asked).
+
+    Args:
+        root: Repository root.
+        scm: Initialise with git (``dvc init``) instead of ``dvc init --no-scm``.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, scm: bool = False) -> None:
+        self.root = Path(root)
+        self.cache_dir = self.root / ".dvc" / "cache" / "files" / "md5"
+        if not (self.root / ".dvc").is_dir():
+            self._init(scm)
+
+    def _init(self, scm: bool) -> None:
+        from dvc.repo import Repo  # a heavy import, paid once per new store
+
+        if scm:
+            subprocess.run(["git", "init", "-q", str(self.root)], check=True)
+        try:
+            dvc_log = logging.getLogger("dvc")
+            level = dvc_log.level
+            dvc_log.setLevel(logging.WARNING)  # dvc announces the init on stdout and in the log
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    Repo.init(str(self.root), no_scm=not scm)
+            finally:
+                dvc_log.setLevel(level)
+        except Exception as exc:  # dvc raises its own hierarchy
+            raise StoreError(f"Cannot initialise a DVC repo at {self.root}: {exc}") from exc
+
+    def cache_path(self, md5: str) -> Path:
+        """Where DVC keeps the object with this md5."""
+        return self.cache_dir / md5[:2] / md5[2:]
+
+    def track(self, path: str | os.PathLike[str], md5: str, size: int) -> Path:
+        """Put ``path`` (inside the repo, already hashed) into the cache and write its ``.dvc`` file.
+
+        Returns the ``.dvc`` file. The cache object is a copy, so editing the workspace file later
+        cannot corrupt the cache (DVC's own default, ``reflink,copy``).
+        """
+        path = Path(path).absolute()
+        if not path.is_relative_to(self.root.absolute()):
+            raise StoreError(f"Cannot track {path} with DVC: it lies outside the store {self.root}")
+        obj = self.cache_path(md5)
+        if not obj.exists():
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            tmp = obj.with_name(obj.name + ".tmp")
+            shutil.copyfile(path, tmp)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, obj)
+        dvc_file = path.with_name(path.name + ".dvc")
+        dvc_file.write_text(_DVC_FILE.format(md5=md5, size=size, name=path.name))
+        return dvc_file
+
+    def add_remote(self, name: str, url: str, *, default: bool = True) -> None:
+        """Configure a DVC remote (``dvc remote add [-d] NAME URL``)."""
+        args = ["remote", "add", "--force"] + (["-d"] if default else []) + [name, url]
+        self._cli(args)
+
+    def push(self, remote: str | None = None) -> str:
+        """Upload every tracked object to the remote (``dvc push``) and return DVC's report."""
+        return self._cli(["push"] + (["-r", remote] if remote else []))
+
+    def status(self) -> str:
+        """``dvc status`` output for the store (empty-ish when clean)."""
+        return self._cli(["status"])
+
+    def _cli(self, args: list[str]) -> str:
+        """Run the real dvc CLI in the repo so that what users see is what DVC itself says."""
+        result = subprocess.run(
+            [sys.executable, "-m", "dvc", *args], cwd=self.root, capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise StoreError(f"dvc {' '.join(args)} failed in {self.root}:\n{result.stdout}{result.stderr}")
+        return result.stdout

@@ -1,0 +1,32 @@
+"""Shared fixtures: a fresh store per test; one Ray instance per session for the integration tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ray_cmf import Store
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def store(store_dir: Path) -> Store:
+    return Store(store_dir)
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray instance for the whole test session (4 logical CPUs, no dashboard)."""
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()

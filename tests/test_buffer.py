@@ -1,0 +1,148 @@
+"""MetricBuffer: O(1) columnar append, schema evolution, spill, atomic hashed finish."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from ray_cmf import InvalidValueError, MetricBuffer, SchemaError
+from ray_cmf.buffer import read_segments
+
+
+def _read(path: Path):
+    return pq.read_table(path).to_pandas().set_index("SequenceNumber")
+
+
+def test_rows_numbered_from_one_and_round_trip(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill")
+    for step in range(5):
+        assert buf.append({"step": step, "loss": step / 10, "ok": step % 2 == 0, "tag": f"s{step}"}) == step + 1
+    done = buf.finish(tmp_path / "out.parquet")
+    df = _read(done.path)
+    assert list(df.index) == [1, 2, 3, 4, 5]
+    assert df["step"].tolist() == [0, 1, 2, 3, 4]
+    assert df["loss"].tolist() == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert df["ok"].tolist() == [True, False, True, False, True]
+    assert df["tag"].tolist() == ["s0", "s1", "s2", "s3", "s4"]
+    assert done.rows == 5
+
+
+def test_late_and_missing_keys_are_null(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill", flush_rows=2)
+    buf.append({"a": 1.0})
+    buf.append({"a": 2.0, "b": "x"})
+    buf.append({"b": "y"})
+    buf.append({"a": None, "b": "z", "c": True})
+    df = _read(buf.finish(tmp_path / "o.parquet").path)
+    assert df["a"].isna().tolist() == [False, False, True, True]
+    assert df["b"].isna().tolist() == [True, False, False, False]
+    assert df["c"].isna().tolist() == [True, True, True, False]
+
+
+def test_int_and_float_widen_within_and_across_spills(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill", flush_rows=2)
+    buf.append({"x": 1, "y": 1.5})
+    buf.append({"x": 2, "y": 2})  # int into a float column
+    buf.append({"x": 3})
+    buf.append({"x": 4.5})  # float into a column spilled as int64
+    table = pq.read_table(buf.finish(tmp_path / "o.parquet").path)
+    assert str(table.schema.field("x").type) == "double"
+    assert table.column("x").to_pylist() == [1.0, 2.0, 3.0, 4.5]
+    assert table.column("y").to_pylist()[:2] == [1.5, 2.0]
+
+
+def test_type_change_that_cannot_widen_names_key_row_and_types(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill")
+    buf.append({"loss": 0.5, "step": 1})
+    with pytest.raises(SchemaError) as err:
+        buf.append({"step": 2, "loss": "high"})
+    message = str(err.value)
+    assert "'loss'" in message and "row 2" in message and "float" in message and "str" in message
+    # the rejected row left nothing behind
+    buf.append({"loss": 0.25, "step": 2})
+    df = _read(buf.finish(tmp_path / "o.parquet").path)
+    assert df["step"].tolist() == [1, 2]
+    assert df["loss"].tolist() == [0.5, 0.25]
+
+
+@pytest.mark.parametrize("value", [{"nested": 1}, [1, 2], object(), (1,), {1, 2}])
+def test_non_scalar_values_raise_naming_key_and_type(tmp_path: Path, value: object) -> None:
+    buf = MetricBuffer(tmp_path / "spill")
+    with pytest.raises(InvalidValueError) as err:
+        buf.append({"ok": 1.0, "bad": value})
+    assert "'bad'" in str(err.value) and type(value).__name__ in str(err.value)
+    assert buf.rows == 0
+
+
+def test_nan_and_inf_are_data_not_nulls(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill")
+    for v in (float("nan"), float("inf"), -float("inf"), np.float32(1.5), np.int64(3)):
+        buf.append({"v": v})
+    table = pq.read_table(buf.finish(tmp_path / "o.parquet").path)
+    values = table.column("v").to_pylist()
+    assert table.column("v").null_count == 0
+    assert math.isnan(values[0]) and values[1] == math.inf and values[2] == -math.inf
+    assert values[3:] == [1.5, 3.0]
+
+
+def test_spill_keeps_memory_bounded_and_writes_row_groups(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill", flush_rows=100)
+    for i in range(1050):
+        buf.append({"i": i, "sq": float(i * i)})
+        assert buf.pending_rows < 100
+    buf.flush()
+    spilled = list(read_segments(tmp_path / "spill"))
+    assert sum(b.num_rows for b in spilled) == 1050
+    done = buf.finish(tmp_path / "o.parquet")
+    meta = pq.ParquetFile(done.path).metadata
+    assert meta.num_rows == 1050 and meta.num_row_groups == 11
+    assert _read(done.path)["i"].tolist() == list(range(1050))
+    assert not (tmp_path / "spill").exists()
+
+
+def test_time_based_spill(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill", flush_rows=10_000, flush_seconds=0.05)
+    buf.append({"a": 1})
+    time.sleep(0.1)
+    buf.append({"a": 2})  # the time check on append seals both rows
+    assert buf.pending_rows == 0
+    buf.flush()
+    assert sum(b.num_rows for b in read_segments(tmp_path / "spill")) == 2
+
+
+def test_finish_is_atomic_and_hashes_while_writing(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill", flush_rows=7)
+    for i in range(50):
+        buf.append({"i": i})
+    done = buf.finish(tmp_path / "series-{md5}.parquet")
+    data = done.path.read_bytes()
+    assert done.md5 == hashlib.md5(data).hexdigest()
+    assert done.size == len(data)
+    assert done.path.name == f"series-{done.md5[:12]}.parquet"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_second_finish_extends_the_first_version(tmp_path: Path) -> None:
+    buf = MetricBuffer(tmp_path / "spill", flush_rows=3)
+    for i in range(4):
+        buf.append({"i": i})
+    first = buf.finish(tmp_path / "v-{md5}.parquet")
+    buf.append({"i": 4, "j": "new"})
+    second = buf.finish(tmp_path / "v-{md5}.parquet")
+    assert first.md5 != second.md5 and first.path.exists()
+    df = _read(second.path)
+    assert list(df.index) == [1, 2, 3, 4, 5] and df["i"].tolist() == [0, 1, 2, 3, 4]
+    assert _read(first.path).shape[0] == 4
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="flush_rows"):
+        MetricBuffer(tmp_path, flush_rows=0)
+    with pytest.raises(ValueError, match="flush_seconds"):
+        MetricBuffer(tmp_path, flush_seconds=0)

@@ -1,0 +1,191 @@
+"""Cmf facade against a real MLMD SQLite store and a real DVC repo (the dvc CLI checks the result)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, Store, StoreError
+from ray_cmf.constants import ENV_STORE, PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE, STEP_METRICS_TYPE
+from ray_cmf.lineage import properties
+
+
+def _dvc(store_dir: Path, *args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=store_dir, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _log_steps(cmf: Cmf, name: str, n: int) -> None:
+    for step in range(n):
+        cmf.log_metric(name, {"step": step, "loss": 1.0 / (step + 1)})
+
+
+def test_commit_and_read_back(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="mnist", store=store_dir, flush_rows=4)
+    _log_steps(cmf, "train", 10)
+    artifact = cmf.commit_metrics("train")
+    props = properties(artifact)
+    path = store_dir / props["url"]
+    assert props["Commit"] == hashlib.md5(path.read_bytes()).hexdigest()
+    assert props["rows"] == 10 and props["size"] == path.stat().st_size and props["metrics_name"] == "train"
+    df = cmf.read_metrics("train")
+    assert df.index.name == "SequenceNumber" and list(df.index) == list(range(1, 11))
+    assert df["loss"].tolist() == [1.0 / (s + 1) for s in range(10)]
+
+
+def test_mlmd_structure_matches_cmflib_model(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="pipe", store=store_dir, custom_properties={"owner": "me"})
+    stage = cmf.create_context("train", {"gpu": False})
+    execution = cmf.create_execution("Train", {"lr": 0.1, "cfg": {"a": 1}.__repr__()})
+    _log_steps(cmf, "train", 3)
+    artifact = cmf.commit_metrics("train")
+    mlmd = cmf.store.lineage.store
+
+    [pipeline] = mlmd.get_contexts_by_type(PIPELINE_CONTEXT_TYPE)
+    assert pipeline.name == "pipe" and properties(pipeline)["owner"] == "me"
+    [child] = mlmd.get_contexts_by_type(STAGE_CONTEXT_TYPE)
+    assert child.id == stage.id
+    assert [p.id for p in mlmd.get_parent_contexts_by_context(child.id)] == [pipeline.id]
+    assert [e.id for e in mlmd.get_executions_by_context(child.id)] == [execution.id]
+    assert [a.id for a in mlmd.get_artifacts_by_context(child.id)] == [artifact.id]
+    [event] = mlmd.get_events_by_artifact_ids([artifact.id])
+    assert event.type == mlpb.Event.OUTPUT and event.execution_id == execution.id
+    assert mlmd.get_artifact_type(STEP_METRICS_TYPE).properties.keys() >= {"Commit", "url", "metrics_name", "rows", "size"}
+    assert properties(mlmd.get_executions_by_id([execution.id])[0])["lr"] == 0.1
+
+
+def test_implicit_context_and_execution(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    cmf.log_metric("m", {"x": 1})
+    cmf.commit_metrics("m")
+    assert cmf.child_context is not None and cmf.execution is not None
+    assert cmf.store.lineage.contexts_of(cmf.execution.id)[0].id == cmf.child_context.id
+
+
+def test_update_execution_merges_properties(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    execution = cmf.create_execution("Train", {"a": 1})
+    cmf.update_execution(execution.id, {"b": "two", "best": float("nan")})
+    props = properties(cmf.store.lineage.get_execution(execution.id))
+    assert props["a"] == 1 and props["b"] == "two" and props["best"] != props["best"]
+
+
+def test_commit_again_creates_a_new_version(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    _log_steps(cmf, "train", 5)
+    first = properties(cmf.commit_metrics("train"))
+    cmf.log_metric("train", {"step": 5, "loss": 0.1})
+    second = properties(cmf.commit_metrics("train"))
+    assert first["Commit"] != second["Commit"] and first["url"] != second["url"]
+    assert len(cmf.read_metrics("train")) == 6
+    assert len(cmf.read_metrics("train", commit=first["Commit"])) == 5
+    with pytest.raises(MetricsNotFoundError, match="0000"):
+        cmf.read_metrics("train", commit="0000")
+
+
+def test_dvc_status_is_clean_and_push_works(store_dir: Path, tmp_path: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    for name in ("train", "eval"):
+        _log_steps(cmf, name, 20)
+        cmf.commit_metrics(name)
+    assert "up to date" in _dvc(store_dir, "status")
+    remote = tmp_path / "remote"
+    cmf.store.dvc.add_remote("local", str(remote))
+    cmf.store.dvc.push()
+    pushed = {p.parent.name + p.name for p in (remote / "files" / "md5").rglob("*") if p.is_file()}
+    committed = {properties(a)["Commit"] for a in cmf.store.lineage.artifacts(
+        [cmf.child_context], STEP_METRICS_TYPE)}
+    assert committed and committed <= pushed
+    assert "in sync" in _dvc(store_dir, "status", "-c")
+
+
+def test_dvc_status_sees_a_tampered_artifact(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    _log_steps(cmf, "train", 3)
+    path = store_dir / properties(cmf.commit_metrics("train"))["url"]
+    path.write_bytes(path.read_bytes() + b"x")
+    assert "modified" in _dvc(store_dir, "status")
+
+
+def test_log_dataset_and_model(store_dir: Path, tmp_path: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    outside = tmp_path / "data.csv"
+    outside.write_text("a,b\n1,2\n")
+    dataset = cmf.log_dataset(str(outside), "input", {"split": "train"})
+    assert properties(dataset)["Commit"] == hashlib.md5(outside.read_bytes()).hexdigest()
+    assert properties(dataset)["dvc_tracked"] is False
+    model_path = store_dir / "models" / "model.pt"
+    model_path.parent.mkdir(parents=True)
+    model_path.write_bytes(b"\x00weights")
+    model = cmf.log_model(str(model_path), "output", model_framework="torch", model_name="mlp")
+    assert properties(model)["dvc_tracked"] is True and properties(model)["model_name"] == "mlp"
+    assert "up to date" in _dvc(store_dir, "status")
+    events = {e.artifact_id: e.type for e in cmf.store.lineage.store.get_events_by_execution_ids([cmf.execution.id])}
+    assert events == {dataset.id: mlpb.Event.INPUT, model.id: mlpb.Event.OUTPUT}
+    with pytest.raises(StoreError, match="no such file"):
+        cmf.log_dataset(str(tmp_path / "missing.csv"), "input")
+
+
+def test_log_execution_metrics(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    artifact = cmf.log_execution_metrics("final", {"accuracy": 0.91, "epochs": 3})
+    props = properties(artifact)
+    assert props["accuracy"] == 0.91 and props["epochs"] == 3 and props["metrics_name"] == "final"
+
+
+@pytest.mark.parametrize("name", ["a/b", "a\\b", "..", "x..y", ""])
+def test_bad_names_are_rejected(store_dir: Path, name: str) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    with pytest.raises(InvalidNameError, match="Invalid metrics_name"):
+        cmf.log_metric(name, {"x": 1})
+    with pytest.raises(InvalidNameError):
+        Cmf(pipeline_name=name, store=store_dir)
+
+
+def test_commit_without_logging_names_the_metric(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    with pytest.raises(MetricsNotFoundError, match="'nothing'"):
+        cmf.commit_metrics("nothing")
+
+
+def test_store_from_env_and_missing_dirs_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "deep" / "er" / "store"
+    monkeypatch.setenv(ENV_STORE, str(target))
+    cmf = Cmf(pipeline_name="p")
+    cmf.log_metric("m", {"x": 1})
+    cmf.commit_metrics("m")
+    assert (target / "mlmd.sqlite").is_file() and (target / ".dvc").is_dir()
+
+
+def test_filepath_keeps_cmflib_meaning(store_dir: Path, tmp_path: Path) -> None:
+    mlmd_file = tmp_path / "elsewhere" / "mlmd"
+    cmf = Cmf(filepath=str(mlmd_file), pipeline_name="p", store=store_dir)
+    cmf.log_metric("m", {"x": 1})
+    cmf.commit_metrics("m")
+    assert mlmd_file.is_file() and not (store_dir / "mlmd.sqlite").exists()
+
+
+def test_corrupt_or_unusable_store_gives_clear_error(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "mlmd.sqlite").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="Cannot open the MLMD database"):
+        Cmf(pipeline_name="p", store=corrupt)
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(StoreError, match="not a directory"):
+        Cmf(pipeline_name="p", store=not_a_dir)
+
+
+def test_store_is_picklable_before_and_after_use(store: Store) -> None:
+    import pickle
+
+    store.pipeline("p")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.root == store.root and clone.pipeline("p").name == "p"
