@@ -277,7 +277,7 @@ class MetricBuffer:
         >>> tmp = pathlib.Path(tempfile.mkdtemp())
         >>> buf = MetricBuffer(tmp / "spill", flush_rows=2)
         >>> for step in range(3):
-        ...     buf.append({"step": step, "loss": 1.0 / (step + 1)})
+        ...     seq = buf.append({"step": step, "loss": 1.0 / (step + 1)})
         >>> done = buf.finish(tmp / "loss.parquet")
         >>> done.rows
         3

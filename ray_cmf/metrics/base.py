@@ -1,0 +1,167 @@
+"""The Metric base class: declared states with their reductions, device-only updates, packed sync."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ray_cmf.errors import RayCmfError
+from ray_cmf.metrics.packing import REDUCTIONS, STATE_DTYPE, StatePack, SyncHandle, rank, world_size
+
+NAN_POLICIES = ("exclude", "propagate")
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A state's default value and how ranks combine it (sum, max or min)."""
+
+    default: torch.Tensor
+    reduce: str
+
+
+class Metric(ABC):
+    """A metric whose states live on the device and reduce across ranks in at most 3 collectives.
+
+    Lifecycle: ``update`` (device ops only; no host sync, no communication) -> ``sync`` (ends the interval:
+    reduces a snapshot across ranks and resets the local state unless ``cumulative``) -> ``compute``.
+    ``compute()`` returns the last sync's global values until the next ``update``/``reset``; otherwise the
+    local values. States are float64 (exact counts up to 2**53).
+
+    Args:
+        nan_policy: ``"exclude"`` (default) leaves NaN/inf out of the value and counts them in the
+            ``nonfinite`` output; ``"propagate"`` lets them flow into the value.
+        cumulative: Keep accumulating across syncs instead of resetting after each.
+        device: Where the states live (default CPU; see ``to``).
+    """
+
+    def __init__(self, *, nan_policy: str = "exclude", cumulative: bool = False, device: Any = None) -> None:
+        if nan_policy not in NAN_POLICIES:
+            raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
+        self.nan_policy = nan_policy
+        self.cumulative = cumulative
+        self._device = torch.device(device if device is not None else "cpu")
+        self._state_specs: dict[str, StateSpec] = {}
+        self._pack: StatePack | None = None
+        self._owner: Any = None  # the MetricCollection that packs this metric, if any
+        self._synced: dict[str, torch.Tensor] | None = None
+        if nan_policy == "exclude":
+            self.add_state("nonfinite", 0.0, "sum")
+
+    # -- declaration ---------------------------------------------------------------------------------
+    def add_state(self, name: str, default: float | torch.Tensor, reduce: str) -> None:
+        """Declare a state with its default and its cross-rank reduction (``sum``, ``max`` or ``min``)."""
+        if reduce not in REDUCTIONS:
+            raise ValueError(f"State {name!r}: reduce must be one of {REDUCTIONS}, got {reduce!r}")
+        tensor = torch.as_tensor(default, dtype=STATE_DTYPE).clone()
+        self._state_specs[name] = StateSpec(tensor, reduce)
+        setattr(self, name, tensor.to(self._device, copy=True))  # never alias the default
+        self._pack = None
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def pack(self) -> StatePack:
+        """This metric's own packed layout (built on first use)."""
+        if self._owner is not None:
+            raise RayCmfError(
+                f"{type(self).__name__} belongs to a MetricCollection; sync, reset and checkpoint the collection"
+            )
+        if self._pack is None:
+            self._pack = StatePack([("", self)], self._device)
+        return self._pack
+
+    # -- the protocol --------------------------------------------------------------------------------
+    @abstractmethod
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Accumulate on the device: in-place tensor ops only, no host sync, no value-dependent branch."""
+
+    @abstractmethod
+    def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Outputs (``value`` first) from a set of states; must not modify them."""
+
+    def _touch(self) -> None:
+        """Mark local state as newer than the last sync (call at the start of ``update``)."""
+        self._synced = None
+
+    def _filter(self, value: torch.Tensor, fill: float) -> torch.Tensor:
+        """Apply the NaN policy: replace non-finite entries by ``fill`` and count them (device ops only)."""
+        if self.nan_policy == "propagate":
+            return value
+        finite = torch.isfinite(value)
+        self.nonfinite.add_((~finite).sum())
+        return torch.where(finite, value, torch.as_tensor(fill, dtype=value.dtype, device=value.device))
+
+    def _as_state(self, value: Any) -> torch.Tensor:
+        return torch.as_tensor(value, device=self._device).to(STATE_DTYPE)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """Outputs as device tensors: the last sync's global values, else this rank's local ones."""
+        if self._synced is not None:
+            return self._synced
+        return self._compute({name: getattr(self, name) for name in self._state_specs})
+
+    def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[dict[str, torch.Tensor]]:
+        """End the interval: all-reduce a snapshot (<= 3 collectives), reset local state, return a handle.
+
+        A no-op for communication when torch.distributed is not initialized or the world size is 1.
+        """
+        pack = self.pack
+
+        def finish(snapshot: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            self._synced = {k: v.clone() for k, v in self._compute(pack.states(self, snapshot)).items()}
+            return self._synced
+
+        handle = pack.reduce(group, async_op=async_op).then(finish)
+        if not async_op:
+            handle.wait()
+        return handle
+
+    def reset(self) -> None:
+        """Restore every state to its default."""
+        self._synced = None
+        self.pack.reset(self)
+
+    # -- checkpointing -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The GLOBAL state (reduced across ranks), so it restores exactly at any world size."""
+        pack = self.pack
+        snapshot = pack.reduce(None, reset=False).wait()
+        return {name: view.clone() for name, view in pack.states(self, snapshot).items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Restore a global state: rank 0 takes it, other ranks start from the defaults."""
+        load_global_state(self.pack, [("", self)], state_dict)
+        self._synced = None
+
+    def to(self, device: Any) -> Metric:
+        """Move the states to ``device`` (values kept); returns self."""
+        if self._owner is not None:
+            raise RayCmfError(f"{type(self).__name__} belongs to a MetricCollection; move the collection instead")
+        self._device = torch.device(device)
+        for name in self._state_specs:
+            setattr(self, name, getattr(self, name).to(self._device))
+        self._pack = None
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(nan_policy={self.nan_policy!r}, cumulative={self.cumulative})"
+
+
+def load_global_state(pack: StatePack, members: list[tuple[str, Metric]], state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min)."""
+    expected = {f"{prefix}{name}" for prefix, metric in members for name in metric._state_specs}
+    missing, extra = expected - set(state_dict), set(state_dict) - expected
+    if missing or extra:
+        raise RayCmfError(f"Metric state_dict does not match: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    pack.reset()
+    if world_size() > 1 and rank() != 0:
+        return
+    for prefix, metric in members:
+        for name, view in pack.states(metric).items():
+            view.copy_(torch.as_tensor(state_dict[f"{prefix}{name}"]).to(view.device, STATE_DTYPE).view(view.shape))

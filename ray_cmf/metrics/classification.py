@@ -1,0 +1,57 @@
+"""Accuracy (top-1 or top-k) from logits, probabilities or predicted labels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ray_cmf.metrics.aggregation import outputs
+from ray_cmf.metrics.base import Metric
+
+
+class Accuracy(Metric):
+    """Fraction of samples whose target is among the top-``k`` predictions.
+
+    ``preds_or_logits`` is either class scores of shape ``(N, C)`` (or ``(N, C, ...)``) or predicted labels
+    with the target's shape. Samples whose scores are not all finite are excluded and counted.
+
+    Example:
+        >>> m = Accuracy()
+        >>> m.update(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1]))
+        >>> m.compute()["value"].item()
+        0.5
+    """
+
+    def __init__(self, top_k: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k!r}")
+        self.top_k = top_k
+        self.add_state("correct", 0.0, "sum")
+        self.add_state("total", 0.0, "sum")
+
+    def update(self, preds_or_logits: torch.Tensor, target: torch.Tensor) -> None:
+        self._touch()
+        target = target.to(self.device)
+        preds = preds_or_logits.to(self.device)
+        if preds.dim() == target.dim() + 1:  # scores: (N, C, ...) against (N, ...)
+            valid = torch.isfinite(preds).all(dim=1)
+            top = preds.topk(min(self.top_k, preds.shape[1]), dim=1).indices
+            hit = (top == target.unsqueeze(1)).any(dim=1)
+        else:
+            if self.top_k != 1:
+                raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(preds.shape)}")
+            valid = torch.ones_like(target, dtype=torch.bool)
+            hit = preds == target
+        if self.nan_policy == "exclude":
+            self.nonfinite.add_((~valid).sum())
+            hit = hit & valid
+            self.total.add_(valid.sum())
+        else:
+            self.total.add_(target.numel())
+        self.correct.add_(hit.sum())
+
+    def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return outputs(states["correct"] / states["total"], states)

@@ -1,0 +1,153 @@
+"""MetricCollection: many metrics, one packed buffer per reduction, at most 3 collectives per sync."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ray_cmf._names import check_name
+from ray_cmf.metrics.base import Metric, load_global_state
+from ray_cmf.metrics.packing import StatePack, SyncHandle
+
+Values = dict[str, torch.Tensor]
+
+
+def flatten_outputs(name: str, outputs: Mapping[str, torch.Tensor]) -> Values:
+    """``value`` keeps the metric's name; every other output becomes ``<name>_<output>``."""
+    return {name if key == "value" else f"{name}_{key}": tensor for key, tensor in outputs.items()}
+
+
+class MetricCollection:
+    """Named metrics whose states share one contiguous buffer per reduction (sum, max, min).
+
+    ``sync()`` ends a logging interval for all of them in at most three all_reduces and resets the
+    local states (except cumulative metrics). ``to_row()`` moves every scalar result to the host in
+    one transfer.
+
+    Example:
+        >>> from ray_cmf.metrics import Mean, Max
+        >>> metrics = MetricCollection({"loss": Mean(), "grad_norm_max": Max()})
+        >>> metrics["loss"].update(torch.tensor([0.5, 1.5]))
+        >>> metrics["grad_norm_max"].update(torch.tensor(3.0))
+        >>> row = metrics.sync().wait() and metrics.to_row()
+        >>> row["loss"], row["grad_norm_max"]
+        (1.0, 3.0)
+    """
+
+    def __init__(self, metrics: Mapping[str, Metric], *, device: Any = None) -> None:
+        if not metrics:
+            raise ValueError("MetricCollection needs at least one metric")
+        for name, metric in metrics.items():
+            check_name("metric name", name)
+            if not isinstance(metric, Metric):
+                raise TypeError(f"Metric {name!r} is a {type(metric).__name__}, not a ray_cmf.metrics.Metric")
+            if metric._owner is not None:
+                raise ValueError(f"Metric {name!r} already belongs to another MetricCollection")
+        self._metrics = dict(metrics)
+        self._device = torch.device(device) if device is not None else next(iter(self._metrics.values())).device
+        self._synced: Values | None = None
+        self._pack = self._build_pack()
+
+    def _build_pack(self) -> StatePack:
+        for metric in self._metrics.values():
+            if metric.device != self._device:
+                metric.to(self._device)
+            metric._owner = self
+            metric._pack = None
+        return StatePack([(f"{name}.", m) for name, m in self._metrics.items()], self._device)
+
+    # -- mapping -------------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Metric:
+        return self._metrics[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._metrics)
+
+    def __len__(self) -> int:
+        return len(self._metrics)
+
+    def items(self) -> Iterator[tuple[str, Metric]]:
+        return iter(self._metrics.items())
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # -- the protocol --------------------------------------------------------------------------------
+    def update(self, **values: Any) -> None:
+        """Convenience: ``update(loss=t, acc=(preds, target))`` calls each named metric's ``update``."""
+        for name, args in values.items():
+            metric = self._metrics[name]
+            metric.update(*args) if isinstance(args, tuple) else metric.update(args)
+
+    def compute(self) -> Values:
+        """``{name: tensor}``: the last sync's global values until the next update, else local ones."""
+        if self._synced is not None and all(m._synced is not None for m in self._metrics.values()):
+            return self._synced
+        out: Values = {}
+        for name, metric in self._metrics.items():
+            out.update(flatten_outputs(name, metric.compute()))
+        return out
+
+    def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[Values]:
+        """End the interval for every metric in <= 3 all_reduces; ``wait()`` gives ``{name: tensor}``.
+
+        On CUDA the reduction runs on a side stream; on gloo with ``async_op=True`` the collectives are
+        asynchronous. Either way local updates may continue before ``wait()``.
+        """
+
+        def finish(snapshot: dict[str, torch.Tensor]) -> Values:
+            values: Values = {}
+            for name, metric in self._metrics.items():
+                metric._synced = {k: v.clone() for k, v in metric._compute(self._pack.states(metric, snapshot)).items()}
+                values.update(flatten_outputs(name, metric._synced))
+            self._synced = values
+            return values
+
+        handle = self._pack.reduce(group, async_op=async_op).then(finish)
+        if not async_op:
+            handle.wait()
+        return handle
+
+    def to_row(self, values: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
+        """Every scalar result as a plain ``{name: float}``, moved to the host in ONE transfer."""
+        values = self.compute() if values is None else values
+        scalars = {k: v for k, v in values.items() if v.numel() == 1}
+        if not scalars:
+            return {}
+        host = torch.stack([v.reshape(()).to(torch.float64) for v in scalars.values()]).cpu().tolist()
+        return dict(zip(scalars, host))
+
+    def reset(self) -> None:
+        """Restore every state to its default."""
+        self._pack.reset()
+        self._clear_synced()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The GLOBAL states (``<metric>.<state>``), restorable exactly at any world size."""
+        snapshot = self._pack.reduce(None, reset=False).wait()
+        return {
+            f"{name}.{state}": view.clone()
+            for name, metric in self._metrics.items()
+            for state, view in self._pack.states(metric, snapshot).items()
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Restore global states: rank 0 takes them, other ranks start from the defaults."""
+        load_global_state(self._pack, [(f"{n}.", m) for n, m in self._metrics.items()], state_dict)
+        self._clear_synced()
+
+    def _clear_synced(self) -> None:
+        self._synced = None
+        for metric in self._metrics.values():
+            metric._synced = None
+
+    def to(self, device: Any) -> MetricCollection:
+        """Move every state to ``device`` (values kept); returns self."""
+        self._device = torch.device(device)
+        for metric in self._metrics.values():
+            metric._owner = None
+        self._pack = self._build_pack()
+        return self

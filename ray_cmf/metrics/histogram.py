@@ -1,0 +1,71 @@
+"""Histogram with fixed bins: reduces by sum, gives approximate quantiles."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ray_cmf.metrics.base import Metric
+
+
+class Histogram(Metric):
+    """Counts in ``bins`` equal-width bins over ``[low, high)`` plus an underflow and an overflow bin.
+
+    ``compute()`` returns ``counts`` (``bins + 2`` entries: underflow, bins, overflow), ``count`` and
+    one ``p<q>`` output per quantile, interpolated linearly inside its bin (under/overflow clamp to
+    ``low``/``high``). The ``value`` output is the median.
+
+    Example:
+        >>> h = Histogram(bins=10, low=0.0, high=1.0)
+        >>> h.update(torch.linspace(0, 0.999, 1000))
+        >>> round(h.compute()["p50"].item(), 2)
+        0.5
+    """
+
+    def __init__(
+        self, bins: int, low: float, high: float, quantiles: Sequence[float] = (0.5, 0.9, 0.99), **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        if bins < 1 or not high > low:
+            raise ValueError(f"Histogram needs bins >= 1 and high > low, got bins={bins!r}, low={low!r}, high={high!r}")
+        if not all(0.0 <= q <= 1.0 for q in quantiles):
+            raise ValueError(f"quantiles must lie in [0, 1], got {list(quantiles)!r}")
+        self.bins, self.low, self.high = bins, float(low), float(high)
+        self.quantiles = tuple(quantiles)
+        self.add_state("counts", torch.zeros(bins + 2), "sum")
+
+    def update(self, value: Any) -> None:
+        self._touch()
+        value = self._as_state(value).reshape(-1)
+        finite = torch.isfinite(value)
+        if self.nan_policy == "exclude":
+            self.nonfinite.add_((~finite).sum())
+        scaled = ((value - self.low) / (self.high - self.low) * self.bins).floor()
+        # +inf and NaN land in the overflow bin, -inf in the underflow bin (they count only under "propagate")
+        index = torch.nan_to_num(scaled, nan=self.bins, posinf=self.bins, neginf=-1).clamp(-1, self.bins) + 1
+        weight = finite.to(self.counts.dtype) if self.nan_policy == "exclude" else torch.ones_like(value)
+        self.counts.index_add_(0, index.long(), weight)
+
+    def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        counts = states["counts"]
+        total = counts.sum()
+        cumulative = counts.cumsum(0)
+        width = (self.high - self.low) / self.bins
+        # edges of the bins, with under/overflow pinned to low/high
+        lower = torch.cat([counts.new_tensor([self.low]), self.low + width * torch.arange(self.bins, device=counts.device, dtype=counts.dtype), counts.new_tensor([self.high])])
+        upper = torch.cat([counts.new_tensor([self.low]), lower[1:-1] + width, counts.new_tensor([self.high])])
+        out: dict[str, torch.Tensor] = {}
+        for q in self.quantiles:
+            target = q * total
+            i = torch.searchsorted(cumulative, target.reshape(1)).clamp(max=self.bins + 1)[0]
+            before = torch.where(i > 0, cumulative[(i - 1).clamp(min=0)], counts.new_zeros(()))
+            inside = counts[i]
+            frac = torch.where(inside > 0, (target - before) / inside, counts.new_zeros(()))
+            estimate = lower[i] + frac.clamp(0, 1) * (upper[i] - lower[i])
+            out[f"p{q * 100:g}"] = torch.where(total > 0, estimate, counts.new_full((), float("nan")))
+        out = {"value": out.get("p50", next(iter(out.values()), total)), **out, "count": total, "counts": counts}
+        if "nonfinite" in states:
+            out["nonfinite"] = states["nonfinite"]
+        return out

@@ -1,0 +1,37 @@
+"""Run a function on N real gloo ranks (torch.multiprocessing) and collect each rank's return value."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, world: int, init_file: str, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        result: Any = ("ok", fn(rank, world, *args))
+    except BaseException as exc:  # the parent re-raises with the rank's traceback
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+    """Spawn ``world`` gloo ranks running ``fn(rank, world, *args)``; return results ordered by rank.
+
+    A rank's exception comes back as ``("error", text)`` in its slot so tests can assert on it.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = str(Path(tmp) / "init")
+        mp.spawn(_entry, args=(world, init_file, tmp, fn, args), nprocs=world, join=True)
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -1,0 +1,172 @@
+"""Device metrics in one process: values, NaN policy, no host syncs in update, checkpoints, errors."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ray_cmf import RayCmfError
+from ray_cmf.metrics import Accuracy, Histogram, Max, Mean, Metric, MetricCollection, Min, Sum
+
+HOST_SYNCS = ("item", "cpu", "tolist", "numpy")
+
+
+def all_metrics() -> dict[str, Metric]:
+    return {"sum": Sum(), "mean": Mean(), "max": Max(), "min": Min(), "acc": Accuracy(), "acc3": Accuracy(top_k=3),
+            "hist": Histogram(bins=8, low=0.0, high=1.0), "raw": Sum(nan_policy="propagate")}
+
+
+def feed(metrics: dict[str, Metric], values: torch.Tensor, logits: torch.Tensor, target: torch.Tensor) -> None:
+    for name in ("sum", "max", "min", "hist", "raw"):
+        metrics[name].update(values)
+    metrics["mean"].update(values, weight=torch.ones_like(values) * 2)
+    metrics["acc"].update(logits, target)
+    metrics["acc3"].update(logits, target)
+
+
+def test_update_never_syncs_with_the_host() -> None:
+    metrics = all_metrics()
+    collection = MetricCollection(all_metrics())
+    values = torch.tensor([0.1, float("nan"), 0.7, float("inf")])
+    logits, target = torch.randn(4, 5), torch.tensor([0, 1, 2, 3])
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_SYNCS:
+            patch.setattr(torch.Tensor, name, lambda self, *a, __n=name, **k: (_ for _ in ()).throw(
+                AssertionError(f"update called Tensor.{__n}()")))
+        for _ in range(3):
+            feed(metrics, values, logits, target)
+            feed(dict(collection.items()), values, logits, target)
+    assert metrics["sum"].compute()["value"].item() == pytest.approx(3 * 0.8)
+
+
+def test_values_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=200)
+    weights = rng.uniform(size=200)
+    mean, total, high, low = Mean(), Sum(), Max(), Min()
+    for chunk, w in zip(np.split(data, 4), np.split(weights, 4)):
+        mean.update(torch.from_numpy(chunk), weight=torch.from_numpy(w))
+        total.update(torch.from_numpy(chunk))
+        high.update(torch.from_numpy(chunk))
+        low.update(torch.from_numpy(chunk))
+    assert mean.compute()["value"].item() == pytest.approx(np.average(data, weights=weights))
+    assert total.compute()["value"].item() == pytest.approx(data.sum())
+    assert high.compute()["value"].item() == data.max() and low.compute()["value"].item() == data.min()
+
+
+def test_nan_policy_exclude_counts_and_propagate_flows() -> None:
+    values = torch.tensor([1.0, float("nan"), 2.0, float("-inf")])
+    excluded, propagated = Sum(), Sum(nan_policy="propagate")
+    excluded.update(values)
+    propagated.update(values)
+    assert excluded.compute()["value"].item() == 3.0 and excluded.compute()["nonfinite"].item() == 2
+    assert math.isnan(propagated.compute()["value"].item()) and "nonfinite" not in propagated.compute()
+    top = Max(nan_policy="exclude")
+    top.update(torch.tensor([1.0, float("inf")]))
+    assert top.compute()["value"].item() == 1.0
+    with pytest.raises(ValueError, match="nan_policy"):
+        Sum(nan_policy="ignore")
+
+
+def test_mean_with_zero_weight_is_nan() -> None:
+    m = Mean()
+    assert math.isnan(m.compute()["value"].item())
+    m.update(torch.tensor([5.0]), weight=torch.tensor([0.0]))
+    assert math.isnan(m.compute()["value"].item())
+
+
+def test_accuracy_top_k_and_labels() -> None:
+    logits = torch.tensor([[0.1, 0.5, 0.4], [0.6, 0.3, 0.1], [0.2, 0.3, 0.5]])
+    target = torch.tensor([2, 0, 0])
+    top1, top2, labels = Accuracy(), Accuracy(top_k=2), Accuracy()
+    top1.update(logits, target)
+    top2.update(logits, target)
+    labels.update(torch.tensor([2, 0, 1]), target)
+    assert top1.compute()["value"].item() == pytest.approx(1 / 3)
+    assert top2.compute()["value"].item() == pytest.approx(2 / 3)
+    assert labels.compute()["value"].item() == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="top_k=2 needs class scores"):
+        Accuracy(top_k=2).update(torch.tensor([1]), torch.tensor([1]))
+
+
+def test_histogram_quantiles_and_out_of_range() -> None:
+    data = torch.linspace(0, 1, 10_001)[:-1]
+    h = Histogram(bins=100, low=0.0, high=1.0, quantiles=(0.1, 0.5, 0.9))
+    h.update(data)
+    h.update(torch.tensor([-5.0, 7.0, float("nan")]))
+    out = h.compute()
+    assert out["p10"].item() == pytest.approx(0.1, abs=0.01)
+    assert out["p50"].item() == pytest.approx(0.5, abs=0.01)
+    assert out["counts"][0].item() == 1 and out["counts"][-1].item() == 1
+    assert out["count"].item() == 10_002 and out["nonfinite"].item() == 1
+    with pytest.raises(ValueError, match="high > low"):
+        Histogram(bins=4, low=1.0, high=1.0)
+
+
+def test_sync_without_process_group_is_local_and_resets() -> None:
+    metrics = MetricCollection({"loss": Mean(), "n": Sum(cumulative=True)})
+    metrics["loss"].update(torch.tensor([1.0, 3.0]))
+    metrics["n"].update(torch.tensor(2.0))
+    values = metrics.sync().wait()
+    assert values["loss"].item() == 2.0 and values["n"].item() == 2.0
+    assert metrics.to_row() == {"loss": 2.0, "loss_nonfinite": 0.0, "n": 2.0, "n_nonfinite": 0.0}
+    metrics["n"].update(torch.tensor(1.0))
+    second = metrics.sync().wait()
+    assert math.isnan(second["loss"].item())  # interval with no loss updates
+    assert second["n"].item() == 3.0  # cumulative
+
+
+def test_to_row_moves_results_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = MetricCollection({f"m{i}": Sum() for i in range(10)})
+    for name in metrics:
+        metrics[name].update(torch.tensor(1.0))
+    calls = []
+    original = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    row = metrics.to_row()
+    assert len(calls) == 1 and row["m3"] == 1.0 and len(row) == 20
+
+
+def test_state_dict_round_trip_single_process() -> None:
+    metrics = MetricCollection({"loss": Mean(), "top": Max(), "h": Histogram(4, 0.0, 1.0)})
+    metrics["loss"].update(torch.tensor([1.0, 2.0]))
+    metrics["top"].update(torch.tensor([7.0]))
+    metrics["h"].update(torch.tensor([0.3]))
+    state = metrics.state_dict()
+    assert "loss.weighted_sum" in state and "top.extremum" in state
+    fresh = MetricCollection({"loss": Mean(), "top": Max(), "h": Histogram(4, 0.0, 1.0)})
+    fresh.load_state_dict(state)
+    assert fresh.to_row() == metrics.to_row()
+    with pytest.raises(RayCmfError, match="missing"):
+        fresh.load_state_dict({"loss.weight": torch.tensor(1.0)})
+    single = Sum()
+    single.update(torch.tensor(4.0))
+    clone = Sum()
+    clone.load_state_dict(single.state_dict())
+    assert clone.compute()["value"].item() == 4.0
+
+
+def test_members_are_driven_by_their_collection() -> None:
+    loss = Mean()
+    metrics = MetricCollection({"loss": loss})
+    with pytest.raises(RayCmfError, match="belongs to a MetricCollection"):
+        loss.sync()
+    with pytest.raises(ValueError, match="already belongs"):
+        MetricCollection({"again": loss})
+    with pytest.raises(TypeError, match="'bad'"):
+        MetricCollection({"bad": object()})  # type: ignore[dict-item]
+    assert metrics.to("cpu") is metrics
+
+
+def test_standalone_metric_sync_then_compute() -> None:
+    m = Sum()
+    m.update(torch.tensor([1.0, 2.0]))
+    handle = m.sync(async_op=True)
+    assert handle.wait()["value"].item() == 3.0 and handle.is_completed()
+    assert m.compute()["value"].item() == 3.0  # the synced value until the next update
+    m.update(torch.tensor(1.0))
+    assert m.compute()["value"].item() == 1.0  # the local interval

@@ -1,0 +1,213 @@
+"""Device metrics over real gloo process groups (2 and 3 ranks, different data per rank)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ray_cmf.metrics import Accuracy, Histogram, LayoutMismatchError, Max, Mean, MetricCollection, Min, Sum
+from tests._dist import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "reduce", "barrier",
+               "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all", "gather", "scatter")
+
+
+def make_collection(extra: bool = False) -> MetricCollection:
+    """20 metrics of every kind (21 with ``extra``)."""
+    metrics: dict[str, Any] = {}
+    for i in range(4):
+        metrics[f"sum{i}"] = Sum()
+        metrics[f"mean{i}"] = Mean()
+        metrics[f"max{i}"] = Max()
+        metrics[f"min{i}"] = Min()
+    metrics["wmean"] = Mean()
+    metrics["acc"] = Accuracy()
+    metrics["acc_top2"] = Accuracy(top_k=2)
+    metrics["hist"] = Histogram(bins=16, low=-3.0, high=3.0)
+    if extra:
+        metrics["extra"] = Sum()
+    return MetricCollection(metrics)
+
+
+def batch(rank: int, step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    values = torch.randn(8, generator=g) * (rank + 1)
+    if step == 1 and rank == 1:
+        values[0] = float("nan")
+        values[1] = float("inf")
+    return {
+        "values": values,
+        "weights": torch.rand(8, generator=g),
+        "logits": torch.randn(8, 5, generator=g),
+        "target": torch.randint(0, 5, (8,), generator=g),
+    }
+
+
+def feed(metrics: MetricCollection, data: dict[str, torch.Tensor]) -> None:
+    for i in range(4):
+        for kind in ("sum", "mean", "max", "min"):
+            metrics[f"{kind}{i}"].update(data["values"] + i)
+    metrics["wmean"].update(data["values"], weight=data["weights"])
+    metrics["acc"].update(data["logits"], data["target"])
+    metrics["acc_top2"].update(data["logits"], data["target"])
+    metrics["hist"].update(data["values"])
+
+
+def single_process(ranks: list[int], steps: range) -> dict[str, float]:
+    metrics = make_collection()
+    for rank in ranks:
+        for step in steps:
+            feed(metrics, batch(rank, step))
+    return metrics.to_row()
+
+
+def count_collectives() -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name in COLLECTIVES:
+        original = getattr(dist, name)
+
+        def wrapped(*args: Any, __name: str = name, __orig: Any = original, **kwargs: Any) -> Any:
+            counts[__name] = counts.get(__name, 0) + 1
+            return __orig(*args, **kwargs)
+
+        setattr(dist, name, wrapped)
+    return counts
+
+
+def _sync_scenario(rank: int, world: int) -> dict[str, Any]:
+    counts = count_collectives()
+    metrics = make_collection()
+    for step in range(3):
+        feed(metrics, batch(rank, step))
+    first = metrics.to_row(metrics.sync().wait())
+    first_calls = sum(counts.values())
+    counts.clear()
+    for step in range(3, 5):
+        feed(metrics, batch(rank, step))
+    second = metrics.to_row(metrics.sync(async_op=True).wait())
+    second_calls = dict(counts)
+    # async and blocking give the same values
+    counts.clear()
+    for step in range(3, 5):
+        feed(metrics, batch(rank, step))
+    blocking = metrics.to_row(metrics.sync().wait())
+    return {"first": first, "second": second, "blocking": blocking, "first_calls": first_calls,
+            "second_calls": second_calls, "local_after_sync": metrics["sum0"].total.item()}
+
+
+@pytest.fixture(scope="module")
+def two_rank_sync() -> list[Any]:
+    return run_distributed(_sync_scenario, 2)
+
+
+def _ok(results: list[Any]) -> list[Any]:
+    for status, payload in results:
+        assert status == "ok", payload
+    return [payload for _, payload in results]
+
+
+def assert_rows_close(actual: dict[str, float], expected: dict[str, float]) -> None:
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        a, e = actual[key], expected[key]
+        assert (math.isnan(a) and math.isnan(e)) or a == pytest.approx(e, rel=1e-9, abs=1e-9), key
+
+
+def test_synced_values_equal_single_process_over_all_data(two_rank_sync: list[Any]) -> None:
+    ranks = _ok(two_rank_sync)
+    assert_rows_close(ranks[0]["first"], single_process([0, 1], range(3)))
+    assert ranks[0]["first"] == ranks[1]["first"] or all(
+        math.isnan(v) for k, v in ranks[0]["first"].items() if v != ranks[1]["first"][k]
+    )
+    assert ranks[0]["first"]["sum0_nonfinite"] == 2  # the NaN and the inf of rank 1, step 1
+
+
+def test_one_sync_covers_the_interval_then_resets(two_rank_sync: list[Any]) -> None:
+    ranks = _ok(two_rank_sync)
+    assert_rows_close(ranks[0]["second"], single_process([0, 1], range(3, 5)))
+    assert ranks[0]["local_after_sync"] == 0.0
+
+
+def test_at_most_three_collectives_per_sync_with_20_metrics(two_rank_sync: list[Any]) -> None:
+    ranks = _ok(two_rank_sync)
+    assert len(make_collection()) == 20
+    for r in ranks:
+        assert sum(r["second_calls"].values()) <= 3, r["second_calls"]
+        assert set(r["second_calls"]) == {"all_reduce"}
+        assert r["first_calls"] <= 4  # + the one-time layout check
+
+
+def test_async_equals_blocking(two_rank_sync: list[Any]) -> None:
+    ranks = _ok(two_rank_sync)
+    assert_rows_close(ranks[0]["second"], ranks[0]["blocking"])
+
+
+def _idle_rank_and_cumulative(rank: int, world: int) -> dict[str, Any]:
+    metrics = make_collection()
+    total = MetricCollection({"running": Sum(cumulative=True), "interval": Sum()})
+    if rank != 2:  # rank 2 never updates
+        for step in range(3):
+            feed(metrics, batch(rank, step))
+    for step in range(2):
+        total["running"].update(torch.tensor(float(rank + 1)))
+        total["interval"].update(torch.tensor(float(rank + 1)))
+        total.sync()
+    return {"row": metrics.to_row(metrics.sync().wait()), "totals": total.to_row()}
+
+
+def test_rank_without_updates_and_cumulative_metrics() -> None:
+    ranks = _ok(run_distributed(_idle_rank_and_cumulative, 3))
+    assert_rows_close(ranks[2]["row"], single_process([0, 1], range(3)))
+    assert ranks[0]["totals"]["running"] == 2 * (1 + 2 + 3)
+    assert ranks[0]["totals"]["interval"] == 1 + 2 + 3
+
+
+def _save(rank: int, world: int, path: str) -> None:
+    metrics = make_collection()
+    for step in range(3):
+        feed(metrics, batch(rank, step))
+    state = metrics.state_dict()  # global: the same on every rank
+    if rank == 0:
+        torch.save(state, path)
+
+
+def _restore(rank: int, world: int, path: str) -> dict[str, float]:
+    metrics = make_collection()
+    metrics.load_state_dict(torch.load(path))
+    feed(metrics, batch(rank + 10, 0))
+    return metrics.to_row(metrics.sync().wait())
+
+
+def test_checkpoint_saved_on_2_ranks_restores_on_3(tmp_path: Any) -> None:
+    path = str(tmp_path / "metrics.pt")
+    _ok(run_distributed(_save, 2, path))
+    restored = _ok(run_distributed(_restore, 3, path))
+    expected = make_collection()
+    for r in (0, 1):
+        for step in range(3):
+            feed(expected, batch(r, step))
+    for r in (10, 11, 12):
+        feed(expected, batch(r, 0))
+    assert_rows_close(restored[1], expected.to_row())
+
+
+def _mismatch(rank: int, world: int) -> None:
+    metrics = make_collection(extra=rank == 1)
+    metrics.sync()
+
+
+def test_layout_mismatch_raises_naming_the_difference_instead_of_hanging() -> None:
+    results = run_distributed(_mismatch, 2)
+    for status, text in results:
+        assert status == "error"
+        assert "LayoutMismatchError" in text and "extra" in text and "extra.total" in text
+
+
+def test_layout_error_type_is_public() -> None:
+    assert issubclass(LayoutMismatchError, Exception)
