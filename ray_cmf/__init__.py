@@ -5,6 +5,9 @@ Importing ``ray_cmf`` imports neither ray nor torch; the integrations load them 
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ray_cmf.buffer import FinishedFile, MetricBuffer
 from ray_cmf.cmf import Cmf
 from ray_cmf.errors import (
@@ -18,8 +21,22 @@ from ray_cmf.errors import (
 from ray_cmf.recovery import recover
 from ray_cmf.store import Store
 
+if TYPE_CHECKING:
+    from ray_cmf.tune import CmfRayLogger
+
+# Integrations load ray on first use only: ``import ray_cmf`` stays light.
+_LAZY = {"CmfRayLogger": "ray_cmf.tune"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ray_cmf' has no attribute {name!r}")
+
+
 __all__ = [
     "Cmf",
+    "CmfRayLogger",
     "FinishedFile",
     "InvalidNameError",
     "InvalidValueError",

@@ -387,6 +387,23 @@ class MetricBuffer:
             self._n = 0
         self._last_spill = time.monotonic()
 
+    @classmethod
+    def resume(cls, spill_dir: str | os.PathLike[str], **kwargs: Any) -> MetricBuffer:
+        """A buffer that continues a spill left by an earlier process (e.g. a restored Tune driver).
+
+        Its complete rows are kept, and numbering continues after them.
+        """
+        buffer = cls(spill_dir, **kwargs)
+        if buffer.spill_dir.exists():
+            buffer._first_row += sum(batch.num_rows for batch in read_segments(buffer.spill_dir))
+            buffer._spiller = _SpillThread(buffer.spill_dir, None)
+            buffer._spiller.start()
+        return buffer
+
+    def seal(self) -> None:
+        """Hand the current rows to the spill thread now, without waiting for the write."""
+        self._seal()
+
     def flush(self) -> None:
         """Seal the current rows and block until every sealed chunk is on disk."""
         self._seal()

@@ -235,9 +235,11 @@ class Lineage:
         type_id = self.type_id("artifact", type_name, {k: type(v) for k, v in typed.items()})
         execution = self.get_execution(execution_id)
         contexts = self.contexts_of(execution_id)
-        artifact = mlpb.Artifact(type_id=type_id, name=name, uri=uri, state=mlpb.Artifact.LIVE)
-        _set(artifact.properties, typed)
-        _set(artifact.custom_properties, custom)
+        artifact = self.store.get_artifact_by_type_and_name(type_name, name)
+        if artifact is None:  # the same content logged again (e.g. one dataset, many trials) is linked, not copied
+            artifact = mlpb.Artifact(type_id=type_id, name=name, uri=uri, state=mlpb.Artifact.LIVE)
+            _set(artifact.properties, typed)
+            _set(artifact.custom_properties, custom)
         ev = mlpb.Event(type=_EVENTS[event])
         _, [artifact.id], _ = self.store.put_execution(
             execution, [(artifact, ev)], contexts, reuse_context_if_already_exist=True

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,6 +34,15 @@ def _alive(manifest: dict[str, object]) -> bool:
     return True
 
 
+def _execution_id(store: Store, manifest: dict[str, Any]) -> int:
+    """The execution a spill belongs to: by id, or by name for writers that never learned the id."""
+    if "execution_id" in manifest:
+        return int(manifest["execution_id"])
+    return store.execution(
+        manifest["pipeline"], manifest["stage"], manifest["execution_type"], manifest["execution_name"]
+    ).id
+
+
 def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool = False) -> list[Artifact]:
     """Turn every dangling spill of ``store`` into a committed, valid Parquet Step_Metrics artifact.
 
@@ -56,9 +66,8 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
             if base and Path(base).exists():
                 batches[:0] = pq.ParquetFile(base).iter_batches(batch_size=1 << 20)
             finished = write_parquet(batches, Path(manifest["dest"]))
-            artifact = store.commit_metrics(
-                int(manifest["execution_id"]), str(manifest["metrics_name"]), finished, {"recovered": True}
-            )
+            artifact = store.commit_metrics(_execution_id(store, manifest), str(manifest["metrics_name"]), finished,
+                                            {"recovered": True})
             log.warning("ray_cmf.recover: committed %d rows of %r from %s", finished.rows, manifest["metrics_name"], spill)
             recovered.append(artifact)
         discard_spill(spill)

@@ -27,7 +27,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.errors import StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage
-from ray_cmf.versioning import DvcRepo, file_md5
+from ray_cmf.versioning import DvcRepo, tree_md5
 
 
 def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
@@ -172,16 +172,15 @@ class Store:
         event: str,
         custom: Mapping[str, Any] | None = None,
     ) -> Artifact:
-        """Hash a dataset or model file, DVC-track it when it lies in the store, and record it in MLMD."""
+        """Hash a dataset or model (file or directory) and record it in MLMD; DVC-track files inside the store."""
         path = Path(path).absolute()
-        if not path.is_file():
-            raise StoreError(f"Cannot log {type_name} {str(path)!r}: no such file")
+        if not path.exists():
+            raise StoreError(f"Cannot log {type_name} {str(path)!r}: no such file or directory")
         if event not in ("input", "output"):
             raise ValueError(f"event must be 'input' or 'output', got {event!r}")
         with self._lock:
-            md5 = file_md5(path)
-            size = path.stat().st_size
-            tracked = path.is_relative_to(self.root)
+            md5, size = tree_md5(path)
+            tracked = path.is_file() and path.is_relative_to(self.root)
             if tracked:
                 self.dvc.track(path, md5, size)
             typed = {"Commit": md5, "url": self.url(path), "size": size}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import shutil
@@ -36,6 +37,20 @@ def file_md5(path: str | os.PathLike[str]) -> str:
         while chunk := source.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def tree_md5(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """(md5, total size) of a file, or of a directory as DVC does: md5 of its sorted (relpath, md5) listing."""
+    root = Path(path)
+    if root.is_file():
+        return file_md5(root), root.stat().st_size
+    entries = []
+    size = 0
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        entries.append({"md5": file_md5(file), "relpath": file.relative_to(root).as_posix()})
+        size += file.stat().st_size
+    listing = json.dumps(entries, sort_keys=True, separators=(", ", ": "))
+    return hashlib.md5(listing.encode()).hexdigest() + ".dir", size
 
 
 class DvcRepo:

@@ -128,7 +128,7 @@ def test_log_dataset_and_model(store_dir: Path, tmp_path: Path) -> None:
     assert "up to date" in _dvc(store_dir, "status")
     events = {e.artifact_id: e.type for e in cmf.store.lineage.store.get_events_by_execution_ids([cmf.execution.id])}
     assert events == {dataset.id: mlpb.Event.INPUT, model.id: mlpb.Event.OUTPUT}
-    with pytest.raises(StoreError, match="no such file"):
+    with pytest.raises(StoreError, match="no such file or directory"):
         cmf.log_dataset(str(tmp_path / "missing.csv"), "input")
 
 

@@ -1,0 +1,489 @@
+"""Ray Tune integration: ``CmfRayLogger`` (the callback), the store's single-writer actor, the in-trial Cmf.
+
+Concurrency: one named Ray actor (0 CPUs, on the driver's node) is the only process that writes MLMD
+and DVC. Tune's hooks only append to in-memory buffers or send the actor fire-and-forget calls; Parquet
+files are finished on a driver thread, off Tune's event loop. Trials reach the same actor by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ray_cmf._names import check_name
+from ray_cmf.buffer import FinishedFile, MetricBuffer
+from ray_cmf.cmf import Cmf
+from ray_cmf.compare import ATTEMPT_COLUMN
+from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE
+from ray_cmf.errors import RayCmfError, SchemaError
+from ray_cmf.lineage import Artifact, Context, Execution, Lineage, config_properties
+from ray_cmf.store import Store, resolve_root
+
+log = logging.getLogger(__name__)
+
+WRITER_NAME = "ray_cmf_writer"
+TRIAL_EXECUTION_TYPE = "Ray_Tune_Trial"
+RESULTS_METRICS_NAME = "tune_results"
+# Tune bookkeeping that is not a training metric (strings are dropped anyway).
+_BOOKKEEPING = frozenset({"config", "pid", "timestamp", "done", "should_checkpoint", "trial_id", "date",
+                          "hostname", "node_ip", "experiment_tag", "checkpoint_dir_name"})
+_MODES = ("min", "max")
+
+
+@dataclass(frozen=True)
+class TrialBinding:
+    """Where a trial's metadata lives: enough for any process to build the trial's Cmf."""
+
+    root: str
+    mlmd: str
+    pipeline: str
+    stage: str
+    trial_id: str
+    execution_id: int
+
+
+class StoreWriter:
+    """The single writer (hosted in a Ray actor): every MLMD and DVC write of every store goes here."""
+
+    def __init__(self) -> None:
+        self._stores: dict[tuple[str, str], Store] = {}
+        self._trials: dict[str, TrialBinding] = {}
+
+    def _store(self, root: str, mlmd: str) -> Store:
+        key = (root, mlmd)
+        if key not in self._stores:
+            self._stores[key] = Store(root, mlmd=mlmd)
+        return self._stores[key]
+
+    def call(self, root: str, mlmd: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run one Store write method (``RemoteStore`` forwards here)."""
+        return getattr(self._store(root, mlmd), method)(*args, **kwargs)
+
+    def start_trial(
+        self, root: str, mlmd: str, pipeline: str, stage: str, trial_id: str, props: Mapping[str, Any],
+        data_dir: str | None,
+    ) -> TrialBinding:
+        """Get (on restore) or create the trial's execution, mark it RUNNING and log its input data."""
+        store = self._store(root, mlmd)
+        execution = store.execution(pipeline, stage, TRIAL_EXECUTION_TYPE, trial_id, props)
+        store.update_execution(execution.id, props, "RUNNING")
+        binding = TrialBinding(root, mlmd, pipeline, stage, trial_id, execution.id)
+        first_start = trial_id not in self._trials
+        self._trials[trial_id] = binding
+        if data_dir is not None and first_start:
+            store.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+        return binding
+
+    def binding(self, trial_id: str) -> TrialBinding | None:
+        return self._trials.get(trial_id)
+
+    def log_trial_file(self, trial_id: str, type_name: str, path: str, event: str) -> Artifact:
+        b = self._trials[trial_id]
+        return self._store(b.root, b.mlmd).log_file(b.execution_id, type_name, path, event)
+
+    def end_trial(
+        self, trial_id: str, props: Mapping[str, Any], state: str | None, commit: tuple[str, FinishedFile] | None
+    ) -> Artifact | None:
+        """Record a trial's Parquet (if any) and its final properties and state."""
+        b = self._trials[trial_id]
+        store = self._store(b.root, b.mlmd)
+        artifact = store.commit_metrics(b.execution_id, commit[0], commit[1]) if commit else None
+        store.update_execution(b.execution_id, props, state)
+        return artifact
+
+    def ping(self) -> bool:
+        return True
+
+
+def writer_actor() -> Any:
+    """The session's writer actor: created on first use, on this node, with 0 CPUs; found by name after."""
+    try:
+        return ray.get_actor(WRITER_NAME)
+    except ValueError:
+        node = ray.get_runtime_context().get_node_id()
+        actor_cls = ray.remote(num_cpus=0, max_restarts=0)(StoreWriter)
+        return actor_cls.options(
+            name=WRITER_NAME, get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
+        ).remote()
+
+
+class RemoteStore(Store):
+    """A Store whose writes go to the writer actor; reads open MLMD read-only in this process."""
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return ray.get(writer_actor().call.remote(str(self.root), self.mlmd, method, *args, **kwargs))
+
+    @property
+    def lineage(self) -> Lineage:  # type: ignore[override]
+        if self._lineage is None:
+            self._lineage = Lineage(self.mlmd, readonly=True)
+        return self._lineage
+
+    def pipeline(self, name: str, props: Mapping[str, Any] | None = None) -> Context:
+        return self._call("pipeline", name, props)
+
+    def stage(self, pipeline: str, stage: str, props: Mapping[str, Any] | None = None) -> Context:
+        return self._call("stage", pipeline, stage, props)
+
+    def execution(
+        self, pipeline: str, stage: str, type_name: str, name: str, props: Mapping[str, Any] | None = None
+    ) -> Execution:
+        return self._call("execution", pipeline, stage, type_name, name, props)
+
+    def update_execution(
+        self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
+    ) -> Execution:
+        return self._call("update_execution", execution_id, props, state)
+
+    def commit_metrics(
+        self, execution_id: int, metrics_name: str, finished: FinishedFile, custom: Mapping[str, Any] | None = None
+    ) -> Artifact:
+        return self._call("commit_metrics", execution_id, metrics_name, finished, custom)
+
+    def log_file(
+        self, execution_id: int, type_name: str, path: str | os.PathLike[str], event: str,
+        custom: Mapping[str, Any] | None = None,
+    ) -> Artifact:
+        return self._call("log_file", execution_id, type_name, os.fspath(path), event, custom)
+
+    def log_execution_metrics(self, execution_id: int, metrics_name: str, values: Mapping[str, Any]) -> Artifact:
+        return self._call("log_execution_metrics", execution_id, metrics_name, values)
+
+
+_TRIAL_CMFS: dict[str, Cmf] = {}
+
+
+def trial_cmf(trial_id: str, *, timeout: float = 60.0) -> Cmf:
+    """The Cmf of a trial (cached per process), bound to the execution that CmfRayLogger created for it.
+
+    Works in the trial's own process and on the driver. Waits up to ``timeout`` seconds for the
+    callback to register the trial (it may start before Tune calls ``on_trial_start``).
+    """
+    if trial_id in _TRIAL_CMFS:
+        return _TRIAL_CMFS[trial_id]
+    deadline = time.monotonic() + timeout
+    binding: TrialBinding | None = None
+    while binding is None:
+        try:
+            binding = ray.get(writer_actor().binding.remote(trial_id))
+        except ValueError:
+            binding = None
+        if binding is None:
+            if time.monotonic() > deadline:
+                raise RayCmfError(
+                    f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
+                    "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
+                )
+            time.sleep(0.05)
+    cmf = Cmf(pipeline_name=binding.pipeline, store=RemoteStore(binding.root, mlmd=binding.mlmd))
+    cmf.create_context(binding.stage)
+    cmf.execution = cmf.store.execution(binding.pipeline, binding.stage, TRIAL_EXECUTION_TYPE, binding.trial_id)
+    _TRIAL_CMFS[trial_id] = cmf
+    return cmf
+
+
+def get_cmf(*, timeout: float = 60.0) -> Cmf:
+    """Inside a Tune trainable: this trial's Cmf, for per-step ``log_metric`` and ``commit_metrics``.
+
+    Example:
+        >>> def trainable(config):  # doctest: +SKIP
+        ...     cmf = ray_cmf.tune.get_cmf()
+        ...     for step in range(10_000):
+        ...         cmf.log_metric("steps", {"step": step, "loss": loss})
+        ...     cmf.commit_metrics("steps")
+    """
+    return trial_cmf(tune.get_context().get_trial_id(), timeout=timeout)
+
+
+class TrialCmfs(Mapping[str, Cmf]):
+    """cmflib's ``logger.cmf_obj``: trial id -> that trial's Cmf (built on first access, in any process)."""
+
+    def __init__(self, logger: CmfRayLogger) -> None:
+        self._logger = logger
+
+    def __getitem__(self, trial_id: str) -> Cmf:
+        return trial_cmf(trial_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._logger._trials)
+
+    def __len__(self) -> int:
+        return len(self._logger._trials)
+
+
+@dataclass
+class _TrialState:
+    """What the driver keeps per trial; ``persisted()`` is what survives a Tune restore."""
+
+    attempt: int = 0
+    best: float | None = None
+    committed: bool = False
+    spill_dir: str = ""
+    buffer: MetricBuffer | None = None
+    models: set[str] = field(default_factory=set)
+
+    def persisted(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "best": self.best, "committed": self.committed, "spill_dir": self.spill_dir}
+
+
+def result_row(result: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+    """The loggable part of a Tune result: numbers, bools and None (nested dicts flattened with ``/``).
+
+    Config keys, Tune's bookkeeping and strings are dropped; NaN and inf are kept as data.
+    """
+    row: dict[str, Any] = {}
+
+    def visit(prefix: str, mapping: Mapping[str, Any]) -> None:
+        for key, value in mapping.items():
+            name = f"{prefix}{key}"
+            if not prefix and key in _BOOKKEEPING:
+                continue
+            if isinstance(value, Mapping):
+                visit(name + "/", value)
+                continue
+            if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+                value = value.item()  # numpy / torch scalars
+            if value is None or isinstance(value, bool | int | float):
+                row[name] = value
+
+    visit("", result)
+    row[ATTEMPT_COLUMN] = attempt
+    return row
+
+
+class CmfRayLogger(tune.Callback):
+    """Tune callback: a buffer and an MLMD execution per trial, a versioned Parquet per trial on completion.
+
+    Accepts cmflib's ``CmfRayLogger`` arguments. Hooks return in microseconds: rows go to in-memory
+    buffers, writes go to the single writer actor, Parquet files are finished on a driver thread.
+
+    Args:
+        pipeline_name: Pipeline (parent) context.
+        file_path: MLMD database file (cmflib's meaning); default ``<store>/mlmd.sqlite``.
+        pipeline_stage: Stage (child) context; default: the Tune experiment's name.
+        data_dir: Dataset file or directory logged as every trial's input.
+        metric: Result key whose best value is recorded per trial and ranks the top-N.
+        order: ``"min"`` or ``"max"`` for ``metric`` (``mode`` is an alias).
+        top_n: Mark the best N trials with ``in_top_n=True`` at experiment end.
+        store: Store directory (default ``$RAY_CMF_STORE`` or ``./cmf_store``).
+        mode: Alias of ``order``.
+        metrics_name: Name of the per-trial result series.
+
+    Example:
+        >>> tuner = tune.Tuner(  # doctest: +SKIP
+        ...     trainable, param_space={"lr": tune.loguniform(1e-4, 1e-1)},
+        ...     run_config=tune.RunConfig(callbacks=[CmfRayLogger("sweep", metric="loss", mode="min", top_n=3)]),
+        ... )
+    """
+
+    def __init__(
+        self,
+        pipeline_name: str = "ray_tune",
+        file_path: str | os.PathLike[str] | None = None,
+        pipeline_stage: str | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        metric: str | None = None,
+        order: str | None = None,
+        top_n: int | None = None,
+        *,
+        store: str | os.PathLike[str] | None = None,
+        mode: str | None = None,
+        metrics_name: str = RESULTS_METRICS_NAME,
+        flush_rows: int = DEFAULT_FLUSH_ROWS,
+        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+    ) -> None:
+        if order is not None and mode is not None and order != mode:
+            raise ValueError(f"order={order!r} and mode={mode!r} disagree; pass one of them")
+        mode = order if order is not None else mode
+        if mode is not None and mode not in _MODES:
+            raise ValueError(f"order/mode must be 'min' or 'max', got {mode!r}")
+        if top_n is not None and (metric is None or top_n < 1):
+            raise ValueError(f"top_n={top_n!r} needs a metric and must be >= 1")
+        self.pipeline_name = check_name("pipeline_name", pipeline_name)
+        self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage is not None else None
+        self.metrics_name = check_name("metrics_name", metrics_name)
+        self.metric, self.mode, self.top_n = metric, mode or "min", top_n
+        self.root = str(resolve_root(store))
+        self.mlmd = os.fspath(file_path) if file_path is not None else str(Path(self.root) / "mlmd.sqlite")
+        self.data_dir = os.path.abspath(data_dir) if data_dir is not None else None
+        self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
+        self.cmf_obj = TrialCmfs(self)
+        self._trials: dict[str, _TrialState] = {}
+        self._runtime: dict[str, Any] | None = None  # writer, executor, futures: never pickled
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles callbacks with the Tuner: keep configuration and persisted trial state only."""
+        state = self.__dict__.copy()
+        state["_runtime"] = None
+        state["_trials"] = {tid: _TrialState(**t.persisted()) for tid, t in self._trials.items()}
+        return state
+
+    # -- runtime pieces (lazy: the object stays picklable until the sweep starts) --------------------
+    @property
+    def _rt(self) -> dict[str, Any]:
+        if self._runtime is None:
+            self._runtime = {
+                "writer": writer_actor(),
+                "executor": ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit"),
+                "futures": [],
+                "refs": [],
+                "store": Store(self.root, mlmd=self.mlmd),  # paths only: this process never writes MLMD/DVC
+            }
+        return self._runtime
+
+    def _send(self, ref: Any) -> None:
+        refs = self._rt["refs"]
+        refs.append(ref)
+        if len(refs) > 256:  # drop finished calls without blocking
+            done, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+            self._check(done)
+            self._rt["refs"] = pending
+
+    def _check(self, refs: list[Any]) -> None:
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # logging never kills training
+                log.warning("ray_cmf: a store write failed: %s", exc)
+
+    def _stage(self, trial: Any) -> str:
+        return self.pipeline_stage or getattr(trial, "experiment_dir_name", None) or "tune"
+
+    def _state(self, trial: Any) -> _TrialState:
+        state = self._trials.setdefault(trial.trial_id, _TrialState())
+        if state.buffer is None:
+            store: Store = self._rt["store"]
+            if not state.spill_dir:
+                state.spill_dir = str(store.spill_dir(f"tune-{trial.trial_id}-{self.metrics_name}"))
+            manifest = {"metrics_name": self.metrics_name, "pipeline": self.pipeline_name, "stage": self._stage(trial),
+                        "execution_type": TRIAL_EXECUTION_TYPE, "execution_name": trial.trial_id,
+                        "dest": str(self._destination(trial)), "pid": os.getpid(), "host": os.uname().nodename}
+            state.buffer = MetricBuffer.resume(
+                state.spill_dir, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds, manifest=manifest
+            )
+        return state
+
+    def _destination(self, trial: Any) -> Path:
+        store: Store = self._rt["store"]
+        return store.artifact_dir(self.pipeline_name, self._stage(trial), trial.trial_id) / f"{self.metrics_name}-{{md5}}.parquet"
+
+    # -- Tune hooks ----------------------------------------------------------------------------------
+    def setup(self, **info: Any) -> None:
+        self._rt  # start the writer before the first trial
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        state = self._state(trial)
+        state.attempt += 1
+        state.committed = False
+        props = {**config_properties(trial.config), "trial_id": trial.trial_id, "status": "RUNNING",
+                 "experiment": self._stage(trial), "attempt": state.attempt}
+        self._send(self._rt["writer"].start_trial.remote(
+            self.root, self.mlmd, self.pipeline_name, self._stage(trial), trial.trial_id, props, self.data_dir
+        ))
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+        state = self._state(trial)
+        row = result_row(result, state.attempt)
+        while True:
+            try:
+                state.buffer.append(row)  # type: ignore[union-attr]
+                break
+            except SchemaError as exc:
+                log.warning("ray_cmf: trial %s: %s; dropping that value", trial.trial_id, exc)
+                row.pop(exc.key)
+        self._track_best(state, row.get(self.metric) if self.metric else None)
+        model_path = result.get("model_path")
+        if isinstance(model_path, str) and model_path not in state.models and os.path.exists(model_path):
+            state.models.add(model_path)
+            self._send(self._rt["writer"].log_trial_file.remote(trial.trial_id, MODEL_TYPE, model_path, "output"))
+
+    def _track_best(self, state: _TrialState, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            return
+        if state.best is None or (value < state.best if self.mode == "min" else value > state.best):
+            state.best = float(value)
+
+    def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
+        self._state(trial).buffer.seal()  # type: ignore[union-attr]  # rows up to a checkpoint survive a crash
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, "COMPLETE")
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, "FAILED")
+
+    def _end(self, trial: Any, status: str) -> None:
+        """Finish the trial's Parquet on the commit thread and hand it to the writer."""
+        state = self._state(trial)
+        if state.committed:
+            return
+        state.committed = True
+        props: dict[str, Any] = {"status": status}
+        if self.metric is not None:
+            props[f"best_{self.metric}"] = state.best if state.best is not None else math.nan
+        buffer, state.buffer, state.spill_dir = state.buffer, None, ""
+        dest = self._destination(trial)
+        self._rt["futures"].append(self._rt["executor"].submit(self._commit, trial.trial_id, buffer, dest, props, status))
+
+    def _commit(self, trial_id: str, buffer: MetricBuffer, dest: Path, props: dict[str, Any], status: str) -> None:
+        """Runs on the commit thread: never on Tune's event loop."""
+        commit = None
+        if buffer.rows:
+            commit = (self.metrics_name, buffer.finish(dest))
+        buffer.close()
+        ray.get(self._rt["writer"].end_trial.remote(trial_id, props, status, commit))
+
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain."""
+        for trial in trials:
+            if trial.trial_id in self._trials and not self._trials[trial.trial_id].committed:
+                self._end(trial, "FAILED" if trial.status == "ERROR" else "COMPLETE" if trial.status == "TERMINATED"
+                          else "CANCELED")
+        futures: list[Future[None]] = self._rt["futures"]
+        for future in futures:
+            try:
+                future.result()
+            except Exception as exc:
+                log.warning("ray_cmf: committing a trial failed: %s", exc)
+        if self.top_n is not None:
+            self._mark_top_n(trials)
+        self._check(self._rt["refs"])
+        self._rt["executor"].shutdown(wait=True)
+        self._runtime = None
+
+    def _mark_top_n(self, trials: list[Any]) -> None:
+        ranked = sorted(
+            (t for t in trials if t.trial_id in self._trials and self._trials[t.trial_id].best is not None),
+            key=lambda t: self._trials[t.trial_id].best, reverse=self.mode == "max",
+        )
+        top = {t.trial_id: rank for rank, t in enumerate(ranked[: self.top_n], start=1)}
+        writer = self._rt["writer"]
+        self._check([
+            writer.end_trial.remote(t.trial_id, {"in_top_n": t.trial_id in top, "top_rank": top.get(t.trial_id, 0)},
+                                    None, None)
+            for t in trials if t.trial_id in self._trials
+        ])
+
+    # -- Tune experiment checkpoints -----------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """Persisted per-trial state; seals open buffers so a restore finds their rows on disk."""
+        for state in self._trials.values():
+            if state.buffer is not None:
+                state.buffer.seal()
+        return {"trials": {tid: t.persisted() for tid, t in self._trials.items()}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue a restored experiment: same executions, spilled rows adopted, attempts counted on."""
+        self._trials = {tid: _TrialState(**saved) for tid, saved in state.get("trials", {}).items()}

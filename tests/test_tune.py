@@ -1,0 +1,265 @@
+"""CmfRayLogger against real Tune sweeps, a real MLMD store and a real DVC repo."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+from ray_cmf.compare import dedup_attempts
+from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
+from ray_cmf.lineage import Lineage, properties
+
+pytestmark = pytest.mark.integration
+
+GOOD_LRS = [0.1, 0.2, 0.3, 0.4]
+FAIL_LATE, FAIL_EARLY = 0.5, 0.6
+RESULTS = 20
+
+
+def _trainable_factory(logger: Any) -> Any:
+    from ray import tune
+
+    def trainable(config: dict[str, Any]) -> None:
+        lr = config["lr"]
+        if lr == FAIL_EARLY:
+            raise RuntimeError("fails before its first result")
+        trial_id = tune.get_context().get_trial_id()
+        cmf = logger.cmf_obj[trial_id]  # the cmflib pattern, inside the trial
+        model = Path(tune.get_context().get_trial_dir()) / "model.bin"
+        for it in range(RESULTS):
+            for sub in range(5):
+                cmf.log_metric("fine", {"it": it, "sub": sub, "lr_echo": lr})
+            if lr == FAIL_LATE and it == 3:
+                raise RuntimeError("fails after 3 results")
+            model.write_bytes(f"weights {lr} {it}".encode())
+            tune.report({"loss": lr / (it + 1), "lr_echo": lr, "note": "text", "nested": {"a": it, "none": None if it % 2 else it},
+                         "maybe_nan": math.nan if it % 2 else 1.0, "model_path": str(model)})
+        cmf.commit_metrics("fine")
+
+    return trainable
+
+
+@pytest.fixture(scope="module")
+def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    tmp = tmp_path_factory.mktemp("sweep")
+    data = tmp / "data"
+    data.mkdir()
+    (data / "train.csv").write_text("x,y\n1,2\n")
+    store = tmp / "store"
+    logger = CmfRayLogger("sweep", pipeline_stage="stage1", data_dir=str(data), metric="loss", mode="min", top_n=2,
+                          store=str(store))
+    tuner = tune.Tuner(
+        _trainable_factory(logger),
+        param_space={"lr": tune.grid_search(GOOD_LRS + [FAIL_LATE, FAIL_EARLY]), "nested": {"depth": 2}},
+        tune_config=tune.TuneConfig(max_concurrent_trials=2),
+        run_config=tune.RunConfig(name="exp", storage_path=str(tmp / "results"), callbacks=[logger], verbose=0),
+    )
+    grid = tuner.fit()
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    executions = {properties(e)["trial_id"]: e for e in lineage.store.get_executions()}
+    lrs = {r.metrics.get("trial_id") or r.path.split("_")[-1]: r.config["lr"] for r in grid}
+    by_lr = {properties(e)["lr"]: e for e in executions.values()}
+    return {"store": store, "lineage": lineage, "executions": executions, "by_lr": by_lr, "grid": grid,
+            "lrs": lrs}
+
+
+def _artifacts(sweep: dict[str, Any], execution: Any, type_name: str = STEP_METRICS_TYPE) -> dict[str, Any]:
+    lineage: Lineage = sweep["lineage"]
+    type_id = lineage.store.get_artifact_type(type_name).id
+    events = lineage.store.get_events_by_execution_ids([execution.id])
+    ids = [e.artifact_id for e in events]
+    arts = [a for a in lineage.store.get_artifacts_by_id(ids) if a.type_id == type_id]
+    return {properties(a).get("metrics_name", a.name): a for a in arts}
+
+
+def _frame(sweep: dict[str, Any], artifact: Any):
+    return pq.read_table(sweep["store"] / properties(artifact)["url"]).to_pandas()
+
+
+def test_mlmd_structure_one_execution_per_trial(sweep: dict[str, Any]) -> None:
+    lineage: Lineage = sweep["lineage"]
+    [pipeline] = lineage.pipelines()
+    assert pipeline.name == "sweep"
+    [stage] = lineage.stages(pipeline)
+    assert stage.name == "sweep/stage1"
+    executions = sweep["executions"]
+    assert len(executions) == 6
+    assert {e.id for e in lineage.store.get_executions_by_context(stage.id)} == {e.id for e in executions.values()}
+    for trial_id, execution in executions.items():
+        props = properties(execution)
+        assert props["trial_id"] == trial_id and props["experiment"] == "stage1"
+        assert props["nested.depth"] == 2 and '"lr"' in props["config_json"]
+
+
+def test_per_trial_isolation_and_md5(sweep: dict[str, Any]) -> None:
+    for lr in GOOD_LRS:
+        execution = sweep["by_lr"][lr]
+        arts = _artifacts(sweep, execution)
+        results = _frame(sweep, arts["tune_results"])
+        assert len(results) == RESULTS
+        assert set(results["lr_echo"]) == {lr}  # no other trial's rows
+        assert results["training_iteration"].tolist() == list(range(1, RESULTS + 1))
+        for artifact in arts.values():
+            path = sweep["store"] / properties(artifact)["url"]
+            assert properties(artifact)["Commit"] == hashlib.md5(path.read_bytes()).hexdigest()
+            assert lr == pytest.approx(_frame(sweep, artifact)["lr_echo"].iloc[0])
+
+
+def test_in_trial_fine_grained_logging(sweep: dict[str, Any]) -> None:
+    for lr in GOOD_LRS:
+        fine = _frame(sweep, _artifacts(sweep, sweep["by_lr"][lr])["fine"])
+        assert len(fine) == RESULTS * 5 and set(fine["lr_echo"]) == {lr}
+        assert fine["SequenceNumber"].tolist() == list(range(1, RESULTS * 5 + 1))
+
+
+def test_completed_trials_record_best_status_and_top_n(sweep: dict[str, Any]) -> None:
+    for lr in GOOD_LRS:
+        execution = sweep["by_lr"][lr]
+        props = properties(execution)
+        assert execution.last_known_state == mlpb.Execution.COMPLETE and props["status"] == "COMPLETE"
+        assert props["best_loss"] == pytest.approx(lr / RESULTS)
+        assert props["in_top_n"] is (lr in (0.1, 0.2))
+
+
+def test_error_paths_commit_what_exists_and_mark_failed(sweep: dict[str, Any]) -> None:
+    late, early = sweep["by_lr"][FAIL_LATE], sweep["by_lr"][FAIL_EARLY]
+    for execution in (late, early):
+        assert execution.last_known_state == mlpb.Execution.FAILED and properties(execution)["status"] == "FAILED"
+    assert len(_frame(sweep, _artifacts(sweep, late)["tune_results"])) == 3
+    assert "tune_results" not in _artifacts(sweep, early)  # nothing was logged, nothing committed
+    assert math.isnan(properties(early)["best_loss"])
+
+
+def test_odd_result_values_are_handled_as_documented(sweep: dict[str, Any]) -> None:
+    results = _frame(sweep, _artifacts(sweep, sweep["by_lr"][0.1])["tune_results"])
+    assert "note" not in results.columns and "config/lr" not in results.columns  # strings, config dropped
+    assert results["nested/a"].tolist() == list(range(RESULTS))  # nested dicts flattened with '/'
+    assert results["nested/none"].isna().tolist() == [it % 2 == 1 for it in range(RESULTS)]  # None is null
+    assert results["maybe_nan"].isna().sum() == RESULTS // 2 and results["maybe_nan"].notna().sum() == RESULTS // 2
+    assert math.isnan(results["maybe_nan"].iloc[1])  # NaN kept as data (not null)
+    assert results["attempt"].eq(1).all()
+
+
+def test_dataset_and_model_artifacts(sweep: dict[str, Any]) -> None:
+    execution = sweep["by_lr"][0.1]
+    [dataset] = _artifacts(sweep, execution, DATASET_TYPE).values()
+    assert properties(dataset)["Commit"].endswith(".dir")
+    models = _artifacts(sweep, execution, MODEL_TYPE)
+    assert len(models) == 1  # the same model_path logged once
+
+
+def test_dvc_agrees(sweep: dict[str, Any]) -> None:
+    out = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=sweep["store"], capture_output=True, text=True)
+    assert out.returncode == 0 and "up to date" in out.stdout
+
+
+def test_result_row_filters_values() -> None:
+    import numpy as np
+
+    from ray_cmf.tune import result_row
+
+    row = result_row({"loss": np.float32(0.5), "config": {"lr": 1}, "pid": 3, "date": "x", "ok": True,
+                      "obj": object(), "nested": {"deep": {"x": 1}}, "training_iteration": 4}, attempt=2)
+    assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4, "attempt": 2}
+
+
+def test_logger_is_picklable_and_validates_arguments(tmp_path: Path) -> None:
+    import pickle
+
+    from ray_cmf import CmfRayLogger
+
+    logger = CmfRayLogger("p", store=str(tmp_path), metric="loss", order="max", top_n=1)
+    clone = pickle.loads(pickle.dumps(logger))
+    assert clone.mode == "max" and clone.root == logger.root
+    with pytest.raises(ValueError, match="disagree"):
+        CmfRayLogger("p", metric="loss", order="min", mode="max")
+    with pytest.raises(ValueError, match="'median'"):
+        CmfRayLogger("p", metric="loss", mode="median")
+    with pytest.raises(ValueError, match="top_n"):
+        CmfRayLogger("p", top_n=2)
+
+
+RESTORE_DRIVER = textwrap.dedent(
+    """
+    import os, sys, time, tempfile
+    from pathlib import Path
+    import ray
+    from ray import tune
+    from ray.tune import Checkpoint
+    from ray_cmf import CmfRayLogger
+
+    store, results, phase = sys.argv[1], sys.argv[2], sys.argv[3]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def trainable(config):
+        start = 0
+        checkpoint = tune.get_checkpoint()
+        if checkpoint:
+            start = int((Path(checkpoint.path) / "it").read_text())
+        for it in range(start, 30):
+            time.sleep(0.15)
+            with tempfile.TemporaryDirectory() as d:
+                (Path(d) / "it").write_text(str(it + 1))
+                tune.report({"loss": config["lr"] / (it + 1), "it": it}, checkpoint=Checkpoint.from_directory(d))
+
+    if phase == "first":
+        logger = CmfRayLogger("restore", pipeline_stage="exp", metric="loss", mode="min", store=store)
+        tuner = tune.Tuner(trainable, param_space={"lr": tune.grid_search([0.1, 0.2])},
+                           run_config=tune.RunConfig(name="exp", storage_path=results, callbacks=[logger], verbose=0))
+    else:
+        tuner = tune.Tuner.restore(os.path.join(results, "exp"), trainable=trainable)
+    print("fit", flush=True)
+    tuner.fit()
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: Path) -> None:
+    store, results = tmp_path / "store", tmp_path / "results"
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.5", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    first = subprocess.Popen([sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "first"], env=env,
+                             start_new_session=True)
+    deadline = time.monotonic() + 120
+    spill = store / "spill"
+    while time.monotonic() < deadline:  # wait until both trials have spilled some rows
+        if spill.exists() and len(list(spill.glob("*/seg-*.arrows"))) >= 2 and \
+                all(p.stat().st_size > 2000 for p in spill.glob("*/seg-*.arrows")):
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started, for real
+    first.wait()
+    second = subprocess.run([sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "restore"], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    executions = lineage.store.get_executions()
+    assert len(executions) == 2  # no second execution per trial
+    for execution in executions:
+        assert execution.last_known_state == mlpb.Execution.COMPLETE
+        assert properties(execution)["attempt"] == 2
+        [artifact] = [a for a in lineage.store.get_artifacts_by_id(
+            [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])])]
+        raw = pq.read_table(store / properties(artifact)["url"]).to_pandas()
+        assert set(raw["attempt"]) == {1, 2}  # raw rows keep the attempt number
+        series = dedup_attempts(raw)
+        assert series["training_iteration"].tolist() == list(range(1, 31))  # no duplicates, no holes
+        assert series["it"].tolist() == list(range(30))
