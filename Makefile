@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/cmf_basic.py
+	rm -rf demo_store demo_store_ray
+	$(PY) examples/tune_sweep.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

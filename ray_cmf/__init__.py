@@ -22,10 +22,11 @@ from ray_cmf.recovery import recover
 from ray_cmf.store import Store
 
 if TYPE_CHECKING:
+    from ray_cmf.compare import Sweep
     from ray_cmf.tune import CmfRayLogger
 
 # Integrations load ray on first use only: ``import ray_cmf`` stays light.
-_LAZY = {"CmfRayLogger": "ray_cmf.tune"}
+_LAZY = {"CmfRayLogger": "ray_cmf.tune", "Sweep": "ray_cmf.compare"}
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +47,7 @@ __all__ = [
     "SchemaError",
     "Store",
     "StoreError",
+    "Sweep",
     "recover",
 ]
 __version__ = "0.1.0"

@@ -1,19 +1,270 @@
-"""Comparing trials after a sweep (read side only: never writes the store)."""
+"""Comparing trials after a sweep: the trial table, tidy step frames, best/top-N, diffs and plots.
+
+Read side only: MLMD is opened read-only and every trial's Parquet is read in one pyarrow dataset scan
+that loads only the columns asked for.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from ray_cmf.constants import SEQUENCE_COLUMN, STEP_METRICS_TYPE
+from ray_cmf.errors import RayCmfError, StoreError
+from ray_cmf.lineage import Execution, Lineage, properties
+from ray_cmf.store import Store
+from ray_cmf.versioning import file_md5
 
 if TYPE_CHECKING:
     import pandas as pd
 
 ATTEMPT_COLUMN = "attempt"
 STEP_COLUMN = "training_iteration"
+TRIAL_COLUMN = "trial_id"
+_EXECUTION_COLUMNS = ("trial_id", "execution_id", "status", "stage")
+_NOT_METRICS = frozenset({SEQUENCE_COLUMN, ATTEMPT_COLUMN, STEP_COLUMN, "__filename"})
+_STATES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 
 
-def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN) -> pd.DataFrame:
-    """One row per step: where a restored trial re-reported steps, keep the latest attempt's row."""
+def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per step (per ``by`` group): where a restored trial re-reported steps, keep the latest attempt."""
     if step not in frame.columns or ATTEMPT_COLUMN not in frame.columns:
         return frame
-    ordered = frame.sort_values([step, ATTEMPT_COLUMN], kind="stable")
-    return ordered.drop_duplicates(subset=[step], keep="last")
+    keys = [*by, step]
+    ordered = frame.sort_values([*keys, ATTEMPT_COLUMN], kind="stable")
+    return ordered.drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class TrialFile:
+    """One trial's latest committed series."""
+
+    trial_id: str
+    execution: Execution
+    stage: str
+    path: Path
+    md5: str
+
+
+class Sweep:
+    """The trials of one pipeline (optionally one stage) and their committed metric series.
+
+    Args:
+        store: Store directory or :class:`Store` (default ``$RAY_CMF_STORE`` or ``./cmf_store``).
+        pipeline: Pipeline name; may be omitted when the store holds exactly one.
+        stage: Restrict to one stage (a Tune experiment).
+        metrics_name: Which series to compare (``tune_results`` for CmfRayLogger sweeps).
+
+    Example:
+        >>> sweep = Sweep("cmf_store", pipeline="lr_sweep")  # doctest: +SKIP
+        >>> sweep.best("loss", mode="min", n=3)              # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store | None = None,
+        pipeline: str | None = None,
+        stage: str | None = None,
+        metrics_name: str = "tune_results",
+    ) -> None:
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.lineage = Lineage(self.store.mlmd, readonly=True)
+        self.pipeline = pipeline or self._only_pipeline()
+        parent = self.lineage.find_pipeline(self.pipeline)
+        if parent is None:
+            known = [p.name for p in self.lineage.pipelines()]
+            raise StoreError(f"No pipeline {self.pipeline!r} in {self.store}; it holds {known}")
+        stages = self.lineage.stages(parent)
+        if stage is not None:
+            stages = [s for s in stages if properties(s).get("stage") == stage]
+            if not stages:
+                raise StoreError(f"No stage {stage!r} in pipeline {self.pipeline!r}")
+        self.stages = stages
+        self.metrics_name = metrics_name
+        self._files: list[TrialFile] | None = None
+
+    def _only_pipeline(self) -> str:
+        names = [p.name for p in self.lineage.pipelines()]
+        if len(names) != 1:
+            raise StoreError(f"Pass pipeline=...: the store {self.store} holds {len(names)} pipelines {names}")
+        return names[0]
+
+    # -- what exists ---------------------------------------------------------------------------------
+    def executions(self) -> list[tuple[Execution, str]]:
+        """Every execution of the selected stages, with its stage name."""
+        out = []
+        for ctx in self.stages:
+            stage = properties(ctx).get("stage", ctx.name)
+            out.extend((e, stage) for e in self.lineage.store.get_executions_by_context(ctx.id))
+        return sorted(out, key=lambda pair: pair[0].id)
+
+    def files(self) -> list[TrialFile]:
+        """The latest committed ``metrics_name`` series of every execution that has one."""
+        if self._files is None:
+            artifacts = self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
+            latest: dict[int, Any] = {}
+            for artifact in artifacts:
+                if properties(artifact)["metrics_name"] == self.metrics_name:
+                    execution_id = self.lineage.producing_execution(artifact.id)
+                    if execution_id is not None:
+                        latest[execution_id] = artifact  # artifacts come oldest first
+            self._files = []
+            for execution, stage in self.executions():
+                if execution.id in latest:
+                    props = properties(latest[execution.id])
+                    self._files.append(TrialFile(_trial_id(execution), execution, stage,
+                                                 self.store.resolve(props["url"]), props["Commit"]))
+        return self._files
+
+    # -- frames --------------------------------------------------------------------------------------
+    def steps(self, metrics: Iterable[str] | None = None, trials: Iterable[str] | None = None) -> pd.DataFrame:
+        """Tidy frame (trial_id, step, metric columns) from ONE dataset scan that reads only those columns."""
+        files = self.files()
+        if trials is not None:
+            wanted = set(trials)
+            files = [f for f in files if f.trial_id in wanted]
+        import pandas as pd
+
+        if not files:
+            return pd.DataFrame(columns=[TRIAL_COLUMN, "step"])
+        dataset = pads.dataset([str(f.path) for f in files], format="parquet",
+                               schema=_unified_schema([f.path for f in files]))
+        names = dataset.schema.names
+        step = STEP_COLUMN if STEP_COLUMN in names else SEQUENCE_COLUMN
+        chosen = list(metrics) if metrics is not None else _metric_columns(dataset.schema)
+        missing = [m for m in chosen if m not in names]
+        if missing:
+            raise RayCmfError(f"Unknown metric(s) {missing}; the series has {_metric_columns(dataset.schema)}")
+        columns = [step, *chosen] + ([ATTEMPT_COLUMN] if ATTEMPT_COLUMN in names else [])
+        table = dataset.to_table(columns=[*dict.fromkeys(columns), "__filename"])
+        trial_of = {str(f.path): f.trial_id for f in files}
+        filenames = table.column("__filename")
+        trial_ids = pc.take(pa.array(list(trial_of.values())),
+                            pc.index_in(filenames, value_set=pa.array(list(trial_of))))
+        frame = table.drop_columns(["__filename"]).append_column(TRIAL_COLUMN, trial_ids).to_pandas()
+        if ATTEMPT_COLUMN in frame.columns and frame[ATTEMPT_COLUMN].max() > 1:
+            frame = dedup_attempts(frame, step, by=[TRIAL_COLUMN])
+        frame = frame.rename(columns={step: "step"})
+        ordered = [TRIAL_COLUMN, "step", *[c for c in chosen if c != step]]
+        return frame[ordered].sort_values([TRIAL_COLUMN, "step"], kind="stable").reset_index(drop=True)
+
+    def trials(
+        self, metrics: Iterable[str] | None = None, *, mode: str | Mapping[str, str] = "min", verify: bool = False
+    ) -> pd.DataFrame:
+        """One row per trial: id, status, config columns, best/final/steps per metric, md5, url, verified.
+
+        ``metrics`` limits the summarised (and read) columns; ``mode`` says whether lower (``min``) or
+        higher (``max``) is best, for all metrics or per metric; ``verify=True`` re-hashes every file
+        against its recorded md5.
+        """
+        import pandas as pd
+
+        steps = self.steps(metrics)
+        by_trial = steps.groupby(TRIAL_COLUMN, sort=False)
+        metrics = [c for c in steps.columns if c not in (TRIAL_COLUMN, "step")]
+        numeric = [m for m in metrics if pd.api.types.is_numeric_dtype(steps[m]) and not pd.api.types.is_bool_dtype(steps[m])]
+        stats = by_trial[numeric].agg(["min", "max", "last"]) if numeric else None
+        counts = by_trial.size()
+        files = {f.trial_id: f for f in self.files()}
+        rows = []
+        for execution, stage in self.executions():
+            trial_id = _trial_id(execution)
+            props = properties(execution)
+            row: dict[str, Any] = {"trial_id": trial_id, "status": props.get("status") or _STATES.get(execution.last_known_state),
+                                   "stage": stage}
+            row.update({f"config/{k}": v for k, v in _config(props).items()})
+            for metric in numeric:
+                if stats is not None and trial_id in stats.index:
+                    best_mode = mode.get(metric, "min") if isinstance(mode, Mapping) else mode
+                    row[f"{metric}_best"] = stats.loc[trial_id, (metric, "max" if best_mode == "max" else "min")]
+                    row[f"{metric}_final"] = stats.loc[trial_id, (metric, "last")]
+            row["steps"] = int(counts.get(trial_id, 0))
+            file = files.get(trial_id)
+            row["md5"] = file.md5 if file else None
+            row["url"] = self.store.url(file.path) if file else None
+            row["verified"] = (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
+        """The ``n`` trials with the best ``metric`` (under ``mode``), best first."""
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        table = self.trials([metric], mode={metric: mode})
+        column = f"{metric}_best"
+        if column not in table.columns:
+            raise RayCmfError(f"Unknown metric {metric!r}; trials have {sorted(_metric_names(table))}")
+        return table.sort_values(column, ascending=mode == "min", na_position="last").head(n).reset_index(drop=True)
+
+    def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
+        """Config and metric values that differ between two trials (rows: field; columns: the two trials)."""
+        table = self.trials().set_index("trial_id")
+        for trial in (trial_a, trial_b):
+            if trial not in table.index:
+                raise RayCmfError(f"Unknown trial {trial!r}; the sweep has {list(table.index)}")
+        pair = table.loc[[trial_a, trial_b]].T
+        pair.columns = [trial_a, trial_b]
+        fields = [f for f in pair.index if f.startswith("config/") or f.endswith(("_best", "_final")) or f == "steps"]
+        pair = pair.loc[fields]
+        differs = pair.apply(lambda r: not _same(r.iloc[0], r.iloc[1]), axis=1)
+        return pair[differs]
+
+    # -- plots ---------------------------------------------------------------------------------------
+    def plot_curves(
+        self, metric: str, path: str | os.PathLike[str], *, color_by: str | None = None, top: int | None = None,
+        mode: str = "min",
+    ) -> Path:
+        """Write a PNG of ``metric`` against step for every trial (or the ``top`` best), coloured by a config key."""
+        from ray_cmf.plots import curves
+
+        trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode=mode)
+        steps = self.steps([metric], trials=list(trials["trial_id"]))
+        return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
+
+    def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str = "min") -> Path:
+        """Write a PNG of every numeric config value against the trials' best ``metric``."""
+        from ray_cmf.plots import params
+
+        return params(self.trials([metric], mode={metric: mode}), metric, Path(path), title=f"{self.pipeline}: best {metric}")
+
+
+def _trial_id(execution: Execution) -> str:
+    return str(properties(execution).get("trial_id", execution.name))
+
+
+def _config(props: Mapping[str, Any]) -> dict[str, Any]:
+    raw = props.get("config_json")
+    if not isinstance(raw, str):
+        return {}
+    from ray_cmf.lineage import flatten_config
+
+    return {k: v for k, v in flatten_config(json.loads(raw)).items() if v is not None}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    return bool(a == b)
+
+
+def _metric_columns(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
+
+
+def _metric_names(table: pd.DataFrame) -> set[str]:
+    return {c[: -len("_best")] for c in table.columns if c.endswith("_best")}
+
+
+def _unified_schema(paths: Sequence[Path]) -> pa.Schema:
+    """One schema over every file (columns added over time, int widened to float)."""
+    import pyarrow.parquet as pq
+
+    return pa.unify_schemas([pq.read_schema(p) for p in paths], promote_options="permissive")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
@@ -147,8 +148,18 @@ class Lineage:
             for prop, py in (typed or {}).items():
                 node.properties[prop] = _PROPERTY_TYPES[py]
             put = getattr(self.store, f"put_{kind}_type")
-            self._type_ids[key] = put(node, can_add_fields=True)
+            self._type_ids[key] = put(node, can_add_fields=True, can_omit_fields=True)
         return self._type_ids[key]
+
+    def find_type_id(self, kind: str, name: str) -> int | None:
+        """Id of an existing type, or None; never writes (safe on a read-only database)."""
+        if (kind, name) not in self._type_ids:
+            try:
+                found = getattr(self.store, f"get_{kind}_type")(name)
+            except mlmd_errors.NotFoundError:
+                return None
+            self._type_ids[(kind, name)] = found.id
+        return self._type_ids[(kind, name)]
 
     # -- contexts ------------------------------------------------------------------------------------
     def _context(self, type_name: str, name: str, props: Mapping[str, Any] | None) -> Context:
@@ -249,7 +260,9 @@ class Lineage:
     def artifacts(self, contexts: Iterable[Context], type_name: str) -> list[Artifact]:
         """Artifacts of one type attributed to any of ``contexts``, oldest first."""
         seen: dict[int, Artifact] = {}
-        type_id = self.type_id("artifact", type_name)
+        type_id = self.find_type_id("artifact", type_name)
+        if type_id is None:
+            return []
         for ctx in contexts:
             for artifact in self.store.get_artifacts_by_context(ctx.id):
                 if artifact.type_id == type_id:

@@ -1,0 +1,97 @@
+"""PNG plots for trial comparison (matplotlib, Agg backend): learning curves and config-vs-metric panels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_LEGEND_MAX = 12
+
+
+def _is_numeric(series: pd.Series) -> bool:
+    import pandas as pd
+
+    return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
+
+
+def _norm(values: np.ndarray) -> matplotlib.colors.Normalize:
+    finite = values[np.isfinite(values)]
+    low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    if low > 0 and high / low > 100:
+        return matplotlib.colors.LogNorm(low, high)
+    return matplotlib.colors.Normalize(low, high if high > low else low + 1)
+
+
+def curves(
+    steps: pd.DataFrame, trials: pd.DataFrame, metric: str, path: Path, *, color_by: str | None, title: str
+) -> Path:
+    """Learning curves, one line per trial: coloured by ``color_by`` with a colour bar or legend."""
+    fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
+    many = trials["trial_id"].nunique() > _LEGEND_MAX
+    key = f"config/{color_by}" if color_by is not None else None
+    if key is not None and key not in trials.columns:
+        raise KeyError(f"color_by={color_by!r} is not a config key; choose one of "
+                       f"{sorted(c[len('config/'):] for c in trials.columns if c.startswith('config/'))}")
+    colour_of: dict[str, object] = {}
+    if key is not None and _is_numeric(trials[key]):
+        norm = _norm(trials[key].to_numpy(dtype=float))
+        cmap = plt.get_cmap("viridis")
+        colour_of = {t: cmap(norm(v)) for t, v in zip(trials["trial_id"], trials[key])}
+        fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=color_by)
+    elif key is not None:
+        categories = list(dict.fromkeys(trials[key].astype(str)))
+        palette = plt.get_cmap("tab10" if len(categories) <= 10 else "tab20")
+        colour_of = {t: palette(categories.index(str(v)) % palette.N) for t, v in zip(trials["trial_id"], trials[key])}
+        ax.legend(handles=[matplotlib.lines.Line2D([], [], color=palette(i % palette.N), label=c)
+                           for i, c in enumerate(categories[:_LEGEND_MAX * 2])], title=color_by, fontsize="small")
+    for trial_id, frame in steps.groupby("trial_id", sort=False):
+        ax.plot(frame["step"], frame[metric], color=colour_of.get(trial_id), alpha=0.35 if many else 0.9,
+                linewidth=0.8 if many else 1.5, label=None if (many or key) else trial_id)
+    if not many and key is None:
+        ax.legend(title="trial", fontsize="small")
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{title} ({steps['trial_id'].nunique()} trials)")
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path:
+    """One scatter panel per numeric config key: config value against the trial's best ``metric``."""
+    best = f"{metric}_best"
+    if best not in trials.columns:
+        raise KeyError(f"No metric {metric!r} in the trial table")
+    keys = [c for c in trials.columns if c.startswith("config/") and _is_numeric(trials[c]) and trials[c].nunique() > 1]
+    if not keys:
+        raise ValueError("No numeric config key varies across trials; nothing to plot")
+    cols = min(3, len(keys))
+    rows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, layout="constrained")
+    norm = _norm(trials[best].to_numpy(dtype=float))
+    for ax, key in zip(axes.flat, keys):
+        values = trials[key].to_numpy(dtype=float)
+        points = ax.scatter(values, trials[best], c=trials[best], cmap="viridis_r", norm=norm, s=18, edgecolors="none")
+        positive = values[np.isfinite(values)]
+        if positive.size and positive.min() > 0 and positive.max() / positive.min() > 100:
+            ax.set_xscale("log")
+        ax.set_xlabel(key[len("config/"):])
+        ax.set_ylabel(f"best {metric}")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    fig.colorbar(points, ax=axes, label=f"best {metric}")
+    fig.suptitle(f"{title} ({len(trials)} trials)")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
