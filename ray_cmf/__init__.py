@@ -23,10 +23,16 @@ from ray_cmf.store import Store
 
 if TYPE_CHECKING:
     from ray_cmf.compare import Sweep
+    from ray_cmf.train import CmfTrainCallback, StepLogger
     from ray_cmf.tune import CmfRayLogger
 
 # Integrations load ray on first use only: ``import ray_cmf`` stays light.
-_LAZY = {"CmfRayLogger": "ray_cmf.tune", "Sweep": "ray_cmf.compare"}
+_LAZY = {
+    "CmfRayLogger": "ray_cmf.tune",
+    "CmfTrainCallback": "ray_cmf.train",
+    "StepLogger": "ray_cmf.train",
+    "Sweep": "ray_cmf.compare",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -38,6 +44,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Cmf",
     "CmfRayLogger",
+    "CmfTrainCallback",
     "FinishedFile",
     "InvalidNameError",
     "InvalidValueError",
@@ -45,6 +52,7 @@ __all__ = [
     "MetricsNotFoundError",
     "RayCmfError",
     "SchemaError",
+    "StepLogger",
     "Store",
     "StoreError",
     "Sweep",

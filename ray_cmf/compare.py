@@ -30,7 +30,8 @@ ATTEMPT_COLUMN = "attempt"
 STEP_COLUMN = "training_iteration"
 TRIAL_COLUMN = "trial_id"
 _EXECUTION_COLUMNS = ("trial_id", "execution_id", "status", "stage")
-_NOT_METRICS = frozenset({SEQUENCE_COLUMN, ATTEMPT_COLUMN, STEP_COLUMN, "__filename"})
+STEP_CANDIDATES = (STEP_COLUMN, "step", SEQUENCE_COLUMN)  # Tune results, Train steps, any series
+_NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, "wall_time", "__filename"})
 _STATES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 
 
@@ -138,7 +139,7 @@ class Sweep:
         dataset = pads.dataset([str(f.path) for f in files], format="parquet",
                                schema=_unified_schema([f.path for f in files]))
         names = dataset.schema.names
-        step = STEP_COLUMN if STEP_COLUMN in names else SEQUENCE_COLUMN
+        step = next(c for c in STEP_CANDIDATES if c in names)
         chosen = list(metrics) if metrics is not None else _metric_columns(dataset.schema)
         missing = [m for m in chosen if m not in names]
         if missing:

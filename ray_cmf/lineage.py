@@ -257,6 +257,14 @@ class Lineage:
         )
         return artifact
 
+    def link(self, execution_id: int, artifact_id: int, event: str) -> None:
+        """Add an event between an existing execution and artifact (one transaction), attributing the
+        artifact to the execution's contexts too."""
+        execution = self.get_execution(execution_id)
+        [artifact] = self.store.get_artifacts_by_id([artifact_id])
+        self.store.put_execution(execution, [(artifact, mlpb.Event(type=_EVENTS[event]))], self.contexts_of(execution_id),
+                                 reuse_context_if_already_exist=True)
+
     def artifacts(self, contexts: Iterable[Context], type_name: str) -> list[Artifact]:
         """Artifacts of one type attributed to any of ``contexts``, oldest first."""
         seen: dict[int, Artifact] = {}

@@ -164,6 +164,11 @@ class Store:
                 execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom
             )
 
+    def link_output(self, execution_id: int, artifact_id: int) -> None:
+        """Also record an existing artifact as an output of another execution (e.g. a Train run's trial)."""
+        with self._lock:
+            self.lineage.link(execution_id, artifact_id, "output")
+
     def log_file(
         self,
         execution_id: int,

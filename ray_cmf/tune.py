@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 WRITER_NAME = "ray_cmf_writer"
 TRIAL_EXECUTION_TYPE = "Ray_Tune_Trial"
+RUN_EXECUTION_TYPE = "Ray_Train_Run"
 RESULTS_METRICS_NAME = "tune_results"
 # Tune bookkeeping that is not a training metric (strings are dropped anyway).
 _BOOKKEEPING = frozenset({"config", "pid", "timestamp", "done", "should_checkpoint", "trial_id", "date",
@@ -41,24 +42,32 @@ _BOOKKEEPING = frozenset({"config", "pid", "timestamp", "done", "should_checkpoi
 _MODES = ("min", "max")
 
 
+EXECUTION_TYPES = {"trial": TRIAL_EXECUTION_TYPE, "run": RUN_EXECUTION_TYPE}
+
+
 @dataclass(frozen=True)
-class TrialBinding:
-    """Where a trial's metadata lives: enough for any process to build the trial's Cmf."""
+class Binding:
+    """Where a trial's or run's metadata lives: enough for any process to build its Cmf."""
 
     root: str
     mlmd: str
     pipeline: str
     stage: str
-    trial_id: str
+    name: str
     execution_id: int
 
 
 class StoreWriter:
-    """The single writer (hosted in a Ray actor): every MLMD and DVC write of every store goes here."""
+    """The single writer (hosted in a Ray actor): every MLMD and DVC write of every store goes here.
+
+    Tune trials (``kind="trial"``) and Train runs (``kind="run"``) are bound to executions by name, so
+    a restored trial, a restarted worker and the Train callback all reach the same execution.
+    """
 
     def __init__(self) -> None:
         self._stores: dict[tuple[str, str], Store] = {}
-        self._trials: dict[str, TrialBinding] = {}
+        self._bindings: dict[tuple[str, str], Binding] = {}
+        self._series: dict[tuple[str, str, str], MetricBuffer] = {}
 
     def _store(self, root: str, mlmd: str) -> Store:
         key = (root, mlmd)
@@ -70,37 +79,67 @@ class StoreWriter:
         """Run one Store write method (``RemoteStore`` forwards here)."""
         return getattr(self._store(root, mlmd), method)(*args, **kwargs)
 
-    def start_trial(
-        self, root: str, mlmd: str, pipeline: str, stage: str, trial_id: str, props: Mapping[str, Any],
-        data_dir: str | None,
-    ) -> TrialBinding:
-        """Get (on restore) or create the trial's execution, mark it RUNNING and log its input data."""
+    def start(
+        self, kind: str, root: str, mlmd: str, pipeline: str, stage: str, name: str, props: Mapping[str, Any],
+        data_dir: str | None = None,
+    ) -> Binding:
+        """Get (on restore/restart) or create the execution, mark it RUNNING and log its input data once."""
         store = self._store(root, mlmd)
-        execution = store.execution(pipeline, stage, TRIAL_EXECUTION_TYPE, trial_id, props)
+        execution = store.execution(pipeline, stage, EXECUTION_TYPES[kind], name, props)
         store.update_execution(execution.id, props, "RUNNING")
-        binding = TrialBinding(root, mlmd, pipeline, stage, trial_id, execution.id)
-        first_start = trial_id not in self._trials
-        self._trials[trial_id] = binding
+        binding = Binding(root, mlmd, pipeline, stage, name, execution.id)
+        first_start = (kind, name) not in self._bindings
+        self._bindings[(kind, name)] = binding
         if data_dir is not None and first_start:
             store.log_file(execution.id, DATASET_TYPE, data_dir, "input")
         return binding
 
-    def binding(self, trial_id: str) -> TrialBinding | None:
-        return self._trials.get(trial_id)
+    def binding(self, kind: str, name: str) -> Binding | None:
+        return self._bindings.get((kind, name))
 
-    def log_trial_file(self, trial_id: str, type_name: str, path: str, event: str) -> Artifact:
-        b = self._trials[trial_id]
+    def log_file(self, kind: str, name: str, type_name: str, path: str, event: str) -> Artifact:
+        b = self._bindings[(kind, name)]
         return self._store(b.root, b.mlmd).log_file(b.execution_id, type_name, path, event)
 
-    def end_trial(
-        self, trial_id: str, props: Mapping[str, Any], state: str | None, commit: tuple[str, FinishedFile] | None
+    def end(
+        self, kind: str, name: str, props: Mapping[str, Any], state: str | None,
+        commit: tuple[str, FinishedFile] | None = None, link_trial: str | None = None,
     ) -> Artifact | None:
-        """Record a trial's Parquet (if any) and its final properties and state."""
-        b = self._trials[trial_id]
+        """Record a Parquet file (if any; also as an output of ``link_trial``) and final properties and state."""
+        b = self._bindings[(kind, name)]
         store = self._store(b.root, b.mlmd)
         artifact = store.commit_metrics(b.execution_id, commit[0], commit[1]) if commit else None
+        if artifact is not None and link_trial is not None:
+            trial = self._bindings[("trial", link_trial)]
+            store.link_output(trial.execution_id, artifact.id)
         store.update_execution(b.execution_id, props, state)
         return artifact
+
+    def append_rows(self, kind: str, name: str, metrics_name: str, rows: list[dict[str, Any]]) -> None:
+        """Append rows to a series this writer holds for a caller that must not do I/O (the Train controller)."""
+        key = (kind, name, metrics_name)
+        if key not in self._series:
+            b = self._bindings[(kind, name)]
+            spill = self._store(b.root, b.mlmd).spill_dir(f"{kind}-{name}-{metrics_name}")
+            manifest = {"metrics_name": metrics_name, "execution_id": b.execution_id, "dest": str(self._dest(key)),
+                        "pid": os.getpid(), "host": os.uname().nodename}
+            self._series[key] = MetricBuffer.resume(spill, manifest=manifest)
+        for row in rows:
+            self._series[key].append(row)
+
+    def _dest(self, key: tuple[str, str, str]) -> Path:
+        kind, name, metrics_name = key
+        b = self._bindings[(kind, name)]
+        return self._store(b.root, b.mlmd).artifact_dir(b.pipeline, b.stage, name) / f"{metrics_name}-{{md5}}.parquet"
+
+    def commit_rows(
+        self, kind: str, name: str, metrics_name: str, props: Mapping[str, Any], state: str | None
+    ) -> Artifact | None:
+        """Commit a held series (a new version each time) and set the execution's properties and state."""
+        key = (kind, name, metrics_name)
+        buffer = self._series.get(key)
+        commit = (metrics_name, buffer.finish(self._dest(key))) if buffer is not None and buffer.rows else None
+        return self.end(kind, name, props, state, commit)
 
     def ping(self) -> bool:
         return True
@@ -113,8 +152,10 @@ def writer_actor() -> Any:
     except ValueError:
         node = ray.get_runtime_context().get_node_id()
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(StoreWriter)
+        # Detached: whichever process creates it first (driver, Train controller or worker), the writer
+        # outlives it and serves the whole job; ray.shutdown() of a local cluster ends it.
         return actor_cls.options(
-            name=WRITER_NAME, get_if_exists=True,
+            name=WRITER_NAME, get_if_exists=True, lifetime="detached",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
         ).remote()
 
@@ -174,10 +215,10 @@ def trial_cmf(trial_id: str, *, timeout: float = 60.0) -> Cmf:
     if trial_id in _TRIAL_CMFS:
         return _TRIAL_CMFS[trial_id]
     deadline = time.monotonic() + timeout
-    binding: TrialBinding | None = None
+    binding: Binding | None = None
     while binding is None:
         try:
-            binding = ray.get(writer_actor().binding.remote(trial_id))
+            binding = ray.get(writer_actor().binding.remote("trial", trial_id))
         except ValueError:
             binding = None
         if binding is None:
@@ -189,7 +230,7 @@ def trial_cmf(trial_id: str, *, timeout: float = 60.0) -> Cmf:
             time.sleep(0.05)
     cmf = Cmf(pipeline_name=binding.pipeline, store=RemoteStore(binding.root, mlmd=binding.mlmd))
     cmf.create_context(binding.stage)
-    cmf.execution = cmf.store.execution(binding.pipeline, binding.stage, TRIAL_EXECUTION_TYPE, binding.trial_id)
+    cmf.execution = cmf.store.execution(binding.pipeline, binding.stage, TRIAL_EXECUTION_TYPE, binding.name)
     _TRIAL_CMFS[trial_id] = cmf
     return cmf
 
@@ -389,8 +430,8 @@ class CmfRayLogger(tune.Callback):
         state.committed = False
         props = {**config_properties(trial.config), "trial_id": trial.trial_id, "status": "RUNNING",
                  "experiment": self._stage(trial), "attempt": state.attempt}
-        self._send(self._rt["writer"].start_trial.remote(
-            self.root, self.mlmd, self.pipeline_name, self._stage(trial), trial.trial_id, props, self.data_dir
+        self._send(self._rt["writer"].start.remote(
+            "trial", self.root, self.mlmd, self.pipeline_name, self._stage(trial), trial.trial_id, props, self.data_dir
         ))
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
@@ -407,7 +448,7 @@ class CmfRayLogger(tune.Callback):
         model_path = result.get("model_path")
         if isinstance(model_path, str) and model_path not in state.models and os.path.exists(model_path):
             state.models.add(model_path)
-            self._send(self._rt["writer"].log_trial_file.remote(trial.trial_id, MODEL_TYPE, model_path, "output"))
+            self._send(self._rt["writer"].log_file.remote("trial", trial.trial_id, MODEL_TYPE, model_path, "output"))
 
     def _track_best(self, state: _TrialState, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
@@ -443,7 +484,7 @@ class CmfRayLogger(tune.Callback):
         if buffer.rows:
             commit = (self.metrics_name, buffer.finish(dest))
         buffer.close()
-        ray.get(self._rt["writer"].end_trial.remote(trial_id, props, status, commit))
+        ray.get(self._rt["writer"].end.remote("trial", trial_id, props, status, commit))
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
         """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain."""
@@ -471,8 +512,8 @@ class CmfRayLogger(tune.Callback):
         top = {t.trial_id: rank for rank, t in enumerate(ranked[: self.top_n], start=1)}
         writer = self._rt["writer"]
         self._check([
-            writer.end_trial.remote(t.trial_id, {"in_top_n": t.trial_id in top, "top_rank": top.get(t.trial_id, 0)},
-                                    None, None)
+            writer.end.remote("trial", t.trial_id, {"in_top_n": t.trial_id in top, "top_rank": top.get(t.trial_id, 0)},
+                              None)
             for t in trials if t.trial_id in self._trials
         ])
 

@@ -58,6 +58,20 @@ class MetricCollection:
             metric._pack = None
         return StatePack([(f"{name}.", m) for name, m in self._metrics.items()], self._device)
 
+    def add(self, name: str, metric: Metric) -> None:
+        """Add a metric, repacking the states (values kept). Do it before the first sync: the layout changes."""
+        check_name("metric name", name)
+        if name in self._metrics:
+            raise ValueError(f"MetricCollection already has a metric named {name!r}")
+        if metric._owner is not None:
+            raise ValueError(f"Metric {name!r} already belongs to another MetricCollection")
+        for member in self._metrics.values():
+            member._owner = None
+            for state in member._state_specs:
+                setattr(member, state, getattr(member, state).clone())  # detach from the old buffers
+        self._metrics[name] = metric
+        self._pack = self._build_pack()
+
     # -- mapping -------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Metric:
         return self._metrics[name]

@@ -1,0 +1,270 @@
+"""Ray Train integration: ``StepLogger`` inside ``train_loop_per_worker`` and ``CmfTrainCallback``.
+
+Per-step series travel through our own path, not ``ray.train.report`` (a barrier that keeps only rank 0's
+metrics and drops metrics reported without a checkpoint): every ``sync_every`` steps the workers reduce
+their device metrics in at most 3 collectives over Ray Train's process group, and rank 0 appends one row
+to its buffer. At the end rank 0 commits the run's Parquet through the store's single writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray.train import UserCallback
+
+from ray_cmf._names import check_name
+from ray_cmf.buffer import MetricBuffer
+from ray_cmf.compare import ATTEMPT_COLUMN
+from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS
+from ray_cmf.lineage import Artifact
+from ray_cmf.metrics import MetricCollection, Sum
+from ray_cmf.metrics.packing import rank as dist_rank
+from ray_cmf.metrics.packing import world_size
+from ray_cmf.store import Store, resolve_root
+from ray_cmf.tune import RUN_EXECUTION_TYPE, Binding, StoreWriter, result_row, writer_actor
+
+log = logging.getLogger(__name__)
+
+STEPS_METRICS_NAME = "train_steps"
+REPORTS_METRICS_NAME = "train_reports"
+FINAL_FLAG = "ray_cmf_final"
+SAMPLES = "samples"
+
+
+def _train_context() -> Any:
+    """Ray Train's worker context, or None outside a Train worker."""
+    try:
+        from ray.train import get_context
+
+        context = get_context()
+        context.get_experiment_name()
+        return context
+    except Exception:
+        return None
+
+
+class _Writer:
+    """Calls the single writer: the Ray actor when Ray runs, an in-process StoreWriter otherwise."""
+
+    def __init__(self) -> None:
+        self._local = None if ray.is_initialized() else StoreWriter()
+
+    def __call__(self, method: str, *args: Any) -> Any:
+        if self._local is not None:
+            return getattr(self._local, method)(*args)
+        return ray.get(getattr(writer_actor(), method).remote(*args))
+
+
+class StepLogger:
+    """Per-step device metrics for ``train_loop_per_worker``: synced every ``sync_every`` steps, logged by rank 0.
+
+    Args:
+        metrics: The device metrics; updated by the training loop between ``step()`` calls.
+        sync_every: Steps per logging interval (one packed sync of <= 3 collectives each).
+        report_every: Also pass the synced row to ``ray.train.report`` every this many syncs (for
+            schedulers). All ranks call it, as Ray Train requires.
+        metrics_name: Name of the run's step series.
+        pipeline_name, pipeline_stage, store: Where to record (ignored inside a Tune trial, whose
+            pipeline, stage and store are used).
+        trial_id: The Tune trial that runs this TorchTrainer (pass it through ``train_loop_config``);
+            the run's file is then linked to the trial's execution and context too.
+        run_name: The Train run (default: Ray Train's experiment name).
+
+    Example:
+        >>> def train_loop_per_worker(config):  # doctest: +SKIP
+        ...     metrics = MetricCollection({"loss": Mean(), "acc": Accuracy()}, device=device)
+        ...     steps = StepLogger(metrics, sync_every=50, trial_id=config.get("trial_id"))
+        ...     for x, y in loader:
+        ...         ...
+        ...         metrics["loss"].update(loss.detach())
+        ...         steps.step(samples=len(x))
+        ...     steps.finish()
+    """
+
+    def __init__(
+        self,
+        metrics: MetricCollection,
+        *,
+        sync_every: int = 50,
+        report_every: int | None = None,
+        metrics_name: str = STEPS_METRICS_NAME,
+        pipeline_name: str = "ray_train",
+        pipeline_stage: str | None = None,
+        store: str | os.PathLike[str] | None = None,
+        trial_id: str | None = None,
+        run_name: str | None = None,
+        group: Any = None,
+        flush_rows: int = DEFAULT_FLUSH_ROWS,
+        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+    ) -> None:
+        if sync_every < 1 or (report_every is not None and report_every < 1):
+            raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
+        self.metrics = metrics
+        self.metrics.add(SAMPLES, Sum())
+        self.sync_every, self.report_every = sync_every, report_every
+        self.metrics_name = check_name("metrics_name", metrics_name)
+        self.group = group
+        self.trial_id = trial_id
+        self._context = _train_context()
+        self.run_name = run_name or (self._context.get_experiment_name() if self._context else f"local-{uuid.uuid4().hex[:8]}")
+        self.rank = dist_rank(group)
+        self.steps_done = 0
+        self.attempt = 1
+        self._syncs = 0
+        self._last_sync_time = time.time()
+        self._buffer: MetricBuffer | None = None
+        self._binding: Binding | None = None
+        self._writer = _Writer()
+        if self.rank == 0:
+            self._binding = self._bind(pipeline_name, pipeline_stage, store)
+            spill = Store(self._binding.root, mlmd=self._binding.mlmd).spill_dir(f"train-{self.run_name}-{self.metrics_name}")
+            manifest = {"metrics_name": self.metrics_name, "pipeline": self._binding.pipeline,
+                        "stage": self._binding.stage, "execution_type": RUN_EXECUTION_TYPE,
+                        "execution_name": self.run_name, "dest": str(self._destination()), "pid": os.getpid(),
+                        "host": os.uname().nodename}
+            self._buffer = MetricBuffer.resume(spill, flush_rows=flush_rows, flush_seconds=flush_seconds, manifest=manifest)
+
+    def _bind(self, pipeline: str, stage: str | None, store: str | os.PathLike[str] | None) -> Binding:
+        """Rank 0: get or create the run's execution (in the trial's pipeline and stage inside a Tune trial)."""
+        root = str(resolve_root(store))
+        mlmd = str(Path(root) / "mlmd.sqlite")
+        if self.trial_id is not None:
+            trial = self._writer("binding", "trial", self.trial_id)
+            if trial is None:
+                raise ValueError(f"trial_id={self.trial_id!r} is not a trial of a sweep running CmfRayLogger")
+            root, mlmd, pipeline, stage = trial.root, trial.mlmd, trial.pipeline, trial.stage
+        props = {"run_name": self.run_name, "world_size": world_size(self.group), "sync_every": self.sync_every,
+                 **({"tune_trial_id": self.trial_id} if self.trial_id else {})}
+        return self._writer("start", "run", root, mlmd, check_name("pipeline_name", pipeline),
+                            check_name("pipeline_stage", stage or self.run_name), self.run_name, props)
+
+    def _destination(self) -> Path:
+        assert self._binding is not None
+        store = Store(self._binding.root, mlmd=self._binding.mlmd)
+        return store.artifact_dir(self._binding.pipeline, self._binding.stage, self.run_name) / f"{self.metrics_name}-{{md5}}.parquet"
+
+    def step(self, samples: int | None = None) -> dict[str, float] | None:
+        """Count one training step (and its samples); every ``sync_every`` steps, sync and log one row.
+
+        Returns the synced row on sync steps (on every rank), else None. No host sync otherwise.
+        """
+        self.steps_done += 1
+        if samples is not None:
+            self.metrics[SAMPLES].update(torch.as_tensor(float(samples)))
+        if self.steps_done % self.sync_every == 0:
+            return self.sync()
+        return None
+
+    def sync(self) -> dict[str, float]:
+        """Reduce the interval across ranks (<= 3 collectives); rank 0 appends the row."""
+        values = self.metrics.sync(self.group).wait()
+        row = self.metrics.to_row(values)
+        now = time.time()
+        samples = row.pop(SAMPLES, 0.0)
+        row.pop(f"{SAMPLES}_nonfinite", None)
+        elapsed = now - self._last_sync_time
+        self._last_sync_time = now
+        row = {"step": self.steps_done, **row, "wall_time": now, ATTEMPT_COLUMN: self.attempt}
+        if samples:
+            row["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
+        if self._buffer is not None:
+            self._buffer.append(row)
+        self._syncs += 1
+        if self.report_every is not None and self._context is not None and self._syncs % self.report_every == 0:
+            ray.train.report(row)
+        return row
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointable state: the step, the attempt and the global metric state. Makes rows so far durable."""
+        if self._buffer is not None:
+            self._buffer.flush()
+        return {"step": self.steps_done, "attempt": self.attempt, "metrics": self.metrics.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint: the series resumes after its step; rows re-run later win on read."""
+        self.steps_done = int(state["step"])
+        self.attempt = int(state["attempt"]) + 1
+        self.metrics.load_state_dict(state["metrics"])
+
+    def finish(self) -> Artifact | None:
+        """Rank 0 commits the run's Parquet (linked to the Train run and, inside a trial, to the trial).
+
+        Inside Ray Train every rank then makes one last ``ray.train.report`` flagged as final, which tells
+        ``CmfTrainCallback`` that the run completed.
+        """
+        if self.steps_done % self.sync_every:
+            self.sync()
+        artifact = None
+        if self._buffer is not None:
+            finished = self._buffer.finish(self._destination())
+            self._buffer.close()
+            artifact = self._writer("end", "run", self.run_name, {"steps": self.steps_done}, "COMPLETE",
+                                    (self.metrics_name, finished), self.trial_id)
+        if self._context is not None:
+            ray.train.report({FINAL_FLAG: True, "step": self.steps_done})
+        return artifact
+
+
+class CmfTrainCallback(UserCallback):
+    """Train callback (runs in the controller actor): every rank's reports in the run's report series.
+
+    ``after_report`` sends one row per rank (with a ``rank`` column) to the single writer, fire-and-forget:
+    nothing blocks the controller. ``after_exception`` commits what exists and marks the run FAILED; the
+    final report of :class:`StepLogger` commits again (a new version) and marks it COMPLETE.
+
+    Args:
+        pipeline_name, pipeline_stage, store: Where to record (stage default: the run's name).
+        metrics_name: Name of the report series.
+    """
+
+    def __init__(
+        self,
+        pipeline_name: str = "ray_train",
+        pipeline_stage: str | None = None,
+        store: str | os.PathLike[str] | None = None,
+        metrics_name: str = REPORTS_METRICS_NAME,
+    ) -> None:
+        self.pipeline_name = check_name("pipeline_name", pipeline_name)
+        self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
+        self.metrics_name = check_name("metrics_name", metrics_name)
+        self.root = str(resolve_root(store))
+        self._runtime: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_runtime": None}
+
+    def _rt(self, run_context: Any) -> dict[str, Any]:
+        """Bind the run on first use: fire-and-forget, so the controller never waits."""
+        if self._runtime is None:
+            run_name = run_context.get_run_config().name
+            writer = writer_actor()
+            writer.start.remote("run", self.root, Store(self.root).mlmd, self.pipeline_name,
+                                self.pipeline_stage or run_name, run_name, {"run_name": run_name})
+            self._runtime = {"run": run_name, "writer": writer, "reports": 0}
+        return self._runtime
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        rt = self._rt(run_context)
+        rt["reports"] += 1
+        rows = []
+        for rank, reported in enumerate(metrics):
+            row = result_row({k: v for k, v in reported.items() if k != FINAL_FLAG}, attempt=1)
+            row.pop(ATTEMPT_COLUMN)
+            rows.append({"report": rt["reports"], "rank": rank, **row, "checkpointed": checkpoint is not None})
+        rt["writer"].append_rows.remote("run", rt["run"], self.metrics_name, rows)
+        if any(m.get(FINAL_FLAG) for m in metrics):
+            rt["writer"].commit_rows.remote("run", rt["run"], self.metrics_name, {"status": "COMPLETE"}, "COMPLETE")
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+        rt = self._rt(run_context)
+        errors = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(worker_exceptions.items()))
+        rt["writer"].commit_rows.remote("run", rt["run"], self.metrics_name, {"status": "FAILED",
+                                        "error": errors[:2000]}, "FAILED")

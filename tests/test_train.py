@@ -1,0 +1,217 @@
+"""Ray Train: TorchTrainer on 2 CPU workers (gloo), StepLogger's packed syncs, CmfTrainCallback, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+from ray_cmf.compare import Sweep
+from ray_cmf.constants import STEP_METRICS_TYPE
+from ray_cmf.lineage import Lineage, properties
+
+pytestmark = pytest.mark.integration
+
+STEPS, SYNC_EVERY = 40, 5
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "reduce")
+
+
+def _count_collectives() -> dict[str, int]:
+    import torch.distributed as dist
+
+    counts = {"n": 0}
+    for name in COLLECTIVES:
+        original = getattr(dist, name)
+
+        def wrapped(*args: Any, __o: Any = original, **kwargs: Any) -> Any:
+            counts["n"] += 1
+            return __o(*args, **kwargs)
+
+        setattr(dist, name, wrapped)
+    return counts
+
+
+def _value(step: int, rank: int) -> float:
+    """Different data per rank: rank r sees step * (r + 1)."""
+    return float(step * (rank + 1))
+
+
+def loop(config: dict[str, Any]) -> None:
+    """The training loop under test: metrics per step, StepLogger syncs, checkpoints, an optional crash."""
+    import tempfile
+
+    import ray.train
+
+    from ray_cmf.metrics import Max, Mean, MetricCollection, Sum
+    from ray_cmf.train import StepLogger
+
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    counts = _count_collectives()
+    metrics = MetricCollection({"loss": Mean(), "top": Max(), "seen": Sum(cumulative=True)})
+    steps = StepLogger(metrics, sync_every=SYNC_EVERY, report_every=config.get("report_every"), store=config["store"],
+                       pipeline_name="train_test", trial_id=config.get("trial_id"))
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(Path(d) / "state.pt", weights_only=False)
+        steps.load_state_dict(state)
+        start = state["step"]
+    per_sync = []
+    for step in range(start + 1, STEPS + 1):
+        metrics["loss"].update(torch.tensor([_value(step, rank)]))
+        metrics["top"].update(torch.tensor(_value(step, rank)))
+        metrics["seen"].update(torch.tensor(1.0))
+        before = counts["n"]
+        row = steps.step(samples=4)
+        if row is not None:
+            per_sync.append(counts["n"] - before)
+        crash = Path(config["store"]) / "crashed"
+        if config.get("crash_at") == step and rank == 1 and not crash.exists():
+            crash.touch()
+            os.kill(os.getpid(), signal.SIGKILL)  # a worker dies for real
+        if step % 10 == 0 and config.get("checkpoint"):
+            state = steps.state_dict()
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(state, Path(d) / "state.pt")
+                ray.train.report({"step": step}, checkpoint=ray.train.Checkpoint.from_directory(d))
+    steps.finish()
+    if rank == 0:
+        (Path(config["store"]) / f"collectives-{context.get_experiment_name()}.json").write_text(json.dumps(per_sync))
+
+
+def _fit(tmp: Path, name: str, workers: int = 2, **config: Any) -> Any:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from ray_cmf import CmfTrainCallback
+
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config={"store": str(tmp / "store"), **config},
+        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=str(tmp / "results"),
+                             callbacks=[CmfTrainCallback("train_test", store=str(tmp / "store"))],
+                             failure_config=FailureConfig(max_failures=1)),
+    )
+    return trainer.fit()
+
+
+def _series(tmp: Path, metrics_name: str, **kwargs: Any):
+    return Sweep(tmp / "store", pipeline="train_test", metrics_name=metrics_name, **kwargs)
+
+
+def _closed_form(step: int, world: int) -> dict[str, float]:
+    window = range(step - SYNC_EVERY + 1, step + 1)
+    values = [_value(s, r) for s in window for r in range(world)]
+    return {"loss": sum(values) / len(values), "top": max(values), "seen": step * world}
+
+
+@pytest.fixture(scope="module")
+def two_workers(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("train")
+    _fit(tmp, "plain", report_every=2)
+    return tmp
+
+
+def test_committed_parquet_holds_globally_reduced_values(two_workers: Path) -> None:
+    steps = _series(two_workers, "train_steps").steps()
+    assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))
+    for _, row in steps.iterrows():
+        expected = _closed_form(int(row["step"]), 2)
+        assert row["loss"] == pytest.approx(expected["loss"])
+        assert row["top"] == expected["top"] and row["seen"] == expected["seen"]
+    assert (steps["samples_per_s"] > 0).all()
+
+
+def test_at_most_three_collectives_per_sync(two_workers: Path) -> None:
+    per_sync = json.loads((two_workers / "store" / "collectives-plain.json").read_text())
+    assert len(per_sync) == STEPS // SYNC_EVERY
+    assert per_sync[0] <= 4  # + the one-time layout check
+    assert max(per_sync[1:]) <= 3
+
+
+def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
+    lineage = Lineage(two_workers / "store" / "mlmd.sqlite", readonly=True)
+    [execution] = lineage.store.get_executions()
+    assert execution.name == "plain" and execution.last_known_state == mlpb.Execution.COMPLETE
+    artifacts = lineage.store.get_artifacts_by_id(
+        [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])])
+    names = {properties(a)["metrics_name"] for a in artifacts}
+    assert names == {"train_steps", "train_reports"}
+    reports = _series(two_workers, "train_reports").steps(["rank", "loss"])
+    assert sorted(set(reports["rank"])) == [0, 1]  # every rank, not only rank 0
+    assert len(reports[reports["loss"].notna()]) == 2 * (STEPS // SYNC_EVERY // 2)
+
+
+def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session: None, tmp_path: Path) -> None:
+    _fit(tmp_path, "restarted", checkpoint=True, crash_at=27)
+    assert (tmp_path / "store" / "crashed").exists()
+    steps = _series(tmp_path, "train_steps").steps()
+    assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))  # no duplicates, no holes
+    for _, row in steps.iterrows():
+        expected = _closed_form(int(row["step"]), 2)
+        assert row["loss"] == pytest.approx(expected["loss"]) and row["seen"] == expected["seen"]  # state restored
+    raw = Sweep(tmp_path / "store", pipeline="train_test", metrics_name="train_steps").files()[0].path
+    import pyarrow.parquet as pq
+
+    assert set(pq.read_table(raw).column("attempt").to_pylist()) == {1, 2}
+
+
+def test_single_worker(ray_session: None, tmp_path: Path) -> None:
+    _fit(tmp_path, "single", workers=1)
+    steps = _series(tmp_path, "train_steps").steps()
+    assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))
+    assert steps["loss"].tolist() == [_closed_form(s, 1)["loss"] for s in steps["step"]]
+
+
+def test_no_process_group_local_mode(tmp_path: Path) -> None:
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(metrics, sync_every=4, store=str(tmp_path / "store"), pipeline_name="train_test",
+                       run_name="local")
+    for step in range(1, 11):
+        metrics["loss"].update(torch.tensor(float(step)))
+        steps.step()
+    artifact = steps.finish()
+    assert properties(artifact)["rows"] == 3  # steps 4, 8 and the final partial interval at 10
+    frame = _series(tmp_path, "train_steps").steps(["loss"])
+    assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
+
+
+def test_torch_trainer_inside_a_tune_trial_is_linked(ray_session: None, tmp_path: Path) -> None:
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    def trainable(config: dict[str, Any]) -> None:
+        result = _fit(tmp_path, f"inner-{tune.get_context().get_trial_id()}",
+                      trial_id=tune.get_context().get_trial_id())
+        tune.report({"done": 1.0, "ok": result.error is None})
+
+    logger = CmfRayLogger("sweep_train", pipeline_stage="outer", store=str(tmp_path / "store"))
+    tune.Tuner(tune.with_resources(trainable, {"cpu": 0.1}), param_space={"x": 1},
+               run_config=tune.RunConfig(name="outer", storage_path=str(tmp_path / "tune"), callbacks=[logger],
+                                         verbose=0)).fit()
+    lineage = Lineage(tmp_path / "store" / "mlmd.sqlite", readonly=True)
+    by_type = {lineage.store.get_execution_types_by_id([e.type_id])[0].name: e for e in lineage.store.get_executions()}
+    trial, run = by_type["Ray_Tune_Trial"], by_type["Ray_Train_Run"]
+    assert properties(run)["tune_trial_id"] == properties(trial)["trial_id"]
+    step_type = lineage.store.get_artifact_type(STEP_METRICS_TYPE).id
+    [artifact] = [a for a in lineage.store.get_artifacts() if a.type_id == step_type
+                  and properties(a)["metrics_name"] == "train_steps"]
+    producers = {e.execution_id for e in lineage.store.get_events_by_artifact_ids([artifact.id])
+                 if e.type == mlpb.Event.OUTPUT}
+    assert producers == {trial.id, run.id}
+    [stage] = [c for c in lineage.store.get_contexts() if c.name == "sweep_train/outer"]
+    assert artifact.id in {a.id for a in lineage.store.get_artifacts_by_context(stage.id)}
+    assert run.id in {e.id for e in lineage.store.get_executions_by_context(stage.id)}
