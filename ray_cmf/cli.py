@@ -1,88 +1,248 @@
-"""The ``ray-cmf`` command line. Every command takes ``--store`` (or $RAY_CMF_STORE) and ``--json``."""
+"""The ``ray-cmf`` command line: list, compare, show, plot, export, verify, push and recover.
+
+Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``--json`` for scripting.
+Wrong arguments and an empty store exit with code 2; ``verify`` exits with 1 on any mismatch.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import Lineage, properties
-from ray_cmf.recovery import recover
 from ray_cmf.store import Store
 
-EXIT_USAGE = 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def _emit(args: argparse.Namespace, payload: Any, render: Callable[[Any], None]) -> None:
+def _clean(value: Any) -> Any:
+    """JSON-friendly scalars: NaN becomes null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item"):
+        return _clean(value.item())
+    return value
+
+
+def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> None:
+    """Print rows as JSON (``--json``) or as a rich table."""
     if args.json:
-        json.dump(payload, sys.stdout, indent=2, default=str)
+        json.dump([{k: _clean(v) for k, v in row.items()} for row in rows], sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
-    else:
-        render(payload)
-
-
-def _table(rows: list[dict[str, Any]], title: str) -> None:
+        return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
-    for column in rows[0] if rows else ["(empty)"]:
-        table.add_column(str(column))
+    table = Table(title=title, title_justify="left")
+    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["(none)"]
+    for column in columns:
+        table.add_column(str(column), overflow="fold")
     for row in rows:
-        table.add_row(*("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console().print(table)
+        table.add_row(*(_cell(row.get(c)) for c in columns))
+    Console(width=max(120, Console().width)).print(table)
 
 
-def _reader(args: argparse.Namespace) -> Lineage:
-    store = Store(args.store)
-    return Lineage(store.mlmd, readonly=True)
+def _cell(value: Any) -> str:
+    value = _clean(value)
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
+def _frame_rows(frame: Any) -> list[dict[str, Any]]:
+    return frame.to_dict(orient="records")
+
+
+def _sweep(args: argparse.Namespace) -> Any:
+    from ray_cmf.compare import Sweep
+
+    return Sweep(Store(args.store), pipeline=args.pipeline, stage=args.stage, metrics_name=args.metrics_name)
+
+
+def _summary_columns(table: Any, metrics: list[str] | None) -> list[str]:
+    keep = ["trial_id", "status", *[c for c in table.columns if c.startswith("config/")]]
+    for column in table.columns:
+        if column.endswith(("_best", "_final")) and (not metrics or column.rsplit("_", 1)[0] in metrics):
+            keep.append(column)
+    return [*keep, "steps"]
+
+
+# -- commands ---------------------------------------------------------------------------------------
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    lineage = _reader(args)
-    rows = [
-        {"pipeline": p.name, "stages": len(lineage.stages(p)), **properties(p)} for p in lineage.pipelines()
-    ]
-    _emit(args, rows, lambda r: _table(r, f"pipelines in {args.store or 'store'}"))
-    return 0
+    lineage = Lineage(Store(args.store).mlmd, readonly=True)
+    rows = [{"pipeline": p.name, "stages": ", ".join(properties(s).get("stage", s.name) for s in lineage.stages(p))}
+            for p in lineage.pipelines()]
+    if not rows:
+        raise RayCmfError(f"The store {Store(args.store).root} holds no pipelines yet")
+    _emit(args, rows, "pipelines")
+    return EXIT_OK
+
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    sweep = _sweep(args)
+    table = sweep.trials(args.metric or None, mode=args.mode, verify=args.verify)
+    columns = _summary_columns(table, args.metric) + (["verified"] if args.verify else [])
+    _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    sweep = _sweep(args)
+    best = sweep.best(args.metric[0], args.mode, n=args.top)
+    columns = _summary_columns(best, args.metric)
+    _emit(args, _frame_rows(best[columns]), f"top {args.top} by {args.metric[0]} ({args.mode})")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    sweep = _sweep(args)
+    table = sweep.trials()
+    match = table[table["trial_id"] == args.trial]
+    if match.empty:
+        raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; known: {list(table['trial_id'])}")
+    row = match.iloc[0]
+    [(execution, stage)] = [(e, s) for e, s in sweep.executions() if str(properties(e).get("trial_id", e.name)) == args.trial]
+    lineage = sweep.lineage
+    files = []
+    for event in lineage.store.get_events_by_execution_ids([execution.id]):
+        [artifact] = lineage.store.get_artifacts_by_id([event.artifact_id])
+        props = properties(artifact)
+        files.append({"event": "input" if event.type == mlpb.Event.INPUT else "output",
+                      "type": lineage.store.get_artifact_types_by_id([artifact.type_id])[0].name,
+                      "name": props.get("metrics_name", artifact.name), "rows": props.get("rows"),
+                      "md5": props.get("Commit"), "url": props.get("url")})
+    last = sweep.steps(trials=[args.trial]).tail(args.rows)
+    payload = {"trial_id": args.trial, "status": row["status"], "stage": stage, "execution_id": execution.id,
+               "config": {c[len("config/"):]: _clean(row[c]) for c in table.columns if c.startswith("config/")},
+               "files": files, "last_rows": [{k: _clean(v) for k, v in r.items()} for r in _frame_rows(last)]}
+    if args.json:
+        json.dump(payload, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    from rich.console import Console
+
+    console = Console()
+    console.print(f"[bold]{args.trial}[/bold]  status={payload['status']}  stage={stage}  execution={execution.id}")
+    console.print("config:", payload["config"])
+    _emit(args, files, "lineage: files")
+    _emit(args, payload["last_rows"], f"last {args.rows} rows")
+    return EXIT_OK
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    path = _sweep(args).plot_curves(args.metric[0], args.output, color_by=args.color_by, top=args.top, mode=args.mode)
+    _emit(args, [{"plot": str(Path(path).absolute())}], "plot written")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    frame = _sweep(args).steps(args.metric or None)
+    if args.format == "csv":
+        frame.to_csv(args.output, index=False)
+    else:
+        frame.to_parquet(args.output, index=False)
+    _emit(args, [{"rows": len(frame), "columns": len(frame.columns), "path": str(Path(args.output).absolute())}],
+          "exported")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ray_cmf.audit import audit
+
+    findings = list(audit(Store(args.store)))
+    if not findings:
+        raise RayCmfError(f"The store {Store(args.store).root} records no files to verify")
+    _emit(args, [{"status": f.status, "md5": f.md5, "url": f.url} for f in findings], "verify")
+    bad = [f for f in findings if not f.ok]
+    if bad and not args.json:
+        print(f"{len(bad)} of {len(findings)} files failed verification", file=sys.stderr)
+    return EXIT_FAILED if bad else EXIT_OK
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    store = Store(args.store)
+    if args.add_remote:
+        store.dvc.add_remote(args.remote or "default", args.add_remote)
+    report = store.dvc.push(args.remote)
+    _emit(args, [{"remote": args.remote or "(default)", "dvc": report.strip()}], "dvc push")
+    return EXIT_OK
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
+    from ray_cmf.recovery import recover
+
     artifacts = recover(args.store, force=args.force)
-    rows = [{"metrics_name": properties(a)["metrics_name"], "rows": properties(a)["rows"], "url": properties(a)["url"]}
-            for a in artifacts]
-    _emit(args, rows, lambda r: _table(r, "recovered metrics"))
-    return 0
+    rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in artifacts]
+    _emit(args, rows, "recovered metrics")
+    return EXIT_OK
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "pipelines": (cmd_pipelines, "list the pipelines in the store"),
-    "recover": (cmd_recover, "commit the spilled rows of runs that crashed before commit_metrics"),
-}
+# -- parser -----------------------------------------------------------------------------------------
+def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool = False) -> None:
+    parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
+    parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
+    parser.add_argument("--metrics-name", default="tune_results", help="which series (default: tune_results)")
+    parser.add_argument("--metric", action="append", required=metric_required,
+                        help="metric column (repeatable)" + ("" if metric_required else "; default: all"))
+    parser.add_argument("--mode", choices=("min", "max"), default="min", help="lower or higher is better")
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", default=None, help="store directory (default: $RAY_CMF_STORE or ./cmf_store)")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser = argparse.ArgumentParser(prog="ray-cmf", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ray-cmf", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help_text) in COMMANDS.items():
-        command = sub.add_parser(name, help=help_text, parents=[common])
-        if name == "recover":
-            command.add_argument("--force", action="store_true", help="also recover spills of live processes")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, parents=[common])
+        p.set_defaults(handler=handler)
+        return p
+
+    command("pipelines", cmd_pipelines, "list the pipelines and their stages")
+    p = command("trials", cmd_trials, "one row per trial: config, best/final per metric, steps")
+    _add_sweep_options(p)
+    p.add_argument("--verify", action="store_true", help="re-hash each trial's file")
+    p = command("compare", cmd_compare, "the top trials by one metric")
+    _add_sweep_options(p, metric_required=True)
+    p.add_argument("--top", type=int, default=5)
+    p = command("show", cmd_show, "one trial: config, lineage, files, last rows")
+    _add_sweep_options(p)
+    p.add_argument("trial")
+    p.add_argument("--rows", type=int, default=5, help="how many last rows to show")
+    p = command("plot", cmd_plot, "learning curves as a PNG")
+    _add_sweep_options(p, metric_required=True)
+    p.add_argument("-o", "--output", required=True, help="PNG path")
+    p.add_argument("--color-by", help="config key that colours the curves")
+    p.add_argument("--top", type=int, help="only the best N trials")
+    p = command("export", cmd_export, "every trial's steps as one CSV or Parquet file")
+    _add_sweep_options(p)
+    p.add_argument("--format", choices=("csv", "parquet"), required=True)
+    p.add_argument("-o", "--output", required=True)
+    command("verify", cmd_verify, "re-hash every file against MLMD and DVC; exit 1 on any mismatch")
+    p = command("push", cmd_push, "dvc push the store's files to its remote")
+    p.add_argument("--remote", help="remote name (default: the DVC default remote)")
+    p.add_argument("--add-remote", metavar="URL", help="first configure this URL as the (default) remote")
+    p = command("recover", cmd_recover, "commit the spilled rows of runs that crashed before committing")
+    p.add_argument("--force", action="store_true", help="also recover spills of processes still alive")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``ray-cmf``; returns the exit code (2 for usage errors and empty stores)."""
+    """Entry point of ``ray-cmf``; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command][0](args)
-    except RayCmfError as exc:
+        return args.handler(args)
+    except (RayCmfError, ValueError, KeyError) as exc:
         print(f"ray-cmf {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

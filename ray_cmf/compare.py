@@ -7,6 +7,7 @@ that loads only the columns asked for.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from ray_cmf.versioning import file_md5
 
 if TYPE_CHECKING:
     import pandas as pd
+
+log = logging.getLogger(__name__)
 
 ATTEMPT_COLUMN = "attempt"
 STEP_COLUMN = "training_iteration"
@@ -132,6 +135,11 @@ class Sweep:
         if trials is not None:
             wanted = set(trials)
             files = [f for f in files if f.trial_id in wanted]
+        missing_files = [f for f in files if not f.path.is_file()]
+        if missing_files:
+            log.warning("ray_cmf: %d committed file(s) are missing, e.g. %s; `ray-cmf verify` lists them",
+                        len(missing_files), missing_files[0].path)
+            files = [f for f in files if f.path.is_file()]
         import pandas as pd
 
         if not files:

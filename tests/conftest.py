@@ -30,3 +30,6 @@ def ray_session() -> Iterator[None]:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
+
+
+from tests.test_tune import sweep  # noqa: E402,F401  (one real sweep per session, shared with the compare tests)

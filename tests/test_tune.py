@@ -51,7 +51,7 @@ def _trainable_factory(logger: Any) -> Any:
     return trainable
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from ray import tune
 

@@ -1,0 +1,165 @@
+"""Sweep API, plots and the ray-cmf CLI against stores made by real sweeps (and by Cmf alone)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as pads
+import pytest
+
+from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep
+from ray_cmf.cli import main
+from tests.test_tune import GOOD_LRS, RESULTS
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store_copy(sweep: dict[str, Any], tmp_path: Path) -> Path:
+    """A private copy of the session's sweep store, safe to tamper with."""
+    target = tmp_path / "store"
+    shutil.copytree(sweep["store"], target)
+    return target
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_trials_table(sweep: dict[str, Any]) -> None:
+    table = Sweep(sweep["store"], pipeline="sweep").trials(["loss"], verify=True)
+    assert len(table) == 6 and table["trial_id"].is_unique
+    done = table[table["status"] == "COMPLETE"].set_index("config/lr")
+    for lr in GOOD_LRS:
+        assert done.loc[lr, "loss_best"] == pytest.approx(lr / RESULTS)
+        assert done.loc[lr, "loss_final"] == pytest.approx(lr / RESULTS)
+        assert done.loc[lr, "steps"] == RESULTS and done.loc[lr, "verified"] is True
+    assert {"md5", "url", "config/nested.depth"} <= set(table.columns)
+
+
+def test_steps_reads_only_the_requested_columns(sweep: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import ray_cmf.compare
+
+    asked: list[list[str]] = []
+
+    class Spy:
+        """Wraps the real pyarrow dataset and records what each scan projects."""
+
+        def __init__(self, dataset: Any) -> None:
+            self.schema = dataset.schema
+            self._dataset = dataset
+
+        def to_table(self, columns: Any = None, **kwargs: Any) -> Any:
+            asked.append(list(columns))
+            return self._dataset.to_table(columns=columns, **kwargs)
+
+    spy_module = types.SimpleNamespace(dataset=lambda *a, **k: Spy(pads.dataset(*a, **k)))
+    monkeypatch.setattr(ray_cmf.compare, "pads", spy_module)
+    steps = Sweep(sweep["store"], pipeline="sweep").steps(metrics=["loss"])
+    assert list(steps.columns) == ["trial_id", "step", "loss"]
+    assert len(asked) == 1 and set(asked[0]) <= {"training_iteration", "loss", "attempt", "__filename"}
+    assert len(steps) == 4 * RESULTS + 3
+
+
+def test_best_and_diff(sweep: dict[str, Any]) -> None:
+    s = Sweep(sweep["store"], pipeline="sweep")
+    best = s.best("loss", mode="min", n=2)
+    assert best["config/lr"].tolist() == [0.1, 0.2]
+    assert s.best("loss", mode="max", n=1)["config/lr"].iloc[0] == 0.5
+    a, b = best["trial_id"]
+    diff = s.diff(a, b)
+    assert "config/lr" in diff.index and "config/nested.depth" not in diff.index
+    with pytest.raises(RayCmfError, match="Unknown trial"):
+        s.diff(a, "nope")
+    with pytest.raises(RayCmfError, match="Unknown metric"):
+        s.best("no_such_metric")
+
+
+def test_plots_are_written(sweep: dict[str, Any], tmp_path: Path) -> None:
+    s = Sweep(sweep["store"], pipeline="sweep")
+    for path in (s.plot_curves("loss", tmp_path / "c.png", color_by="lr", top=3), s.plot_params("loss", tmp_path / "p.png")):
+        data = Path(path).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    with pytest.raises(KeyError, match="color_by='nope'"):
+        s.plot_curves("loss", tmp_path / "x.png", color_by="nope")
+
+
+def test_cli_json_and_exit_codes(sweep: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    store = str(sweep["store"])
+    code, out, _ = _cli(capsys, "compare", "--store", store, "--metric", "loss", "--top", "2", "--json")
+    assert code == 0 and [r["config/lr"] for r in json.loads(out)] == [0.1, 0.2]
+    code, out, _ = _cli(capsys, "trials", "--store", store, "--metric", "loss", "--json")
+    assert code == 0 and len(json.loads(out)) == 6
+    trial = json.loads(out)[0]["trial_id"]
+    code, out, _ = _cli(capsys, "show", trial, "--store", store, "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["trial_id"] == trial and shown["files"] and "lr" in shown["config"]
+    code, out, _ = _cli(capsys, "pipelines", "--store", store, "--json")
+    assert code == 0 and json.loads(out) == [{"pipeline": "sweep", "stages": "stage1"}]
+    code, out, _ = _cli(capsys, "plot", "--store", store, "--metric", "loss", "-o", str(tmp_path / "c.png"), "--json")
+    assert code == 0 and Path(json.loads(out)[0]["plot"]).stat().st_size > 0
+    for fmt in ("csv", "parquet"):
+        code, out, _ = _cli(capsys, "export", "--store", store, "--format", fmt, "-o", str(tmp_path / f"s.{fmt}"), "--json")
+        assert code == 0 and json.loads(out)[0]["rows"] == 4 * RESULTS + 3
+    code, _, err = _cli(capsys, "show", "no-such-trial", "--store", store)
+    assert code == 2 and "no-such-trial" in err
+    code, _, err = _cli(capsys, "trials", "--store", str(tmp_path / "empty"))
+    assert code == 2 and "No MLMD database" in err
+    with pytest.raises(SystemExit) as usage:
+        main(["compare", "--store", store])  # --metric is required
+    assert usage.value.code == 2
+
+
+def test_console_script_runs(sweep: dict[str, Any]) -> None:
+    exe = Path(sys.executable).with_name("ray-cmf")
+    result = subprocess.run([str(exe), "trials", "--store", str(sweep["store"]), "--metric", "loss"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "loss_best" in result.stdout
+
+
+def test_verify_detects_tampered_and_deleted_files(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "verify", "--store", str(store_copy), "--json")
+    findings = json.loads(out)
+    assert code == 0 and {f["status"] for f in findings} == {"ok"}
+    parquet = [f["url"] for f in findings if "tune_results" in f["url"]]
+    tampered, deleted = store_copy / parquet[0], store_copy / parquet[1]
+    tampered.write_bytes(tampered.read_bytes()[:-10] + b"0123456789")
+    deleted.unlink()
+    code, out, _ = _cli(capsys, "verify", "--store", str(store_copy), "--json")
+    status = {f["url"]: f["status"] for f in json.loads(out)}
+    assert code == 1
+    assert status[parquet[0]] == "modified" and status[parquet[1]] == "missing"
+    table = Sweep(store_copy, pipeline="sweep").trials(["loss"], verify=True)
+    assert table["verified"].tolist().count(False) == 2  # the tampered and the deleted file
+
+
+def test_push_to_a_local_remote(store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = tmp_path / "remote"
+    code, out, err = _cli(capsys, "push", "--store", str(store_copy), "--add-remote", str(remote), "--json")
+    assert code == 0, err
+    assert len([p for p in remote.rglob("*") if p.is_file()]) >= 9  # every committed Parquet file
+
+
+def test_a_store_from_cmf_alone_is_readable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cmf = Cmf(pipeline_name="plain", store=tmp_path / "store")
+    cmf.create_execution("Train", {"lr": 0.5})
+    for step in range(10):
+        cmf.log_metric("train", {"loss": 1.0 / (step + 1)})
+    cmf.commit_metrics("train")
+    sweep = Sweep(tmp_path / "store", metrics_name="train")
+    table = sweep.trials()
+    assert len(table) == 1 and table["loss_best"].iloc[0] == pytest.approx(0.1) and table["steps"].iloc[0] == 10
+    assert sweep.steps(["loss"])["step"].tolist() == list(range(1, 11))
+    code, out, _ = _cli(capsys, "trials", "--store", str(tmp_path / "store"), "--metrics-name", "train", "--json")
+    assert code == 0 and json.loads(out)[0]["steps"] == 10
+    with pytest.raises(StoreError, match="No pipeline"):
+        Sweep(Store(tmp_path / "store"), pipeline="missing")
