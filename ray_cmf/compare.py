@@ -135,17 +135,14 @@ class Sweep:
         if trials is not None:
             wanted = set(trials)
             files = [f for f in files if f.trial_id in wanted]
-        missing_files = [f for f in files if not f.path.is_file()]
-        if missing_files:
-            log.warning("ray_cmf: %d committed file(s) are missing, e.g. %s; `ray-cmf verify` lists them",
-                        len(missing_files), missing_files[0].path)
-            files = [f for f in files if f.path.is_file()]
+        schemas = _readable_schemas(files)
+        files = [f for f in files if f.path in schemas]
         import pandas as pd
 
         if not files:
             return pd.DataFrame(columns=[TRIAL_COLUMN, "step"])
-        dataset = pads.dataset([str(f.path) for f in files], format="parquet",
-                               schema=_unified_schema([f.path for f in files]))
+        schema = pa.unify_schemas(list(schemas.values()), promote_options="permissive")
+        dataset = pads.dataset([str(f.path) for f in files], format="parquet", schema=schema)
         names = dataset.schema.names
         step = next(c for c in STEP_CANDIDATES if c in names)
         chosen = list(metrics) if metrics is not None else _metric_columns(dataset.schema)
@@ -272,8 +269,14 @@ def _metric_names(table: pd.DataFrame) -> set[str]:
     return {c[: -len("_best")] for c in table.columns if c.endswith("_best")}
 
 
-def _unified_schema(paths: Sequence[Path]) -> pa.Schema:
-    """One schema over every file (columns added over time, int widened to float)."""
+def _readable_schemas(files: Sequence[TrialFile]) -> dict[Path, pa.Schema]:
+    """Each file's schema; missing or unreadable files are left out with a warning (``ray-cmf verify`` says why)."""
     import pyarrow.parquet as pq
 
-    return pa.unify_schemas([pq.read_schema(p) for p in paths], promote_options="permissive")
+    schemas: dict[Path, pa.Schema] = {}
+    for file in files:
+        try:
+            schemas[file.path] = pq.read_schema(file.path)
+        except (OSError, pa.ArrowInvalid) as exc:
+            log.warning("ray_cmf: skipping trial %s: cannot read %s (%s)", file.trial_id, file.path, exc)
+    return schemas
