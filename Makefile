@@ -26,6 +26,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_log_metric.py
 	$(PY) benchmarks/bench_commit.py
+	$(PY) benchmarks/bench_metric_sync.py
+	$(PY) benchmarks/bench_tune.py
+	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_sweep_scale.py
 
 clean:
-	rm -rf $(VENV) cmf_store demo_store .pytest_cache
+	rm -rf $(VENV) cmf_store demo_store demo_store_ray demo_curves.png .pytest_cache

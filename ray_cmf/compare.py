@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from ray_cmf.constants import SEQUENCE_COLUMN, STEP_METRICS_TYPE
+from ray_cmf.constants import SEQUENCE_COLUMN, STEP_METRICS_TYPE, TRIAL_EXECUTION_TYPE
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
 from ray_cmf.store import Store
@@ -103,11 +103,14 @@ class Sweep:
 
     # -- what exists ---------------------------------------------------------------------------------
     def executions(self) -> list[tuple[Execution, str]]:
-        """Every execution of the selected stages, with its stage name."""
+        """The executions compared, with their stage: Tune trials where the stages hold any, else all."""
         out = []
         for ctx in self.stages:
             stage = properties(ctx).get("stage", ctx.name)
             out.extend((e, stage) for e in self.lineage.store.get_executions_by_context(ctx.id))
+        trial_type = self.lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
+        if any(e.type_id == trial_type for e, _ in out):
+            out = [(e, s) for e, s in out if e.type_id == trial_type]  # runs inside trials show as their trial
         return sorted(out, key=lambda pair: pair[0].id)
 
     def files(self) -> list[TrialFile]:
@@ -117,8 +120,7 @@ class Sweep:
             latest: dict[int, Any] = {}
             for artifact in artifacts:
                 if properties(artifact)["metrics_name"] == self.metrics_name:
-                    execution_id = self.lineage.producing_execution(artifact.id)
-                    if execution_id is not None:
+                    for execution_id in self.lineage.producing_executions(artifact.id):
                         latest[execution_id] = artifact  # artifacts come oldest first
             self._files = []
             for execution, stage in self.executions():

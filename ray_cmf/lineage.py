@@ -277,9 +277,6 @@ class Lineage:
                     seen[artifact.id] = artifact
         return [seen[k] for k in sorted(seen)]
 
-    def producing_execution(self, artifact_id: int) -> int | None:
-        """Id of the execution that output the artifact, if any."""
-        for event in self.store.get_events_by_artifact_ids([artifact_id]):
-            if event.type == mlpb.Event.OUTPUT:
-                return event.execution_id
-        return None
+    def producing_executions(self, artifact_id: int) -> list[int]:
+        """Ids of the executions that output the artifact (a Train run's file is also its trial's output)."""
+        return [e.execution_id for e in self.store.get_events_by_artifact_ids([artifact_id]) if e.type == mlpb.Event.OUTPUT]

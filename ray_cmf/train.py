@@ -23,13 +23,13 @@ from ray.train import UserCallback
 from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.compare import ATTEMPT_COLUMN
-from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS
+from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, RUN_EXECUTION_TYPE
 from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.store import Store, resolve_root
-from ray_cmf.tune import RUN_EXECUTION_TYPE, Binding, StoreWriter, result_row, writer_actor
+from ray_cmf.tune import Binding, StoreWriter, result_row, writer_actor
 
 log = logging.getLogger(__name__)
 

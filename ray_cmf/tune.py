@@ -25,7 +25,14 @@ from ray_cmf._names import check_name
 from ray_cmf.buffer import FinishedFile, MetricBuffer
 from ray_cmf.cmf import Cmf
 from ray_cmf.compare import ATTEMPT_COLUMN
-from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE
+from ray_cmf.constants import (
+    DATASET_TYPE,
+    DEFAULT_FLUSH_ROWS,
+    DEFAULT_FLUSH_SECONDS,
+    MODEL_TYPE,
+    RUN_EXECUTION_TYPE,
+    TRIAL_EXECUTION_TYPE,
+)
 from ray_cmf.errors import RayCmfError, SchemaError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, config_properties
 from ray_cmf.store import Store, resolve_root
@@ -33,8 +40,7 @@ from ray_cmf.store import Store, resolve_root
 log = logging.getLogger(__name__)
 
 WRITER_NAME = "ray_cmf_writer"
-TRIAL_EXECUTION_TYPE = "Ray_Tune_Trial"
-RUN_EXECUTION_TYPE = "Ray_Train_Run"
+WRITER_NAMESPACE = "ray_cmf"
 RESULTS_METRICS_NAME = "tune_results"
 # Tune bookkeeping that is not a training metric (strings are dropped anyway).
 _BOOKKEEPING = frozenset({"config", "pid", "timestamp", "done", "should_checkpoint", "trial_id", "date",
@@ -148,14 +154,14 @@ class StoreWriter:
 def writer_actor() -> Any:
     """The session's writer actor: created on first use, on this node, with 0 CPUs; found by name after."""
     try:
-        return ray.get_actor(WRITER_NAME)
+        return ray.get_actor(WRITER_NAME, namespace=WRITER_NAMESPACE)
     except ValueError:
         node = ray.get_runtime_context().get_node_id()
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(StoreWriter)
-        # Detached: whichever process creates it first (driver, Train controller or worker), the writer
-        # outlives it and serves the whole job; ray.shutdown() of a local cluster ends it.
+        # Detached in a fixed namespace: whichever process creates it first (driver, Train controller or
+        # worker), one writer outlives it and serves the cluster; ray.shutdown() of a local cluster ends it.
         return actor_cls.options(
-            name=WRITER_NAME, get_if_exists=True, lifetime="detached",
+            name=WRITER_NAME, namespace=WRITER_NAMESPACE, get_if_exists=True, lifetime="detached",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
         ).remote()
 

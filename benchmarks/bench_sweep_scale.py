@@ -1,0 +1,153 @@
+"""Comparing 500 trials x 10 000 steps: ray_cmf's Sweep and CLI against Ray's own trial logs.
+
+The store is generated through the real Store and its single writer (StoreWriter, in process): one MLMD
+execution per trial with its config, one Parquet file per trial, DVC-tracked. The same rows are written
+as Ray Tune's trial logs (``result.json`` lines and ``progress.csv``), read back with Ray's own
+``Result.from_path(...).metrics_dataframe``; the last row per trial is what ``ResultGrid.get_dataframe()``
+gives.
+
+Run: ``.venv/bin/python benchmarks/bench_sweep_scale.py [--trials 500 --steps 10000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as pads
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import fmt_time, print_table  # noqa: E402
+
+from ray_cmf import MetricBuffer, Sweep  # noqa: E402
+from ray_cmf.lineage import config_properties  # noqa: E402
+from ray_cmf.tune import StoreWriter  # noqa: E402
+
+
+def series(trial: int, steps: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(trial)
+    it = np.arange(1, steps + 1)
+    lr = 10 ** rng.uniform(-4, -1)
+    loss = 1.0 / (1 + lr * it) + rng.normal(0, 0.01, steps)
+    return {"training_iteration": it, "loss": loss, "accuracy": 1 - loss / 2, "grad_norm": rng.gamma(2.0, 1.0, steps),
+            "lr": np.full(steps, lr)}
+
+
+def generate(root: Path, logs: Path, trials: int, steps: int) -> float:
+    writer = StoreWriter()
+    start = time.perf_counter()
+    for t in range(trials):
+        data = series(t, steps)
+        trial_id = f"t{t:05d}"
+        config = {"lr": float(data["lr"][0]), "batch_size": int(2 ** (4 + t % 4)), "optimizer": ["sgd", "adam"][t % 2]}
+        writer.start("trial", str(root), str(root / "mlmd.sqlite"), "scale", "exp", trial_id,
+                     {**config_properties(config), "trial_id": trial_id, "status": "COMPLETE"})
+        buffer = MetricBuffer(root / "spill" / trial_id)
+        for i in range(steps):
+            buffer.append({"training_iteration": int(data["training_iteration"][i]), "loss": float(data["loss"][i]),
+                           "accuracy": float(data["accuracy"][i]), "grad_norm": float(data["grad_norm"][i]),
+                           "attempt": 1})
+        dest = writer._store(str(root), str(root / "mlmd.sqlite")).artifact_dir("scale", "exp", trial_id)
+        finished = buffer.finish(dest / "tune_results-{md5}.parquet")
+        writer.end("trial", trial_id, {"status": "COMPLETE"}, "COMPLETE", ("tune_results", finished))
+        write_ray_logs(logs / trial_id, data, config)
+    return time.perf_counter() - start
+
+
+def write_ray_logs(trial_dir: Path, data: dict[str, np.ndarray], config: dict) -> None:
+    """The files Tune's JSON and CSV logger callbacks write for a trial."""
+    trial_dir.mkdir(parents=True)
+    keys = ["training_iteration", "loss", "accuracy", "grad_norm"]
+    rows = [{k: data[k][i].item() for k in keys} for i in range(len(data["loss"]))]
+    with open(trial_dir / "result.json", "w") as out:
+        for row in rows:
+            out.write(json.dumps({**row, "config": config}) + "\n")
+    csv_dir = trial_dir.with_name(trial_dir.name + "_csv")
+    csv_dir.mkdir()
+    with open(csv_dir / "progress.csv", "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def timed(fn, repeat: int = 3) -> tuple[float, object]:
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=10_000)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    root, logs = tmp / "store", tmp / "ray_logs"
+    gen = generate(root, logs, args.trials, args.steps)
+    print(f"generated {args.trials} trials x {args.steps} steps through the store in {gen:.1f} s\n")
+
+    from ray.air.result import Result  # what Tune's ResultGrid builds its Results with
+
+    def ray_json() -> object:
+        import pandas as pd
+
+        frames = [Result.from_path(str(d)).metrics_dataframe for d in sorted(logs.glob("t?????"))]
+        return pd.concat(frames)
+
+    def ray_csv() -> object:
+        import pandas as pd
+
+        frames = [Result.from_path(str(d)).metrics_dataframe for d in sorted(logs.glob("t?????_csv"))]
+        return pd.concat(frames)
+
+    def ray_grid_table() -> object:
+        import pandas as pd
+
+        return pd.DataFrame([Result.from_path(str(d)).metrics for d in sorted(logs.glob("t?????"))])
+
+    rows = []
+    t_trials, table = timed(lambda: Sweep(root, pipeline="scale").trials(["loss", "accuracy", "grad_norm"]))
+    assert len(table) == args.trials
+    rows.append(["trial table (best/final/steps per metric)", "ray_cmf Sweep.trials()", fmt_time(t_trials)])
+    t_grid, _ = timed(ray_grid_table, repeat=1)
+    rows.append(["", "Ray: Result.from_path(...).metrics per trial (ResultGrid.get_dataframe)", fmt_time(t_grid)])
+    t_steps, steps = timed(lambda: Sweep(root, pipeline="scale").steps(["loss"]))
+    assert len(steps) == args.trials * args.steps
+    rows.append(["all steps of one metric", "ray_cmf Sweep.steps(['loss'])", fmt_time(t_steps)])
+    t_json, _ = timed(ray_json, repeat=1)
+    rows.append(["", "Ray: Result.metrics_dataframe from result.json", fmt_time(t_json)])
+    t_csv, _ = timed(ray_csv, repeat=1)
+    rows.append(["", "Ray: Result.metrics_dataframe from progress.csv", fmt_time(t_csv)])
+    t_cli, _ = timed(lambda: subprocess.run(
+        [str(Path(sys.executable).with_name("ray-cmf")), "compare", "--store", str(root), "--metric", "loss",
+         "--top", "5"], check=True, capture_output=True))
+    rows.append(["`ray-cmf compare --metric loss --top 5`", "whole command (process start included)", fmt_time(t_cli)])
+    print_table(["task", "how", "time (best of 3 for ray_cmf)"], rows)
+
+    files = [f.path for f in Sweep(root, pipeline="scale").files()]
+    dataset = pads.dataset([str(p) for p in files], format="parquet")
+    all_bytes = sum(p.stat().st_size for p in files)
+    loss_bytes = sum(
+        rg.column(i).total_compressed_size
+        for f in dataset.get_fragments() for rg in [f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)]
+        for i in range(rg.num_columns) if rg.column(i).path_in_schema in ("loss", "training_iteration", "attempt")
+    )
+    print(f"\nsteps(['loss']) reads the column chunks of training_iteration, attempt and loss: "
+          f"{loss_bytes / 2**20:.1f} MiB of {all_bytes / 2**20:.1f} MiB on disk")
+    print(f"Sweep.trials(): {t_trials:.2f} s (target <= 2 s); ray-cmf compare: {t_cli:.2f} s (target <= 2 s)")
+    print(f"steps(): {t_json / t_steps:.0f}x faster than Ray's result.json path, {t_csv / t_steps:.0f}x than progress.csv")
+
+
+if __name__ == "__main__":
+    main()

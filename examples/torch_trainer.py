@@ -1,0 +1,68 @@
+"""A 2-worker TorchTrainer (gloo, CPU) that logs device metrics every step and syncs them every 25 steps.
+
+Every rank updates its metrics on its own data shard; every 25 steps StepLogger reduces them across the
+workers in at most 3 collectives and rank 0 appends one row. CmfTrainCallback records every rank's
+``ray.train.report`` metrics. Run: ``python examples/torch_trainer.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+import torch
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer, prepare_model
+
+from ray_cmf import CmfTrainCallback, StepLogger, Sweep
+from ray_cmf.metrics import Accuracy, Max, Mean, MetricCollection
+
+STORE = os.path.abspath(os.environ.get("RAY_CMF_STORE", "demo_store"))
+
+
+def train_loop_per_worker(config: dict) -> None:
+    torch.set_num_threads(1)
+    context = ray.train.get_context()
+    g = torch.Generator().manual_seed(context.get_world_rank())  # a different shard per rank
+    x = torch.randn(2048, 20, generator=g)
+    y = (x[:, :5].sum(dim=1) > 0).long()
+    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
+    metrics = MetricCollection({"loss": Mean(), "accuracy": Accuracy(), "grad_norm_max": Max()})
+    steps = StepLogger(metrics, sync_every=25, report_every=4, pipeline_name="torch_trainer_demo", store=STORE,
+                       trial_id=config.get("trial_id"))
+    for epoch in range(config["epochs"]):
+        for i in range(0, len(x), 64):
+            logits = model(x[i : i + 64])
+            loss = torch.nn.functional.cross_entropy(logits, y[i : i + 64])
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            optimizer.step()
+            metrics["loss"].update(loss.detach(), weight=torch.tensor(float(len(logits))))
+            metrics["accuracy"].update(logits.detach(), y[i : i + 64])
+            metrics["grad_norm_max"].update(grad_norm.detach())
+            steps.step(samples=len(logits))
+    steps.finish()
+
+
+def run(config: dict, name: str) -> ray.train.Result:
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=os.path.abspath("demo_store_ray"),
+                             callbacks=[CmfTrainCallback("torch_trainer_demo", store=STORE)]),
+    )
+    return trainer.fit()
+
+
+def main() -> None:
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    run({"lr": 1e-3, "epochs": 3}, name="two_workers")
+    sweep = Sweep(STORE, pipeline="torch_trainer_demo", metrics_name="train_steps")
+    print(sweep.steps(["loss", "accuracy", "grad_norm_max", "samples_per_s"]).tail(8).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
