@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ray_cmf.constants import (
@@ -37,6 +38,7 @@ from ray_cmf.constants import (
     SEGMENT_GLOB,
     SEQUENCE_COLUMN,
     SPILL_MANIFEST,
+    SUMMARY_KEY,
 )
 from ray_cmf.errors import InvalidValueError, RayCmfError, SchemaError
 
@@ -238,19 +240,49 @@ def write_parquet(batches: list[pa.RecordBatch], dest: Path) -> FinishedFile:
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
-    rows = 0
+    summary = SeriesSummary()
     with open(tmp, "wb") as raw:
         hashing = _HashingFile(raw)
         with pq.ParquetWriter(hashing, schema) as writer:
             for batch in batches:
-                writer.write_table(_conform(batch, schema), row_group_size=max(batch.num_rows, 1))
-                rows += batch.num_rows
+                table = _conform(batch, schema)
+                summary.add(table)
+                writer.write_table(table, row_group_size=max(batch.num_rows, 1))
+            writer.add_key_value_metadata({SUMMARY_KEY: summary.to_json()})
         raw.flush()
         os.fsync(raw.fileno())
     md5 = hashing.md5.hexdigest()
     dest = dest.with_name(dest.name.replace("{md5}", md5[:12]))
     os.replace(tmp, dest)
-    return FinishedFile(dest, md5, hashing.size, rows)
+    return FinishedFile(dest, md5, hashing.size, summary.rows)
+
+
+class SeriesSummary:
+    """Per-column min, max and last value (NaN and nulls skipped) and the row count, gathered while
+    writing and stored in the file's footer, so a trial table needs no data scan."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.columns: dict[str, dict[str, Any]] = {}
+
+    def add(self, table: pa.Table) -> None:
+        self.rows += table.num_rows
+        for field in table.schema:
+            if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
+                continue
+            column = table.column(field.name)
+            if pa.types.is_floating(field.type):
+                column = pc.if_else(pc.is_nan(column), None, column)
+            valid = pc.drop_null(column)
+            if len(valid) == 0:
+                continue
+            low, high = pc.min_max(valid).values()
+            stats = self.columns.setdefault(field.name, {"min": low.as_py(), "max": high.as_py()})
+            stats["min"], stats["max"] = min(stats["min"], low.as_py()), max(stats["max"], high.as_py())
+            stats["last"] = valid[-1].as_py()
+
+    def to_json(self) -> str:
+        return json.dumps({"rows": self.rows, "columns": self.columns})
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:

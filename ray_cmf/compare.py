@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from ray_cmf.constants import SEQUENCE_COLUMN, STEP_METRICS_TYPE, TRIAL_EXECUTION_TYPE
+from ray_cmf.constants import SEQUENCE_COLUMN, STEP_METRICS_TYPE, SUMMARY_KEY, TRIAL_EXECUTION_TYPE
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
 from ray_cmf.store import Store
@@ -94,6 +95,7 @@ class Sweep:
         self.stages = stages
         self.metrics_name = metrics_name
         self._files: list[TrialFile] | None = None
+        self._executions: list[tuple[Execution, str]] | None = None
 
     def _only_pipeline(self) -> str:
         names = [p.name for p in self.lineage.pipelines()]
@@ -104,6 +106,11 @@ class Sweep:
     # -- what exists ---------------------------------------------------------------------------------
     def executions(self) -> list[tuple[Execution, str]]:
         """The executions compared, with their stage: Tune trials where the stages hold any, else all."""
+        if self._executions is None:
+            self._executions = self._find_executions()
+        return self._executions
+
+    def _find_executions(self) -> list[tuple[Execution, str]]:
         out = []
         for ctx in self.stages:
             stage = properties(ctx).get("stage", ctx.name)
@@ -116,12 +123,11 @@ class Sweep:
     def files(self) -> list[TrialFile]:
         """The latest committed ``metrics_name`` series of every execution that has one."""
         if self._files is None:
-            artifacts = self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
+            artifacts = {a.id: a for a in self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
+                         if properties(a)["metrics_name"] == self.metrics_name}
             latest: dict[int, Any] = {}
-            for artifact in artifacts:
-                if properties(artifact)["metrics_name"] == self.metrics_name:
-                    for execution_id in self.lineage.producing_executions(artifact.id):
-                        latest[execution_id] = artifact  # artifacts come oldest first
+            for execution_id, artifact_id in sorted(self.lineage.producers(list(artifacts)), key=lambda p: p[1]):
+                latest[execution_id] = artifacts[artifact_id]  # newest version wins
             self._files = []
             for execution, stage in self.executions():
                 if execution.id in latest:
@@ -137,13 +143,13 @@ class Sweep:
         if trials is not None:
             wanted = set(trials)
             files = [f for f in files if f.trial_id in wanted]
-        schemas = _readable_schemas(files)
-        files = [f for f in files if f.path in schemas]
+        footers = _read_footers(files)
+        files = [f for f in files if f.path in footers]
         import pandas as pd
 
         if not files:
             return pd.DataFrame(columns=[TRIAL_COLUMN, "step"])
-        schema = pa.unify_schemas(list(schemas.values()), promote_options="permissive")
+        schema = pa.unify_schemas([schema for schema, _ in footers.values()], promote_options="permissive")
         dataset = pads.dataset([str(f.path) for f in files], format="parquet", schema=schema)
         names = dataset.schema.names
         step = next(c for c in STEP_CANDIDATES if c in names)
@@ -152,17 +158,13 @@ class Sweep:
         if missing:
             raise RayCmfError(f"Unknown metric(s) {missing}; the series has {_metric_columns(dataset.schema)}")
         columns = [step, *chosen] + ([ATTEMPT_COLUMN] if ATTEMPT_COLUMN in names else [])
-        table = dataset.to_table(columns=[*dict.fromkeys(columns), "__filename"])
-        trial_of = {str(f.path): f.trial_id for f in files}
-        filenames = table.column("__filename")
-        trial_ids = pc.take(pa.array(list(trial_of.values())),
-                            pc.index_in(filenames, value_set=pa.array(list(trial_of))))
-        frame = table.drop_columns(["__filename"]).append_column(TRIAL_COLUMN, trial_ids).to_pandas()
+        table = _scan_with_trials(dataset, list(dict.fromkeys(columns)), files)
+        frame = table.to_pandas()
         if ATTEMPT_COLUMN in frame.columns and frame[ATTEMPT_COLUMN].max() > 1:
             frame = dedup_attempts(frame, step, by=[TRIAL_COLUMN])
         frame = frame.rename(columns={step: "step"})
         ordered = [TRIAL_COLUMN, "step", *[c for c in chosen if c != step]]
-        return frame[ordered].sort_values([TRIAL_COLUMN, "step"], kind="stable").reset_index(drop=True)
+        return frame[ordered].reset_index(drop=True)
 
     def trials(
         self, metrics: Iterable[str] | None = None, *, mode: str | Mapping[str, str] = "min", verify: bool = False
@@ -175,32 +177,72 @@ class Sweep:
         """
         import pandas as pd
 
-        steps = self.steps(metrics)
-        by_trial = steps.groupby(TRIAL_COLUMN, sort=False)
-        metrics = [c for c in steps.columns if c not in (TRIAL_COLUMN, "step")]
-        numeric = [m for m in metrics if pd.api.types.is_numeric_dtype(steps[m]) and not pd.api.types.is_bool_dtype(steps[m])]
-        stats = by_trial[numeric].agg(["min", "max", "last"]) if numeric else None
-        counts = by_trial.size()
+        summary = self._summary_from_footers(metrics, mode)
+        if summary is None:
+            summary = self._summary_from_scan(metrics, mode)
         files = {f.trial_id: f for f in self.files()}
         rows = []
         for execution, stage in self.executions():
             trial_id = _trial_id(execution)
             props = properties(execution)
-            row: dict[str, Any] = {"trial_id": trial_id, "status": props.get("status") or _STATES.get(execution.last_known_state),
-                                   "stage": stage}
-            row.update({f"config/{k}": v for k, v in _config(props).items()})
-            for metric in numeric:
-                if stats is not None and trial_id in stats.index:
-                    best_mode = mode.get(metric, "min") if isinstance(mode, Mapping) else mode
-                    row[f"{metric}_best"] = stats.loc[trial_id, (metric, "max" if best_mode == "max" else "min")]
-                    row[f"{metric}_final"] = stats.loc[trial_id, (metric, "last")]
-            row["steps"] = int(counts.get(trial_id, 0))
             file = files.get(trial_id)
-            row["md5"] = file.md5 if file else None
-            row["url"] = self.store.url(file.path) if file else None
-            row["verified"] = (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None
-            rows.append(row)
-        return pd.DataFrame(rows)
+            rows.append({
+                "trial_id": trial_id, "status": props.get("status") or _STATES.get(execution.last_known_state),
+                "stage": stage, **{f"config/{k}": v for k, v in _config(props).items()},
+                "md5": file.md5 if file else None, "url": self.store.url(file.path) if file else None,
+                "verified": (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None,
+            })
+        table = pd.DataFrame(rows).join(summary, on="trial_id")
+        table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
+        tail = ["steps", "md5", "url", "verified"]
+        return table[[c for c in table.columns if c not in tail] + tail]
+
+    def _summary_from_footers(self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]) -> pd.DataFrame | None:
+        """best/final/steps per trial from the summaries in the files' footers: no data scan.
+
+        None when a file lacks a summary or holds re-reported steps (a restored trial), which need the scan.
+        """
+        import pandas as pd
+
+        footers = _read_footers(self.files())
+        summaries = {f.trial_id: footers[f.path][1] for f in self.files() if f.path in footers}
+        if any(s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 for s in summaries.values()):
+            return None
+        schema = pa.unify_schemas([sch for sch, _ in footers.values()], promote_options="permissive") if footers else pa.schema([])
+        numeric = [f.name for f in schema if f.name in _metric_columns(schema)
+                   and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))]
+        chosen = list(metrics) if metrics is not None else numeric
+        unknown = [m for m in chosen if m not in schema.names]
+        if unknown:
+            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(schema)}")
+        rows = {}
+        for trial_id, summary in summaries.items():
+            row: dict[str, Any] = {}
+            for metric in (m for m in chosen if m in numeric):
+                stats = summary["columns"].get(metric, {})
+                best = mode.get(metric, "min") if isinstance(mode, Mapping) else mode
+                row[f"{metric}_best"] = stats.get("max" if best == "max" else "min", math.nan)
+                row[f"{metric}_final"] = stats.get("last", math.nan)
+            row["steps"] = summary["rows"]
+            rows[trial_id] = row
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    def _summary_from_scan(self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]) -> pd.DataFrame:
+        """best/final/steps per trial from one scan of the series (latest attempt per step)."""
+        import pandas as pd
+
+        steps = self.steps(metrics)
+        grouped = steps.groupby(TRIAL_COLUMN, observed=True, sort=False)
+        numeric = [m for m in steps.columns[2:]
+                   if pd.api.types.is_numeric_dtype(steps[m]) and not pd.api.types.is_bool_dtype(steps[m])]
+        stats = grouped[numeric].agg(["min", "max", "last"])
+        summary = pd.DataFrame(index=stats.index.astype(str))
+        for metric in numeric:
+            best = mode.get(metric, "min") if isinstance(mode, Mapping) else mode
+            summary[f"{metric}_best"] = stats[(metric, "max" if best == "max" else "min")].to_numpy()
+            summary[f"{metric}_final"] = stats[(metric, "last")].to_numpy()
+        summary["steps"] = grouped.size().to_numpy()
+        return summary
 
     def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``), best first."""
@@ -271,14 +313,30 @@ def _metric_names(table: pd.DataFrame) -> set[str]:
     return {c[: -len("_best")] for c in table.columns if c.endswith("_best")}
 
 
-def _readable_schemas(files: Sequence[TrialFile]) -> dict[Path, pa.Schema]:
-    """Each file's schema; missing or unreadable files are left out with a warning (``ray-cmf verify`` says why)."""
+def _scan_with_trials(dataset: pads.Dataset, columns: list[str], files: Sequence[TrialFile]) -> pa.Table:
+    """One projected scan of every file, with a dictionary-encoded trial_id column from each batch's file."""
+    index_of = {str(f.path): i for i, f in enumerate(files)}
+    batches, codes = [], []
+    for tagged in dataset.scanner(columns=columns).scan_batches():
+        batches.append(tagged.record_batch)
+        codes.append(np.full(tagged.record_batch.num_rows, index_of[tagged.fragment.path], dtype=np.int32))
+    table = pa.Table.from_batches(batches, schema=pa.schema([dataset.schema.field(c) for c in columns]))
+    indices = pa.array(np.concatenate(codes) if codes else np.empty(0, np.int32))
+    trial_ids = pa.DictionaryArray.from_arrays(indices, pa.array([f.trial_id for f in files]))
+    return table.append_column(TRIAL_COLUMN, trial_ids)
+
+
+def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
+    """Each file's schema and ray_cmf summary; missing or unreadable files are left out with a warning."""
     import pyarrow.parquet as pq
 
-    schemas: dict[Path, pa.Schema] = {}
+    footers: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] = {}
     for file in files:
         try:
-            schemas[file.path] = pq.read_schema(file.path)
+            meta = pq.read_metadata(file.path)
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("ray_cmf: skipping trial %s: cannot read %s (%s)", file.trial_id, file.path, exc)
-    return schemas
+            continue
+        raw = (meta.metadata or {}).get(SUMMARY_KEY.encode())
+        footers[file.path] = (meta.schema.to_arrow_schema(), json.loads(raw) if raw else None)
+    return footers

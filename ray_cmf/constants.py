@@ -12,6 +12,7 @@ SPILL_MANIFEST = "manifest.json"
 SEGMENT_GLOB = "seg-*.arrows"
 
 SEQUENCE_COLUMN = "SequenceNumber"
+SUMMARY_KEY = "ray_cmf.summary"  # Parquet footer key: per-column min/max/last and the row count
 
 PIPELINE_CONTEXT_TYPE = "Parent_Context"
 STAGE_CONTEXT_TYPE = "Child_Context"

@@ -277,6 +277,10 @@ class Lineage:
                     seen[artifact.id] = artifact
         return [seen[k] for k in sorted(seen)]
 
-    def producing_executions(self, artifact_id: int) -> list[int]:
-        """Ids of the executions that output the artifact (a Train run's file is also its trial's output)."""
-        return [e.execution_id for e in self.store.get_events_by_artifact_ids([artifact_id]) if e.type == mlpb.Event.OUTPUT]
+    def producers(self, artifact_ids: list[int]) -> list[tuple[int, int]]:
+        """(execution id, artifact id) of every OUTPUT event of the artifacts, in one query.
+
+        A Train run's file is an output of the run and of its Tune trial.
+        """
+        events = self.store.get_events_by_artifact_ids(artifact_ids) if artifact_ids else []
+        return [(e.execution_id, e.artifact_id) for e in events if e.type == mlpb.Event.OUTPUT]

@@ -58,16 +58,24 @@ def test_steps_reads_only_the_requested_columns(sweep: dict[str, Any], monkeypat
             self.schema = dataset.schema
             self._dataset = dataset
 
-        def to_table(self, columns: Any = None, **kwargs: Any) -> Any:
+        def scanner(self, columns: Any = None, **kwargs: Any) -> Any:
             asked.append(list(columns))
-            return self._dataset.to_table(columns=columns, **kwargs)
+            return self._dataset.scanner(columns=columns, **kwargs)
 
     spy_module = types.SimpleNamespace(dataset=lambda *a, **k: Spy(pads.dataset(*a, **k)))
     monkeypatch.setattr(ray_cmf.compare, "pads", spy_module)
     steps = Sweep(sweep["store"], pipeline="sweep").steps(metrics=["loss"])
     assert list(steps.columns) == ["trial_id", "step", "loss"]
-    assert len(asked) == 1 and set(asked[0]) <= {"training_iteration", "loss", "attempt", "__filename"}
+    assert len(asked) == 1 and set(asked[0]) <= {"training_iteration", "loss", "attempt"}
     assert len(steps) == 4 * RESULTS + 3
+
+
+def test_trial_table_from_footers_matches_a_full_scan(sweep: dict[str, Any]) -> None:
+    s = Sweep(sweep["store"], pipeline="sweep")
+    footers = s._summary_from_footers(["loss", "nested/a"], {"loss": "min", "nested/a": "max"})
+    scan = s._summary_from_scan(["loss", "nested/a"], {"loss": "min", "nested/a": "max"})
+    assert footers is not None
+    assert footers.sort_index().equals(scan.sort_index().astype(footers.dtypes.to_dict()))
 
 
 def test_best_and_diff(sweep: dict[str, Any]) -> None:
