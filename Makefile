@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(PY) examples/tune_sweep.py
 
 test: $(STAMP)
+	$(PY) -m ruff check ray_cmf tests benchmarks examples
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -45,9 +45,19 @@ def ray_cmf_commit(root: Path) -> dict[str, float]:
     t1 = time.perf_counter()
     cmf.store.dvc.track(finished.path, finished.md5, finished.size)
     t2 = time.perf_counter()
-    cmf.store.lineage.put_artifact(cmf.execution.id, "Step_Metrics", f"train:{finished.md5}", str(finished.path),
-                                   {"Commit": finished.md5, "url": cmf.store.url(finished.path),
-                                    "metrics_name": "train", "rows": finished.rows, "size": finished.size})
+    cmf.store.lineage.put_artifact(
+        cmf.execution.id,
+        "Step_Metrics",
+        f"train:{finished.md5}",
+        str(finished.path),
+        {
+            "Commit": finished.md5,
+            "url": cmf.store.url(finished.path),
+            "metrics_name": "train",
+            "rows": finished.rows,
+            "size": finished.size,
+        },
+    )
     t3 = time.perf_counter()
     data = finished.path.read_bytes()
     h0 = time.perf_counter()

@@ -120,7 +120,11 @@ def main() -> None:
         [
             ["cmflib dict of dicts", f"{theirs / 2**20:.0f} MiB", "1"],
             ["ray_cmf buffer, no spill", f"{ours / 2**20:.0f} MiB", f"1/{theirs / ours:.1f}"],
-            ["ray_cmf buffer, spill every 10k rows, 1M rows", f"{spill_1m / 2**20:.1f} MiB", f"1/{theirs / spill_1m:.0f}"],
+            [
+                "ray_cmf buffer, spill every 10k rows, 1M rows",
+                f"{spill_1m / 2**20:.1f} MiB",
+                f"1/{theirs / spill_1m:.0f}",
+            ],
             ["ray_cmf buffer, spill every 10k rows, 3M rows", f"{spill_3m / 2**20:.1f} MiB", "(bounded: same as 1M)"],
         ],
     )

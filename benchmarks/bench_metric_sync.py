@@ -132,8 +132,10 @@ def main() -> None:
     print("## Metric sync, 2 gloo ranks (median of 20)\n")
     print_table(["K metrics", "peer", "sync time", "collectives", "time vs ray_cmf"], rows)
     tm64 = results[("torchmetrics", 64)][0] / results[("ray_cmf", 64)][0]
-    print(f"\nray_cmf vs torchmetrics at K=64: {tm64:.1f}x faster (target >= 5x); "
-          f"ray_cmf collectives per sync: {max(results[('ray_cmf', k)][1] for k in KS)} (target <= 3)")
+    print(
+        f"\nray_cmf vs torchmetrics at K=64: {tm64:.1f}x faster (target >= 5x); "
+        f"ray_cmf collectives per sync: {max(results[('ray_cmf', k)][1] for k in KS)} (target <= 3)"
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from _common import fmt_time, print_table  # noqa: E402
 
 from ray_cmf import MetricBuffer, Sweep  # noqa: E402
 from ray_cmf.lineage import config_properties  # noqa: E402
-from ray_cmf.tune import StoreWriter  # noqa: E402
+from ray_cmf.store import StoreWriter  # noqa: E402
 
 
 def series(trial: int, steps: int) -> dict[str, np.ndarray]:
@@ -37,8 +37,13 @@ def series(trial: int, steps: int) -> dict[str, np.ndarray]:
     it = np.arange(1, steps + 1)
     lr = 10 ** rng.uniform(-4, -1)
     loss = 1.0 / (1 + lr * it) + rng.normal(0, 0.01, steps)
-    return {"training_iteration": it, "loss": loss, "accuracy": 1 - loss / 2, "grad_norm": rng.gamma(2.0, 1.0, steps),
-            "lr": np.full(steps, lr)}
+    return {
+        "training_iteration": it,
+        "loss": loss,
+        "accuracy": 1 - loss / 2,
+        "grad_norm": rng.gamma(2.0, 1.0, steps),
+        "lr": np.full(steps, lr),
+    }
 
 
 def generate(root: Path, logs: Path, trials: int, steps: int) -> float:
@@ -48,13 +53,26 @@ def generate(root: Path, logs: Path, trials: int, steps: int) -> float:
         data = series(t, steps)
         trial_id = f"t{t:05d}"
         config = {"lr": float(data["lr"][0]), "batch_size": int(2 ** (4 + t % 4)), "optimizer": ["sgd", "adam"][t % 2]}
-        writer.start("trial", str(root), str(root / "mlmd.sqlite"), "scale", "exp", trial_id,
-                     {**config_properties(config), "trial_id": trial_id, "status": "COMPLETE"})
+        writer.start(
+            "trial",
+            str(root),
+            str(root / "mlmd.sqlite"),
+            "scale",
+            "exp",
+            trial_id,
+            {**config_properties(config), "trial_id": trial_id, "status": "COMPLETE"},
+        )
         buffer = MetricBuffer(root / "spill" / trial_id)
         for i in range(steps):
-            buffer.append({"training_iteration": int(data["training_iteration"][i]), "loss": float(data["loss"][i]),
-                           "accuracy": float(data["accuracy"][i]), "grad_norm": float(data["grad_norm"][i]),
-                           "attempt": 1})
+            buffer.append(
+                {
+                    "training_iteration": int(data["training_iteration"][i]),
+                    "loss": float(data["loss"][i]),
+                    "accuracy": float(data["accuracy"][i]),
+                    "grad_norm": float(data["grad_norm"][i]),
+                    "attempt": 1,
+                }
+            )
         dest = writer._store(str(root), str(root / "mlmd.sqlite")).artifact_dir("scale", "exp", trial_id)
         finished = buffer.finish(dest / "tune_results-{md5}.parquet")
         writer.end("trial", trial_id, {"status": "COMPLETE"}, "COMPLETE", ("tune_results", finished))
@@ -129,9 +147,22 @@ def main() -> None:
     rows.append(["", "Ray: Result.metrics_dataframe from result.json", fmt_time(t_json)])
     t_csv, _ = timed(ray_csv, repeat=1)
     rows.append(["", "Ray: Result.metrics_dataframe from progress.csv", fmt_time(t_csv)])
-    t_cli, _ = timed(lambda: subprocess.run(
-        [str(Path(sys.executable).with_name("ray-cmf")), "compare", "--store", str(root), "--metric", "loss",
-         "--top", "5"], check=True, capture_output=True))
+    t_cli, _ = timed(
+        lambda: subprocess.run(
+            [
+                str(Path(sys.executable).with_name("ray-cmf")),
+                "compare",
+                "--store",
+                str(root),
+                "--metric",
+                "loss",
+                "--top",
+                "5",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    )
     rows.append(["`ray-cmf compare --metric loss --top 5`", "whole command (process start included)", fmt_time(t_cli)])
     print_table(["task", "how", "time (best of 3 for ray_cmf)"], rows)
 
@@ -140,13 +171,19 @@ def main() -> None:
     all_bytes = sum(p.stat().st_size for p in files)
     loss_bytes = sum(
         rg.column(i).total_compressed_size
-        for f in dataset.get_fragments() for rg in [f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)]
-        for i in range(rg.num_columns) if rg.column(i).path_in_schema in ("loss", "training_iteration", "attempt")
+        for f in dataset.get_fragments()
+        for rg in [f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)]
+        for i in range(rg.num_columns)
+        if rg.column(i).path_in_schema in ("loss", "training_iteration", "attempt")
     )
-    print(f"\nsteps(['loss']) reads the column chunks of training_iteration, attempt and loss: "
-          f"{loss_bytes / 2**20:.1f} MiB of {all_bytes / 2**20:.1f} MiB on disk")
+    print(
+        f"\nsteps(['loss']) reads the column chunks of training_iteration, attempt and loss: "
+        f"{loss_bytes / 2**20:.1f} MiB of {all_bytes / 2**20:.1f} MiB on disk"
+    )
     print(f"Sweep.trials(): {t_trials:.2f} s (target <= 2 s); ray-cmf compare: {t_cli:.2f} s (target <= 2 s)")
-    print(f"steps(): {t_json / t_steps:.0f}x faster than Ray's result.json path, {t_csv / t_steps:.0f}x than progress.csv")
+    print(
+        f"steps(): {t_json / t_steps:.0f}x faster than Ray's result.json path, {t_csv / t_steps:.0f}x than progress.csv"
+    )
 
 
 if __name__ == "__main__":

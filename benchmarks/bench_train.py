@@ -41,7 +41,8 @@ def loop(config: dict[str, Any]) -> None:
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(4096, 32, generator=g), torch.randint(0, 4, (4096,), generator=g)
     model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     variant = config["variant"]
     if variant == "ray_cmf":
@@ -49,13 +50,19 @@ def loop(config: dict[str, Any]) -> None:
         from ray_cmf.train import StepLogger
 
         metrics = MetricCollection({"loss": Mean(), "accuracy": Accuracy(), "grad_norm_max": Max()})
-        logger = StepLogger(metrics, sync_every=SYNC_EVERY, store=config["store"], pipeline_name="bench_train",
-                            run_name=config["run"])
+        logger = StepLogger(
+            metrics, sync_every=SYNC_EVERY, store=config["store"], pipeline_name="bench_train", run_name=config["run"]
+        )
     elif variant == "torchmetrics":
         import torchmetrics
 
-        tm = torchmetrics.MetricCollection({"loss": torchmetrics.MeanMetric(), "grad_norm_max": torchmetrics.MaxMetric(),
-                                            "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=4)})
+        tm = torchmetrics.MetricCollection(
+            {
+                "loss": torchmetrics.MeanMetric(),
+                "grad_norm_max": torchmetrics.MaxMetric(),
+                "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=4),
+            }
+        )
         kept: list[dict[str, float]] = []
     dist.barrier()
     start = time.perf_counter()
@@ -93,8 +100,13 @@ def run(variant: str, steps: int, tmp: Path, index: int) -> float:
     out = tmp / f"{variant}-{index}.txt"
     TorchTrainer(
         loop,
-        train_loop_config={"variant": variant, "steps": steps, "out": str(out), "store": str(tmp / "store"),
-                           "run": f"{variant}-{index}"},
+        train_loop_config={
+            "variant": variant,
+            "steps": steps,
+            "out": str(out),
+            "store": str(tmp / "store"),
+            "run": f"{variant}-{index}",
+        },
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(name=f"{variant}-{index}", storage_path=str(tmp / "results")),
     ).fit()
@@ -114,10 +126,19 @@ def main() -> None:
         for variant in variants:
             times[variant].append(run(variant, args.steps, tmp, r))
     base = statistics.median(times["no logging"])
-    rows = [[v, f"{statistics.median(t):.2f} s", f"{(statistics.median(t) / base - 1) * 100:+.1f}%",
-             f"{statistics.median(t) / args.steps * 1e3:.3f} ms"] for v, t in times.items()]
-    print(f"## TorchTrainer, 2 gloo workers, {args.steps} steps, metrics every step, synced every {SYNC_EVERY} "
-          f"(median of {args.rounds})\n")
+    rows = [
+        [
+            v,
+            f"{statistics.median(t):.2f} s",
+            f"{(statistics.median(t) / base - 1) * 100:+.1f}%",
+            f"{statistics.median(t) / args.steps * 1e3:.3f} ms",
+        ]
+        for v, t in times.items()
+    ]
+    print(
+        f"## TorchTrainer, 2 gloo workers, {args.steps} steps, metrics every step, synced every {SYNC_EVERY} "
+        f"(median of {args.rounds})\n"
+    )
     print_table(["logging", "training loop time", "overhead vs no logging", "per step"], rows)
     print(f"\nall loop times (s): { {k: [round(x, 2) for x in v] for k, v in times.items()} }")
 

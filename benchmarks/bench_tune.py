@@ -71,8 +71,9 @@ class CmflibStyleLogger(tune.Callback):
         path.parent.mkdir(exist_ok=True)
         pd.DataFrame.from_dict(self.metrics[trial.trial_id], orient="index").to_parquet(path)
         subprocess.run([sys.executable, "-m", "dvc", "add", "-q", str(path)], cwd=self.root, check=True)
-        self.lineage.put_artifact(self.executions[trial.trial_id], "Step_Metrics", f"{trial.trial_id}", str(path),
-                                  {"url": str(path)})
+        self.lineage.put_artifact(
+            self.executions[trial.trial_id], "Step_Metrics", f"{trial.trial_id}", str(path), {"url": str(path)}
+        )
 
 
 def timed_hooks(callback: tune.Callback, samples: list[float]) -> tune.Callback:
@@ -93,7 +94,8 @@ def timed_hooks(callback: tune.Callback, samples: list[float]) -> tune.Callback:
 
 def sweep(callbacks: list[tune.Callback], tmp: Path, name: str) -> float:
     tuner = tune.Tuner(
-        trainable, param_space={"lr": tune.grid_search([0.1 * (i + 1) for i in range(TRIALS)])},
+        trainable,
+        param_space={"lr": tune.grid_search([0.1 * (i + 1) for i in range(TRIALS)])},
         tune_config=tune.TuneConfig(max_concurrent_trials=2),
         run_config=tune.RunConfig(name=name, storage_path=str(tmp / "results"), callbacks=callbacks, verbose=0),
     )
@@ -113,8 +115,9 @@ def main() -> None:
     hooks: dict[str, list[float]] = {"CmfRayLogger": [], "cmflib-style driver logger": []}
     for r in range(args.rounds):
         walls["no callback"].append(sweep([], tmp, f"none{r}"))
-        ours = timed_hooks(CmfRayLogger("bench", metric="loss", mode="min", store=str(tmp / f"ours{r}")),
-                           hooks["CmfRayLogger"])
+        ours = timed_hooks(
+            CmfRayLogger("bench", metric="loss", mode="min", store=str(tmp / f"ours{r}")), hooks["CmfRayLogger"]
+        )
         walls["CmfRayLogger"].append(sweep([ours], tmp, f"ours{r}"))
         theirs = timed_hooks(CmflibStyleLogger(str(tmp / f"theirs{r}")), hooks["cmflib-style driver logger"])
         walls["cmflib-style driver logger"].append(sweep([theirs], tmp, f"theirs{r}"))

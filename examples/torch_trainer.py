@@ -29,8 +29,14 @@ def train_loop_per_worker(config: dict) -> None:
     model = prepare_model(torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)))
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     metrics = MetricCollection({"loss": Mean(), "accuracy": Accuracy(), "grad_norm_max": Max()})
-    steps = StepLogger(metrics, sync_every=25, report_every=4, pipeline_name="torch_trainer_demo", store=STORE,
-                       trial_id=config.get("trial_id"))
+    steps = StepLogger(
+        metrics,
+        sync_every=25,
+        report_every=4,
+        pipeline_name="torch_trainer_demo",
+        store=STORE,
+        trial_id=config.get("trial_id"),
+    )
     for epoch in range(config["epochs"]):
         for i in range(0, len(x), 64):
             logits = model(x[i : i + 64])
@@ -51,8 +57,11 @@ def run(config: dict, name: str) -> ray.train.Result:
         train_loop_per_worker,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name=name, storage_path=os.path.abspath("demo_store_ray"),
-                             callbacks=[CmfTrainCallback("torch_trainer_demo", store=STORE)]),
+        run_config=RunConfig(
+            name=name,
+            storage_path=os.path.abspath("demo_store_ray"),
+            callbacks=[CmfTrainCallback("torch_trainer_demo", store=STORE)],
+        ),
     )
     return trainer.fit()
 

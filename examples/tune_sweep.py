@@ -60,8 +60,9 @@ def main() -> None:
         train,
         param_space={"lr": tune.grid_search([0.003, 0.01, 0.03, 0.1]), "batch_size": 32},
         tune_config=tune.TuneConfig(max_concurrent_trials=2),
-        run_config=tune.RunConfig(name="lr_demo", storage_path=str(Path("demo_store_ray").absolute()),
-                                  callbacks=[logger], verbose=0),
+        run_config=tune.RunConfig(
+            name="lr_demo", storage_path=str(Path("demo_store_ray").absolute()), callbacks=[logger], verbose=0
+        ),
     )
     tuner.fit()
     ray.shutdown()

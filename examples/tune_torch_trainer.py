@@ -34,12 +34,16 @@ def main() -> None:
         tune.with_resources(trial, {"cpu": 0.1}),
         param_space={"lr": tune.grid_search([1e-3, 3e-3])},
         tune_config=tune.TuneConfig(max_concurrent_trials=1),
-        run_config=tune.RunConfig(name="nested_sweep", storage_path=os.path.abspath("demo_store_ray"),
-                                  callbacks=[logger], verbose=0),
+        run_config=tune.RunConfig(
+            name="nested_sweep", storage_path=os.path.abspath("demo_store_ray"), callbacks=[logger], verbose=0
+        ),
     ).fit()
     runs = Sweep(STORE, pipeline="torch_trainer_demo", stage="nested_sweep", metrics_name="train_steps")
-    print(runs.trials(["loss", "accuracy"])[["trial_id", "status", "loss_final", "accuracy_final", "steps"]]
-          .to_string(index=False))
+    print(
+        runs.trials(["loss", "accuracy"])[["trial_id", "status", "loss_final", "accuracy_final", "steps"]].to_string(
+            index=False
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -78,8 +78,10 @@ def _summary_columns(table: Any, metrics: list[str] | None) -> list[str]:
 # -- commands ---------------------------------------------------------------------------------------
 def cmd_pipelines(args: argparse.Namespace) -> int:
     lineage = Lineage(Store(args.store).mlmd, readonly=True)
-    rows = [{"pipeline": p.name, "stages": ", ".join(properties(s).get("stage", s.name) for s in lineage.stages(p))}
-            for p in lineage.pipelines()]
+    rows = [
+        {"pipeline": p.name, "stages": ", ".join(properties(s).get("stage", s.name) for s in lineage.stages(p))}
+        for p in lineage.pipelines()
+    ]
     if not rows:
         raise RayCmfError(f"The store {Store(args.store).root} holds no pipelines yet")
     _emit(args, rows, "pipelines")
@@ -109,20 +111,34 @@ def cmd_show(args: argparse.Namespace) -> int:
     if match.empty:
         raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; known: {list(table['trial_id'])}")
     row = match.iloc[0]
-    [(execution, stage)] = [(e, s) for e, s in sweep.executions() if str(properties(e).get("trial_id", e.name)) == args.trial]
+    [(execution, stage)] = [
+        (e, s) for e, s in sweep.executions() if str(properties(e).get("trial_id", e.name)) == args.trial
+    ]
     lineage = sweep.lineage
     files = []
     for event in lineage.store.get_events_by_execution_ids([execution.id]):
         [artifact] = lineage.store.get_artifacts_by_id([event.artifact_id])
         props = properties(artifact)
-        files.append({"event": "input" if event.type == mlpb.Event.INPUT else "output",
-                      "type": lineage.store.get_artifact_types_by_id([artifact.type_id])[0].name,
-                      "name": props.get("metrics_name", artifact.name), "rows": props.get("rows"),
-                      "md5": props.get("Commit"), "url": props.get("url")})
+        files.append(
+            {
+                "event": "input" if event.type == mlpb.Event.INPUT else "output",
+                "type": lineage.store.get_artifact_types_by_id([artifact.type_id])[0].name,
+                "name": props.get("metrics_name", artifact.name),
+                "rows": props.get("rows"),
+                "md5": props.get("Commit"),
+                "url": props.get("url"),
+            }
+        )
     last = sweep.steps(trials=[args.trial]).tail(args.rows)
-    payload = {"trial_id": args.trial, "status": row["status"], "stage": stage, "execution_id": execution.id,
-               "config": {c[len("config/"):]: _clean(row[c]) for c in table.columns if c.startswith("config/")},
-               "files": files, "last_rows": [{k: _clean(v) for k, v in r.items()} for r in _frame_rows(last)]}
+    payload = {
+        "trial_id": args.trial,
+        "status": row["status"],
+        "stage": stage,
+        "execution_id": execution.id,
+        "config": {c[len("config/") :]: _clean(row[c]) for c in table.columns if c.startswith("config/")},
+        "files": files,
+        "last_rows": [{k: _clean(v) for k, v in r.items()} for r in _frame_rows(last)],
+    }
     if args.json:
         json.dump(payload, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -149,8 +165,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         frame.to_csv(args.output, index=False)
     else:
         frame.to_parquet(args.output, index=False)
-    _emit(args, [{"rows": len(frame), "columns": len(frame.columns), "path": str(Path(args.output).absolute())}],
-          "exported")
+    _emit(
+        args,
+        [{"rows": len(frame), "columns": len(frame.columns), "path": str(Path(args.output).absolute())}],
+        "exported",
+    )
     return EXIT_OK
 
 
@@ -190,8 +209,12 @@ def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool
     parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
     parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
     parser.add_argument("--metrics-name", default="tune_results", help="which series (default: tune_results)")
-    parser.add_argument("--metric", action="append", required=metric_required,
-                        help="metric column (repeatable)" + ("" if metric_required else "; default: all"))
+    parser.add_argument(
+        "--metric",
+        action="append",
+        required=metric_required,
+        help="metric column (repeatable)" + ("" if metric_required else "; default: all"),
+    )
     parser.add_argument("--mode", choices=("min", "max"), default="min", help="lower or higher is better")
 
 
@@ -199,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", default=None, help="store directory (default: $RAY_CMF_STORE or ./cmf_store)")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser = argparse.ArgumentParser(prog="ray-cmf", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="ray-cmf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:

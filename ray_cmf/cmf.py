@@ -163,7 +163,9 @@ class Cmf:
     def _destination(self, metrics_name: str) -> Path:
         execution = self._current_execution()
         assert self._stage is not None
-        return self.store.artifact_dir(self.pipeline_name, self._stage, execution.name) / f"{metrics_name}-{{md5}}.parquet"
+        return (
+            self.store.artifact_dir(self.pipeline_name, self._stage, execution.name) / f"{metrics_name}-{{md5}}.parquet"
+        )
 
     def commit_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
         """Write the series to a versioned Parquet file, DVC-track it and record a Step_Metrics artifact.
@@ -213,8 +215,12 @@ class Cmf:
         custom_properties: Mapping[str, Any] | None = None,
     ) -> Artifact:
         """Hash a model file, track it with DVC when it lies in the store, and link it to the execution."""
-        props = {"model_framework": model_framework, "model_type": model_type, "model_name": model_name,
-                 **(custom_properties or {})}
+        props = {
+            "model_framework": model_framework,
+            "model_type": model_type,
+            "model_name": model_name,
+            **(custom_properties or {}),
+        }
         return self.store.log_file(self._current_execution().id, MODEL_TYPE, path, event.lower(), props)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -235,7 +241,9 @@ def find_step_metrics(store: Store, pipeline: str, metrics_name: str, commit: st
     lineage: Lineage = store.lineage
     parent = lineage.find_pipeline(pipeline)
     contexts = [parent, *lineage.stages(parent)] if parent is not None else []
-    matches = [a for a in lineage.artifacts(contexts, STEP_METRICS_TYPE) if properties(a)["metrics_name"] == metrics_name]
+    matches = [
+        a for a in lineage.artifacts(contexts, STEP_METRICS_TYPE) if properties(a)["metrics_name"] == metrics_name
+    ]
     if commit is not None:
         matches = [a for a in matches if properties(a)["Commit"] == commit]
     if not matches:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from ray_cmf.constants import SEQUENCE_COLUMN, STEP_METRICS_TYPE, SUMMARY_KEY, TRIAL_EXECUTION_TYPE
+from ray_cmf.constants import ATTEMPT_COLUMN, SEQUENCE_COLUMN, STEP_METRICS_TYPE, SUMMARY_KEY, TRIAL_EXECUTION_TYPE
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
 from ray_cmf.store import Store
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ATTEMPT_COLUMN = "attempt"
 STEP_COLUMN = "training_iteration"
 TRIAL_COLUMN = "trial_id"
 _EXECUTION_COLUMNS = ("trial_id", "execution_id", "status", "stage")
@@ -123,8 +122,11 @@ class Sweep:
     def files(self) -> list[TrialFile]:
         """The latest committed ``metrics_name`` series of every execution that has one."""
         if self._files is None:
-            artifacts = {a.id: a for a in self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
-                         if properties(a)["metrics_name"] == self.metrics_name}
+            artifacts = {
+                a.id: a
+                for a in self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
+                if properties(a)["metrics_name"] == self.metrics_name
+            }
             latest: dict[int, Any] = {}
             for execution_id, artifact_id in sorted(self.lineage.producers(list(artifacts)), key=lambda p: p[1]):
                 latest[execution_id] = artifacts[artifact_id]  # newest version wins
@@ -132,8 +134,11 @@ class Sweep:
             for execution, stage in self.executions():
                 if execution.id in latest:
                     props = properties(latest[execution.id])
-                    self._files.append(TrialFile(_trial_id(execution), execution, stage,
-                                                 self.store.resolve(props["url"]), props["Commit"]))
+                    self._files.append(
+                        TrialFile(
+                            _trial_id(execution), execution, stage, self.store.resolve(props["url"]), props["Commit"]
+                        )
+                    )
         return self._files
 
     # -- frames --------------------------------------------------------------------------------------
@@ -186,18 +191,25 @@ class Sweep:
             trial_id = _trial_id(execution)
             props = properties(execution)
             file = files.get(trial_id)
-            rows.append({
-                "trial_id": trial_id, "status": props.get("status") or _STATES.get(execution.last_known_state),
-                "stage": stage, **{f"config/{k}": v for k, v in _config(props).items()},
-                "md5": file.md5 if file else None, "url": self.store.url(file.path) if file else None,
-                "verified": (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None,
-            })
+            rows.append(
+                {
+                    "trial_id": trial_id,
+                    "status": props.get("status") or _STATES.get(execution.last_known_state),
+                    "stage": stage,
+                    **{f"config/{k}": v for k, v in _config(props).items()},
+                    "md5": file.md5 if file else None,
+                    "url": self.store.url(file.path) if file else None,
+                    "verified": (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None,
+                }
+            )
         table = pd.DataFrame(rows).join(summary, on="trial_id")
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
         tail = ["steps", "md5", "url", "verified"]
         return table[[c for c in table.columns if c not in tail] + tail]
 
-    def _summary_from_footers(self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]) -> pd.DataFrame | None:
+    def _summary_from_footers(
+        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]
+    ) -> pd.DataFrame | None:
         """best/final/steps per trial from the summaries in the files' footers: no data scan.
 
         None when a file lacks a summary or holds re-reported steps (a restored trial), which need the scan.
@@ -208,9 +220,16 @@ class Sweep:
         summaries = {f.trial_id: footers[f.path][1] for f in self.files() if f.path in footers}
         if any(s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 for s in summaries.values()):
             return None
-        schema = pa.unify_schemas([sch for sch, _ in footers.values()], promote_options="permissive") if footers else pa.schema([])
-        numeric = [f.name for f in schema if f.name in _metric_columns(schema)
-                   and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))]
+        schema = (
+            pa.unify_schemas([sch for sch, _ in footers.values()], promote_options="permissive")
+            if footers
+            else pa.schema([])
+        )
+        numeric = [
+            f.name
+            for f in schema
+            if f.name in _metric_columns(schema) and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
+        ]
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
         if unknown:
@@ -233,8 +252,11 @@ class Sweep:
 
         steps = self.steps(metrics)
         grouped = steps.groupby(TRIAL_COLUMN, observed=True, sort=False)
-        numeric = [m for m in steps.columns[2:]
-                   if pd.api.types.is_numeric_dtype(steps[m]) and not pd.api.types.is_bool_dtype(steps[m])]
+        numeric = [
+            m
+            for m in steps.columns[2:]
+            if pd.api.types.is_numeric_dtype(steps[m]) and not pd.api.types.is_bool_dtype(steps[m])
+        ]
         stats = grouped[numeric].agg(["min", "max", "last"])
         summary = pd.DataFrame(index=stats.index.astype(str))
         for metric in numeric:
@@ -269,7 +291,12 @@ class Sweep:
 
     # -- plots ---------------------------------------------------------------------------------------
     def plot_curves(
-        self, metric: str, path: str | os.PathLike[str], *, color_by: str | None = None, top: int | None = None,
+        self,
+        metric: str,
+        path: str | os.PathLike[str],
+        *,
+        color_by: str | None = None,
+        top: int | None = None,
         mode: str = "min",
     ) -> Path:
         """Write a PNG of ``metric`` against step for every trial (or the ``top`` best), coloured by a config key."""
@@ -283,7 +310,9 @@ class Sweep:
         """Write a PNG of every numeric config value against the trials' best ``metric``."""
         from ray_cmf.plots import params
 
-        return params(self.trials([metric], mode={metric: mode}), metric, Path(path), title=f"{self.pipeline}: best {metric}")
+        return params(
+            self.trials([metric], mode={metric: mode}), metric, Path(path), title=f"{self.pipeline}: best {metric}"
+        )
 
 
 def _trial_id(execution: Execution) -> str:

@@ -12,6 +12,7 @@ SPILL_MANIFEST = "manifest.json"
 SEGMENT_GLOB = "seg-*.arrows"
 
 SEQUENCE_COLUMN = "SequenceNumber"
+ATTEMPT_COLUMN = "attempt"  # which start of a restored trial or restarted run logged a row
 SUMMARY_KEY = "ray_cmf.summary"  # Parquet footer key: per-column min/max/last and the row count
 
 PIPELINE_CONTEXT_TYPE = "Parent_Context"

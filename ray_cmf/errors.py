@@ -13,9 +13,7 @@ class InvalidNameError(RayCmfError, ValueError):
     """A metrics, pipeline, stage or column name that cannot be used as a path component."""
 
     def __init__(self, what: str, name: Any) -> None:
-        super().__init__(
-            f"Invalid {what} {name!r}: names must be non-empty strings without '/', '\\' or '..'."
-        )
+        super().__init__(f"Invalid {what} {name!r}: names must be non-empty strings without '/', '\\' or '..'.")
         self.what = what
         self.name = name
 

@@ -198,9 +198,7 @@ class Lineage:
         return self.store.get_context_by_type_and_name(PIPELINE_CONTEXT_TYPE, name)
 
     # -- executions ----------------------------------------------------------------------------------
-    def execution(
-        self, stage: Context, type_name: str, name: str, props: Mapping[str, Any] | None = None
-    ) -> Execution:
+    def execution(self, stage: Context, type_name: str, name: str, props: Mapping[str, Any] | None = None) -> Execution:
         """The execution ``name`` of ``type_name`` in ``stage``: reused if it exists (restores), else created."""
         type_id = self.type_id("execution", type_name)
         existing = self.store.get_execution_by_type_and_name(type_name, name)
@@ -262,8 +260,12 @@ class Lineage:
         artifact to the execution's contexts too."""
         execution = self.get_execution(execution_id)
         [artifact] = self.store.get_artifacts_by_id([artifact_id])
-        self.store.put_execution(execution, [(artifact, mlpb.Event(type=_EVENTS[event]))], self.contexts_of(execution_id),
-                                 reuse_context_if_already_exist=True)
+        self.store.put_execution(
+            execution,
+            [(artifact, mlpb.Event(type=_EVENTS[event]))],
+            self.contexts_of(execution_id),
+            reuse_context_if_already_exist=True,
+        )
 
     def artifacts(self, contexts: Iterable[Context], type_name: str) -> list[Artifact]:
         """Artifacts of one type attributed to any of ``contexts``, oldest first."""

@@ -39,8 +39,10 @@ def curves(
     many = trials["trial_id"].nunique() > _LEGEND_MAX
     key = f"config/{color_by}" if color_by is not None else None
     if key is not None and key not in trials.columns:
-        raise KeyError(f"color_by={color_by!r} is not a config key; choose one of "
-                       f"{sorted(c[len('config/'):] for c in trials.columns if c.startswith('config/'))}")
+        raise KeyError(
+            f"color_by={color_by!r} is not a config key; choose one of "
+            f"{sorted(c[len('config/') :] for c in trials.columns if c.startswith('config/'))}"
+        )
     colour_of: dict[str, object] = {}
     if key is not None and _is_numeric(trials[key]):
         norm = _norm(trials[key].to_numpy(dtype=float))
@@ -51,11 +53,23 @@ def curves(
         categories = list(dict.fromkeys(trials[key].astype(str)))
         palette = plt.get_cmap("tab10" if len(categories) <= 10 else "tab20")
         colour_of = {t: palette(categories.index(str(v)) % palette.N) for t, v in zip(trials["trial_id"], trials[key])}
-        ax.legend(handles=[matplotlib.lines.Line2D([], [], color=palette(i % palette.N), label=c)
-                           for i, c in enumerate(categories[:_LEGEND_MAX * 2])], title=color_by, fontsize="small")
+        ax.legend(
+            handles=[
+                matplotlib.lines.Line2D([], [], color=palette(i % palette.N), label=c)
+                for i, c in enumerate(categories[: _LEGEND_MAX * 2])
+            ],
+            title=color_by,
+            fontsize="small",
+        )
     for trial_id, frame in steps.groupby("trial_id", sort=False):
-        ax.plot(frame["step"], frame[metric], color=colour_of.get(trial_id), alpha=0.35 if many else 0.9,
-                linewidth=0.8 if many else 1.5, label=None if (many or key) else trial_id)
+        ax.plot(
+            frame["step"],
+            frame[metric],
+            color=colour_of.get(trial_id),
+            alpha=0.35 if many else 0.9,
+            linewidth=0.8 if many else 1.5,
+            label=None if (many or key) else trial_id,
+        )
     if not many and key is None:
         ax.legend(title="trial", fontsize="small")
     ax.set_xlabel("step")
@@ -85,10 +99,10 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
         positive = values[np.isfinite(values)]
         if positive.size and positive.min() > 0 and positive.max() / positive.min() > 100:
             ax.set_xscale("log")
-        ax.set_xlabel(key[len("config/"):])
+        ax.set_xlabel(key[len("config/") :])
         ax.set_ylabel(f"best {metric}")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.set_visible(False)
     fig.colorbar(points, ax=axes, label=f"best {metric}")
     fig.suptitle(f"{title} ({len(trials)} trials)")

@@ -66,9 +66,12 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
             if base and Path(base).exists():
                 batches[:0] = pq.ParquetFile(base).iter_batches(batch_size=1 << 20)
             finished = write_parquet(batches, Path(manifest["dest"]))
-            artifact = store.commit_metrics(_execution_id(store, manifest), str(manifest["metrics_name"]), finished,
-                                            {"recovered": True})
-            log.warning("ray_cmf.recover: committed %d rows of %r from %s", finished.rows, manifest["metrics_name"], spill)
+            artifact = store.commit_metrics(
+                _execution_id(store, manifest), str(manifest["metrics_name"]), finished, {"recovered": True}
+            )
+            log.warning(
+                "ray_cmf.recover: committed %d rows of %r from %s", finished.rows, manifest["metrics_name"], spill
+            )
             recovered.append(artifact)
         discard_spill(spill)
     return recovered

@@ -2,7 +2,8 @@
 
 Every write to MLMD and DVC goes through one :class:`Store` object. Its methods take and return plain,
 picklable values (names, ids, protos, :class:`FinishedFile`), so the same object can run in-process,
-in a driver thread or inside a Ray actor without change.
+in a driver thread or inside a Ray actor without change. :class:`StoreWriter` is that single writer for
+a whole Ray job: the integrations host it in a Ray actor, and call it in-process without Ray.
 """
 
 from __future__ import annotations
@@ -11,19 +12,23 @@ import os
 import threading
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import FinishedFile
+from ray_cmf.buffer import FinishedFile, MetricBuffer
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
+    DATASET_TYPE,
     DEFAULT_STORE,
     ENV_STORE,
     EXECUTION_METRICS_TYPE,
     MLMD_FILE,
+    RUN_EXECUTION_TYPE,
     SPILL_DIR,
     STEP_METRICS_TYPE,
+    TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.errors import StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage
@@ -51,7 +56,11 @@ class Store:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str] | None = None, *, mlmd: str | os.PathLike[str] | None = None, scm: bool = False
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        mlmd: str | os.PathLike[str] | None = None,
+        scm: bool = False,
     ) -> None:
         self.root = resolve_root(root)
         self.mlmd = os.fspath(mlmd) if mlmd is not None else str(self.root / MLMD_FILE)
@@ -157,12 +166,15 @@ class Store:
         with self._lock:
             self.dvc.track(finished.path, finished.md5, finished.size)
             url = self.url(finished.path)
-            typed = {"Commit": finished.md5, "url": url, "metrics_name": metrics_name, "rows": finished.rows,
-                     "size": finished.size}
+            typed = {
+                "Commit": finished.md5,
+                "url": url,
+                "metrics_name": metrics_name,
+                "rows": finished.rows,
+                "size": finished.size,
+            }
             name = f"{metrics_name}:{finished.md5}"
-            return self.lineage.put_artifact(
-                execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom
-            )
+            return self.lineage.put_artifact(execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom)
 
     def link_output(self, execution_id: int, artifact_id: int) -> None:
         """Also record an existing artifact as an output of another execution (e.g. a Train run's trial)."""
@@ -190,8 +202,13 @@ class Store:
                 self.dvc.track(path, md5, size)
             typed = {"Commit": md5, "url": self.url(path), "size": size}
             return self.lineage.put_artifact(
-                execution_id, type_name, f"{path.name}:{md5}", str(path), typed,
-                {"dvc_tracked": tracked, **(custom or {})}, event,
+                execution_id,
+                type_name,
+                f"{path.name}:{md5}",
+                str(path),
+                typed,
+                {"dvc_tracked": tracked, **(custom or {})},
+                event,
             )
 
     def log_execution_metrics(self, execution_id: int, metrics_name: str, values: Mapping[str, Any]) -> Artifact:
@@ -201,3 +218,123 @@ class Store:
             return self.lineage.put_artifact(
                 execution_id, EXECUTION_METRICS_TYPE, name, "", {"metrics_name": metrics_name}, values
             )
+
+
+EXECUTION_TYPES = {"trial": TRIAL_EXECUTION_TYPE, "run": RUN_EXECUTION_TYPE}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where a trial's or run's metadata lives: enough for any process to build its Cmf."""
+
+    root: str
+    mlmd: str
+    pipeline: str
+    stage: str
+    name: str
+    execution_id: int
+
+
+class StoreWriter:
+    """The single writer (hosted in a Ray actor): every MLMD and DVC write of every store goes here.
+
+    Tune trials (``kind="trial"``) and Train runs (``kind="run"``) are bound to executions by name, so
+    a restored trial, a restarted worker and the Train callback all reach the same execution.
+    """
+
+    def __init__(self) -> None:
+        self._stores: dict[tuple[str, str], Store] = {}
+        self._bindings: dict[tuple[str, str], Binding] = {}
+        self._series: dict[tuple[str, str, str], MetricBuffer] = {}
+
+    def _store(self, root: str, mlmd: str) -> Store:
+        key = (root, mlmd)
+        if key not in self._stores:
+            self._stores[key] = Store(root, mlmd=mlmd)
+        return self._stores[key]
+
+    def call(self, root: str, mlmd: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run one Store write method (``RemoteStore`` forwards here)."""
+        return getattr(self._store(root, mlmd), method)(*args, **kwargs)
+
+    def start(
+        self,
+        kind: str,
+        root: str,
+        mlmd: str,
+        pipeline: str,
+        stage: str,
+        name: str,
+        props: Mapping[str, Any],
+        data_dir: str | None = None,
+    ) -> Binding:
+        """Get (on restore/restart) or create the execution, mark it RUNNING and log its input data once."""
+        store = self._store(root, mlmd)
+        execution = store.execution(pipeline, stage, EXECUTION_TYPES[kind], name, props)
+        store.update_execution(execution.id, props, "RUNNING")
+        binding = Binding(root, mlmd, pipeline, stage, name, execution.id)
+        first_start = (kind, name) not in self._bindings
+        self._bindings[(kind, name)] = binding
+        if data_dir is not None and first_start:
+            store.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+        return binding
+
+    def binding(self, kind: str, name: str) -> Binding | None:
+        return self._bindings.get((kind, name))
+
+    def log_file(self, kind: str, name: str, type_name: str, path: str, event: str) -> Artifact:
+        b = self._bindings[(kind, name)]
+        return self._store(b.root, b.mlmd).log_file(b.execution_id, type_name, path, event)
+
+    def end(
+        self,
+        kind: str,
+        name: str,
+        props: Mapping[str, Any],
+        state: str | None,
+        commit: tuple[str, FinishedFile] | None = None,
+        link_trial: str | None = None,
+    ) -> Artifact | None:
+        """Record a Parquet file (if any; also as an output of ``link_trial``) and final properties and state."""
+        b = self._bindings[(kind, name)]
+        store = self._store(b.root, b.mlmd)
+        artifact = store.commit_metrics(b.execution_id, commit[0], commit[1]) if commit else None
+        if artifact is not None and link_trial is not None:
+            trial = self._bindings[("trial", link_trial)]
+            store.link_output(trial.execution_id, artifact.id)
+        store.update_execution(b.execution_id, props, state)
+        return artifact
+
+    def append_rows(self, kind: str, name: str, metrics_name: str, rows: list[dict[str, Any]]) -> None:
+        """Append rows to a series this writer holds for a caller that must not do I/O (the Train controller)."""
+        key = (kind, name, metrics_name)
+        if key not in self._series:
+            b = self._bindings[(kind, name)]
+            spill = self._store(b.root, b.mlmd).spill_dir(f"{kind}-{name}-{metrics_name}")
+            manifest = {
+                "metrics_name": metrics_name,
+                "execution_id": b.execution_id,
+                "dest": str(self._dest(key)),
+                "pid": os.getpid(),
+                "host": os.uname().nodename,
+            }
+            self._series[key] = MetricBuffer.resume(spill, manifest=manifest)
+        for row in rows:
+            self._series[key].append(row)
+
+    def _dest(self, key: tuple[str, str, str]) -> Path:
+        kind, name, metrics_name = key
+        b = self._bindings[(kind, name)]
+        return self._store(b.root, b.mlmd).artifact_dir(b.pipeline, b.stage, name) / f"{metrics_name}-{{md5}}.parquet"
+
+    def commit_rows(
+        self, kind: str, name: str, metrics_name: str, props: Mapping[str, Any], state: str | None
+    ) -> Artifact | None:
+        """Commit a held series (a new version each time) and set the execution's properties and state."""
+        key = (kind, name, metrics_name)
+        buffer = self._series.get(key)
+        commit = (metrics_name, buffer.finish(self._dest(key))) if buffer is not None and buffer.rows else None
+        return self.end(kind, name, props, state, commit)
+
+    def ping(self) -> bool:
+        return True

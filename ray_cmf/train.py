@@ -22,14 +22,13 @@ from ray.train import UserCallback
 
 from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer
-from ray_cmf.compare import ATTEMPT_COLUMN
-from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, RUN_EXECUTION_TYPE
+from ray_cmf.constants import ATTEMPT_COLUMN, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, RUN_EXECUTION_TYPE
 from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
-from ray_cmf.store import Store, resolve_root
-from ray_cmf.tune import Binding, StoreWriter, result_row, writer_actor
+from ray_cmf.store import Binding, Store, StoreWriter, resolve_root
+from ray_cmf.tune import result_row, writer_actor
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,9 @@ class StepLogger:
         self.group = group
         self.trial_id = trial_id
         self._context = _train_context()
-        self.run_name = run_name or (self._context.get_experiment_name() if self._context else f"local-{uuid.uuid4().hex[:8]}")
+        self.run_name = run_name or (
+            self._context.get_experiment_name() if self._context else f"local-{uuid.uuid4().hex[:8]}"
+        )
         self.rank = dist_rank(group)
         self.steps_done = 0
         self.attempt = 1
@@ -125,12 +126,22 @@ class StepLogger:
         self._writer = _Writer()
         if self.rank == 0:
             self._binding = self._bind(pipeline_name, pipeline_stage, store)
-            spill = Store(self._binding.root, mlmd=self._binding.mlmd).spill_dir(f"train-{self.run_name}-{self.metrics_name}")
-            manifest = {"metrics_name": self.metrics_name, "pipeline": self._binding.pipeline,
-                        "stage": self._binding.stage, "execution_type": RUN_EXECUTION_TYPE,
-                        "execution_name": self.run_name, "dest": str(self._destination()), "pid": os.getpid(),
-                        "host": os.uname().nodename}
-            self._buffer = MetricBuffer.resume(spill, flush_rows=flush_rows, flush_seconds=flush_seconds, manifest=manifest)
+            spill = Store(self._binding.root, mlmd=self._binding.mlmd).spill_dir(
+                f"train-{self.run_name}-{self.metrics_name}"
+            )
+            manifest = {
+                "metrics_name": self.metrics_name,
+                "pipeline": self._binding.pipeline,
+                "stage": self._binding.stage,
+                "execution_type": RUN_EXECUTION_TYPE,
+                "execution_name": self.run_name,
+                "dest": str(self._destination()),
+                "pid": os.getpid(),
+                "host": os.uname().nodename,
+            }
+            self._buffer = MetricBuffer.resume(
+                spill, flush_rows=flush_rows, flush_seconds=flush_seconds, manifest=manifest
+            )
 
     def _bind(self, pipeline: str, stage: str | None, store: str | os.PathLike[str] | None) -> Binding:
         """Rank 0: get or create the run's execution (in the trial's pipeline and stage inside a Tune trial)."""
@@ -141,15 +152,30 @@ class StepLogger:
             if trial is None:
                 raise ValueError(f"trial_id={self.trial_id!r} is not a trial of a sweep running CmfRayLogger")
             root, mlmd, pipeline, stage = trial.root, trial.mlmd, trial.pipeline, trial.stage
-        props = {"run_name": self.run_name, "world_size": world_size(self.group), "sync_every": self.sync_every,
-                 **({"tune_trial_id": self.trial_id} if self.trial_id else {})}
-        return self._writer("start", "run", root, mlmd, check_name("pipeline_name", pipeline),
-                            check_name("pipeline_stage", stage or self.run_name), self.run_name, props)
+        props = {
+            "run_name": self.run_name,
+            "world_size": world_size(self.group),
+            "sync_every": self.sync_every,
+            **({"tune_trial_id": self.trial_id} if self.trial_id else {}),
+        }
+        return self._writer(
+            "start",
+            "run",
+            root,
+            mlmd,
+            check_name("pipeline_name", pipeline),
+            check_name("pipeline_stage", stage or self.run_name),
+            self.run_name,
+            props,
+        )
 
     def _destination(self) -> Path:
         assert self._binding is not None
         store = Store(self._binding.root, mlmd=self._binding.mlmd)
-        return store.artifact_dir(self._binding.pipeline, self._binding.stage, self.run_name) / f"{self.metrics_name}-{{md5}}.parquet"
+        return (
+            store.artifact_dir(self._binding.pipeline, self._binding.stage, self.run_name)
+            / f"{self.metrics_name}-{{md5}}.parquet"
+        )
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
         """Count one training step (and its samples); every ``sync_every`` steps, sync and log one row.
@@ -206,8 +232,15 @@ class StepLogger:
         if self._buffer is not None:
             finished = self._buffer.finish(self._destination())
             self._buffer.close()
-            artifact = self._writer("end", "run", self.run_name, {"steps": self.steps_done}, "COMPLETE",
-                                    (self.metrics_name, finished), self.trial_id)
+            artifact = self._writer(
+                "end",
+                "run",
+                self.run_name,
+                {"steps": self.steps_done},
+                "COMPLETE",
+                (self.metrics_name, finished),
+                self.trial_id,
+            )
         if self._context is not None:
             ray.train.report({FINAL_FLAG: True, "step": self.steps_done})
         return artifact
@@ -246,8 +279,15 @@ class CmfTrainCallback(UserCallback):
         if self._runtime is None:
             run_name = run_context.get_run_config().name
             writer = writer_actor()
-            writer.start.remote("run", self.root, Store(self.root).mlmd, self.pipeline_name,
-                                self.pipeline_stage or run_name, run_name, {"run_name": run_name})
+            writer.start.remote(
+                "run",
+                self.root,
+                Store(self.root).mlmd,
+                self.pipeline_name,
+                self.pipeline_stage or run_name,
+                run_name,
+                {"run_name": run_name},
+            )
             self._runtime = {"run": run_name, "writer": writer, "reports": 0}
         return self._runtime
 
@@ -266,5 +306,6 @@ class CmfTrainCallback(UserCallback):
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         rt = self._rt(run_context)
         errors = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(worker_exceptions.items()))
-        rt["writer"].commit_rows.remote("run", rt["run"], self.metrics_name, {"status": "FAILED",
-                                        "error": errors[:2000]}, "FAILED")
+        rt["writer"].commit_rows.remote(
+            "run", rt["run"], self.metrics_name, {"status": "FAILED", "error": errors[:2000]}, "FAILED"
+        )

@@ -1,4 +1,4 @@
-"""Ray Tune integration: ``CmfRayLogger`` (the callback), the store's single-writer actor, the in-trial Cmf.
+"""Ray Tune integration: ``CmfRayLogger`` (the callback), the single writer as a Ray actor, the in-trial Cmf.
 
 Concurrency: one named Ray actor (0 CPUs, on the driver's node) is the only process that writes MLMD
 and DVC. Tune's hooks only append to in-memory buffers or send the actor fire-and-forget calls; Parquet
@@ -24,18 +24,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray_cmf._names import check_name
 from ray_cmf.buffer import FinishedFile, MetricBuffer
 from ray_cmf.cmf import Cmf
-from ray_cmf.compare import ATTEMPT_COLUMN
 from ray_cmf.constants import (
-    DATASET_TYPE,
+    ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     MODEL_TYPE,
-    RUN_EXECUTION_TYPE,
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.errors import RayCmfError, SchemaError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, config_properties
-from ray_cmf.store import Store, resolve_root
+from ray_cmf.store import Binding, Store, StoreWriter, resolve_root
 
 log = logging.getLogger(__name__)
 
@@ -43,112 +41,22 @@ WRITER_NAME = "ray_cmf_writer"
 WRITER_NAMESPACE = "ray_cmf"
 RESULTS_METRICS_NAME = "tune_results"
 # Tune bookkeeping that is not a training metric (strings are dropped anyway).
-_BOOKKEEPING = frozenset({"config", "pid", "timestamp", "done", "should_checkpoint", "trial_id", "date",
-                          "hostname", "node_ip", "experiment_tag", "checkpoint_dir_name"})
+_BOOKKEEPING = frozenset(
+    {
+        "config",
+        "pid",
+        "timestamp",
+        "done",
+        "should_checkpoint",
+        "trial_id",
+        "date",
+        "hostname",
+        "node_ip",
+        "experiment_tag",
+        "checkpoint_dir_name",
+    }
+)
 _MODES = ("min", "max")
-
-
-EXECUTION_TYPES = {"trial": TRIAL_EXECUTION_TYPE, "run": RUN_EXECUTION_TYPE}
-
-
-@dataclass(frozen=True)
-class Binding:
-    """Where a trial's or run's metadata lives: enough for any process to build its Cmf."""
-
-    root: str
-    mlmd: str
-    pipeline: str
-    stage: str
-    name: str
-    execution_id: int
-
-
-class StoreWriter:
-    """The single writer (hosted in a Ray actor): every MLMD and DVC write of every store goes here.
-
-    Tune trials (``kind="trial"``) and Train runs (``kind="run"``) are bound to executions by name, so
-    a restored trial, a restarted worker and the Train callback all reach the same execution.
-    """
-
-    def __init__(self) -> None:
-        self._stores: dict[tuple[str, str], Store] = {}
-        self._bindings: dict[tuple[str, str], Binding] = {}
-        self._series: dict[tuple[str, str, str], MetricBuffer] = {}
-
-    def _store(self, root: str, mlmd: str) -> Store:
-        key = (root, mlmd)
-        if key not in self._stores:
-            self._stores[key] = Store(root, mlmd=mlmd)
-        return self._stores[key]
-
-    def call(self, root: str, mlmd: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run one Store write method (``RemoteStore`` forwards here)."""
-        return getattr(self._store(root, mlmd), method)(*args, **kwargs)
-
-    def start(
-        self, kind: str, root: str, mlmd: str, pipeline: str, stage: str, name: str, props: Mapping[str, Any],
-        data_dir: str | None = None,
-    ) -> Binding:
-        """Get (on restore/restart) or create the execution, mark it RUNNING and log its input data once."""
-        store = self._store(root, mlmd)
-        execution = store.execution(pipeline, stage, EXECUTION_TYPES[kind], name, props)
-        store.update_execution(execution.id, props, "RUNNING")
-        binding = Binding(root, mlmd, pipeline, stage, name, execution.id)
-        first_start = (kind, name) not in self._bindings
-        self._bindings[(kind, name)] = binding
-        if data_dir is not None and first_start:
-            store.log_file(execution.id, DATASET_TYPE, data_dir, "input")
-        return binding
-
-    def binding(self, kind: str, name: str) -> Binding | None:
-        return self._bindings.get((kind, name))
-
-    def log_file(self, kind: str, name: str, type_name: str, path: str, event: str) -> Artifact:
-        b = self._bindings[(kind, name)]
-        return self._store(b.root, b.mlmd).log_file(b.execution_id, type_name, path, event)
-
-    def end(
-        self, kind: str, name: str, props: Mapping[str, Any], state: str | None,
-        commit: tuple[str, FinishedFile] | None = None, link_trial: str | None = None,
-    ) -> Artifact | None:
-        """Record a Parquet file (if any; also as an output of ``link_trial``) and final properties and state."""
-        b = self._bindings[(kind, name)]
-        store = self._store(b.root, b.mlmd)
-        artifact = store.commit_metrics(b.execution_id, commit[0], commit[1]) if commit else None
-        if artifact is not None and link_trial is not None:
-            trial = self._bindings[("trial", link_trial)]
-            store.link_output(trial.execution_id, artifact.id)
-        store.update_execution(b.execution_id, props, state)
-        return artifact
-
-    def append_rows(self, kind: str, name: str, metrics_name: str, rows: list[dict[str, Any]]) -> None:
-        """Append rows to a series this writer holds for a caller that must not do I/O (the Train controller)."""
-        key = (kind, name, metrics_name)
-        if key not in self._series:
-            b = self._bindings[(kind, name)]
-            spill = self._store(b.root, b.mlmd).spill_dir(f"{kind}-{name}-{metrics_name}")
-            manifest = {"metrics_name": metrics_name, "execution_id": b.execution_id, "dest": str(self._dest(key)),
-                        "pid": os.getpid(), "host": os.uname().nodename}
-            self._series[key] = MetricBuffer.resume(spill, manifest=manifest)
-        for row in rows:
-            self._series[key].append(row)
-
-    def _dest(self, key: tuple[str, str, str]) -> Path:
-        kind, name, metrics_name = key
-        b = self._bindings[(kind, name)]
-        return self._store(b.root, b.mlmd).artifact_dir(b.pipeline, b.stage, name) / f"{metrics_name}-{{md5}}.parquet"
-
-    def commit_rows(
-        self, kind: str, name: str, metrics_name: str, props: Mapping[str, Any], state: str | None
-    ) -> Artifact | None:
-        """Commit a held series (a new version each time) and set the execution's properties and state."""
-        key = (kind, name, metrics_name)
-        buffer = self._series.get(key)
-        commit = (metrics_name, buffer.finish(self._dest(key))) if buffer is not None and buffer.rows else None
-        return self.end(kind, name, props, state, commit)
-
-    def ping(self) -> bool:
-        return True
 
 
 def writer_actor() -> Any:
@@ -161,7 +69,10 @@ def writer_actor() -> Any:
         # Detached in a fixed namespace: whichever process creates it first (driver, Train controller or
         # worker), one writer outlives it and serves the cluster; ray.shutdown() of a local cluster ends it.
         return actor_cls.options(
-            name=WRITER_NAME, namespace=WRITER_NAMESPACE, get_if_exists=True, lifetime="detached",
+            name=WRITER_NAME,
+            namespace=WRITER_NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
         ).remote()
 
@@ -200,7 +111,11 @@ class RemoteStore(Store):
         return self._call("commit_metrics", execution_id, metrics_name, finished, custom)
 
     def log_file(
-        self, execution_id: int, type_name: str, path: str | os.PathLike[str], event: str,
+        self,
+        execution_id: int,
+        type_name: str,
+        path: str | os.PathLike[str],
+        event: str,
         custom: Mapping[str, Any] | None = None,
     ) -> Artifact:
         return self._call("log_file", execution_id, type_name, os.fspath(path), event, custom)
@@ -414,9 +329,16 @@ class CmfRayLogger(tune.Callback):
             store: Store = self._rt["store"]
             if not state.spill_dir:
                 state.spill_dir = str(store.spill_dir(f"tune-{trial.trial_id}-{self.metrics_name}"))
-            manifest = {"metrics_name": self.metrics_name, "pipeline": self.pipeline_name, "stage": self._stage(trial),
-                        "execution_type": TRIAL_EXECUTION_TYPE, "execution_name": trial.trial_id,
-                        "dest": str(self._destination(trial)), "pid": os.getpid(), "host": os.uname().nodename}
+            manifest = {
+                "metrics_name": self.metrics_name,
+                "pipeline": self.pipeline_name,
+                "stage": self._stage(trial),
+                "execution_type": TRIAL_EXECUTION_TYPE,
+                "execution_name": trial.trial_id,
+                "dest": str(self._destination(trial)),
+                "pid": os.getpid(),
+                "host": os.uname().nodename,
+            }
             state.buffer = MetricBuffer.resume(
                 state.spill_dir, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds, manifest=manifest
             )
@@ -424,7 +346,10 @@ class CmfRayLogger(tune.Callback):
 
     def _destination(self, trial: Any) -> Path:
         store: Store = self._rt["store"]
-        return store.artifact_dir(self.pipeline_name, self._stage(trial), trial.trial_id) / f"{self.metrics_name}-{{md5}}.parquet"
+        return (
+            store.artifact_dir(self.pipeline_name, self._stage(trial), trial.trial_id)
+            / f"{self.metrics_name}-{{md5}}.parquet"
+        )
 
     # -- Tune hooks ----------------------------------------------------------------------------------
     def setup(self, **info: Any) -> None:
@@ -434,13 +359,29 @@ class CmfRayLogger(tune.Callback):
         state = self._state(trial)
         state.attempt += 1
         state.committed = False
-        props = {**config_properties(trial.config), "trial_id": trial.trial_id, "status": "RUNNING",
-                 "experiment": self._stage(trial), "attempt": state.attempt}
-        self._send(self._rt["writer"].start.remote(
-            "trial", self.root, self.mlmd, self.pipeline_name, self._stage(trial), trial.trial_id, props, self.data_dir
-        ))
+        props = {
+            **config_properties(trial.config),
+            "trial_id": trial.trial_id,
+            "status": "RUNNING",
+            "experiment": self._stage(trial),
+            "attempt": state.attempt,
+        }
+        self._send(
+            self._rt["writer"].start.remote(
+                "trial",
+                self.root,
+                self.mlmd,
+                self.pipeline_name,
+                self._stage(trial),
+                trial.trial_id,
+                props,
+                self.data_dir,
+            )
+        )
 
-    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
+    ) -> None:
         state = self._state(trial)
         row = result_row(result, state.attempt)
         while True:
@@ -482,7 +423,9 @@ class CmfRayLogger(tune.Callback):
             props[f"best_{self.metric}"] = state.best if state.best is not None else math.nan
         buffer, state.buffer, state.spill_dir = state.buffer, None, ""
         dest = self._destination(trial)
-        self._rt["futures"].append(self._rt["executor"].submit(self._commit, trial.trial_id, buffer, dest, props, status))
+        self._rt["futures"].append(
+            self._rt["executor"].submit(self._commit, trial.trial_id, buffer, dest, props, status)
+        )
 
     def _commit(self, trial_id: str, buffer: MetricBuffer, dest: Path, props: dict[str, Any], status: str) -> None:
         """Runs on the commit thread: never on Tune's event loop."""
@@ -496,8 +439,10 @@ class CmfRayLogger(tune.Callback):
         """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain."""
         for trial in trials:
             if trial.trial_id in self._trials and not self._trials[trial.trial_id].committed:
-                self._end(trial, "FAILED" if trial.status == "ERROR" else "COMPLETE" if trial.status == "TERMINATED"
-                          else "CANCELED")
+                self._end(
+                    trial,
+                    "FAILED" if trial.status == "ERROR" else "COMPLETE" if trial.status == "TERMINATED" else "CANCELED",
+                )
         futures: list[Future[None]] = self._rt["futures"]
         for future in futures:
             try:
@@ -513,15 +458,20 @@ class CmfRayLogger(tune.Callback):
     def _mark_top_n(self, trials: list[Any]) -> None:
         ranked = sorted(
             (t for t in trials if t.trial_id in self._trials and self._trials[t.trial_id].best is not None),
-            key=lambda t: self._trials[t.trial_id].best, reverse=self.mode == "max",
+            key=lambda t: self._trials[t.trial_id].best,
+            reverse=self.mode == "max",
         )
         top = {t.trial_id: rank for rank, t in enumerate(ranked[: self.top_n], start=1)}
         writer = self._rt["writer"]
-        self._check([
-            writer.end.remote("trial", t.trial_id, {"in_top_n": t.trial_id in top, "top_rank": top.get(t.trial_id, 0)},
-                              None)
-            for t in trials if t.trial_id in self._trials
-        ])
+        self._check(
+            [
+                writer.end.remote(
+                    "trial", t.trial_id, {"in_top_n": t.trial_id in top, "top_rank": top.get(t.trial_id, 0)}, None
+                )
+                for t in trials
+                if t.trial_id in self._trials
+            ]
+        )
 
     # -- Tune experiment checkpoints -----------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

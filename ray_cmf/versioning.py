@@ -123,9 +123,7 @@ class DvcRepo:
 
     def _cli(self, args: list[str]) -> str:
         """Run the real dvc CLI in the repo so that what users see is what DVC itself says."""
-        result = subprocess.run(
-            [sys.executable, "-m", "dvc", *args], cwd=self.root, capture_output=True, text=True
-        )
+        result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=self.root, capture_output=True, text=True)
         if result.returncode != 0:
             raise StoreError(f"dvc {' '.join(args)} failed in {self.root}:\n{result.stdout}{result.stderr}")
         return result.stdout

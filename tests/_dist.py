@@ -13,6 +13,34 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "gather",
+    "scatter",
+)
+
+
+def count_collectives() -> dict[str, int]:
+    """Wrap torch.distributed's collectives in this process; the returned dict counts calls by name."""
+    counts = dict.fromkeys(COLLECTIVES, 0)
+    for name in COLLECTIVES:
+        original = getattr(dist, name)
+
+        def wrapped(*args: Any, __name: str = name, __orig: Any = original, **kwargs: Any) -> Any:
+            counts[__name] = counts.get(__name, 0) + 1
+            return __orig(*args, **kwargs)
+
+        setattr(dist, name, wrapped)
+    return counts
+
 
 def _entry(rank: int, world: int, init_file: str, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")

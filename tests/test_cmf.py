@@ -56,7 +56,13 @@ def test_mlmd_structure_matches_cmflib_model(store_dir: Path) -> None:
     assert [a.id for a in mlmd.get_artifacts_by_context(child.id)] == [artifact.id]
     [event] = mlmd.get_events_by_artifact_ids([artifact.id])
     assert event.type == mlpb.Event.OUTPUT and event.execution_id == execution.id
-    assert mlmd.get_artifact_type(STEP_METRICS_TYPE).properties.keys() >= {"Commit", "url", "metrics_name", "rows", "size"}
+    assert mlmd.get_artifact_type(STEP_METRICS_TYPE).properties.keys() >= {
+        "Commit",
+        "url",
+        "metrics_name",
+        "rows",
+        "size",
+    }
     assert properties(mlmd.get_executions_by_id([execution.id])[0])["lr"] == 0.1
 
 
@@ -99,8 +105,7 @@ def test_dvc_status_is_clean_and_push_works(store_dir: Path, tmp_path: Path) -> 
     cmf.store.dvc.add_remote("local", str(remote))
     cmf.store.dvc.push()
     pushed = {p.parent.name + p.name for p in (remote / "files" / "md5").rglob("*") if p.is_file()}
-    committed = {properties(a)["Commit"] for a in cmf.store.lineage.artifacts(
-        [cmf.child_context], STEP_METRICS_TYPE)}
+    committed = {properties(a)["Commit"] for a in cmf.store.lineage.artifacts([cmf.child_context], STEP_METRICS_TYPE)}
     assert committed and committed <= pushed
     assert "in sync" in _dvc(store_dir, "status", "-c")
 

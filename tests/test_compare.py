@@ -94,7 +94,10 @@ def test_best_and_diff(sweep: dict[str, Any]) -> None:
 
 def test_plots_are_written(sweep: dict[str, Any], tmp_path: Path) -> None:
     s = Sweep(sweep["store"], pipeline="sweep")
-    for path in (s.plot_curves("loss", tmp_path / "c.png", color_by="lr", top=3), s.plot_params("loss", tmp_path / "p.png")):
+    for path in (
+        s.plot_curves("loss", tmp_path / "c.png", color_by="lr", top=3),
+        s.plot_params("loss", tmp_path / "p.png"),
+    ):
         data = Path(path).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     with pytest.raises(KeyError, match="color_by='nope'"):
@@ -116,7 +119,9 @@ def test_cli_json_and_exit_codes(sweep: dict[str, Any], capsys: pytest.CaptureFi
     code, out, _ = _cli(capsys, "plot", "--store", store, "--metric", "loss", "-o", str(tmp_path / "c.png"), "--json")
     assert code == 0 and Path(json.loads(out)[0]["plot"]).stat().st_size > 0
     for fmt in ("csv", "parquet"):
-        code, out, _ = _cli(capsys, "export", "--store", store, "--format", fmt, "-o", str(tmp_path / f"s.{fmt}"), "--json")
+        code, out, _ = _cli(
+            capsys, "export", "--store", store, "--format", fmt, "-o", str(tmp_path / f"s.{fmt}"), "--json"
+        )
         assert code == 0 and json.loads(out)[0]["rows"] == 4 * RESULTS + 3
     code, _, err = _cli(capsys, "show", "no-such-trial", "--store", store)
     assert code == 2 and "no-such-trial" in err
@@ -129,8 +134,9 @@ def test_cli_json_and_exit_codes(sweep: dict[str, Any], capsys: pytest.CaptureFi
 
 def test_console_script_runs(sweep: dict[str, Any]) -> None:
     exe = Path(sys.executable).with_name("ray-cmf")
-    result = subprocess.run([str(exe), "trials", "--store", str(sweep["store"]), "--metric", "loss"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(exe), "trials", "--store", str(sweep["store"]), "--metric", "loss"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and "loss_best" in result.stdout
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,8 +15,16 @@ HOST_SYNCS = ("item", "cpu", "tolist", "numpy")
 
 
 def all_metrics() -> dict[str, Metric]:
-    return {"sum": Sum(), "mean": Mean(), "max": Max(), "min": Min(), "acc": Accuracy(), "acc3": Accuracy(top_k=3),
-            "hist": Histogram(bins=8, low=0.0, high=1.0), "raw": Sum(nan_policy="propagate")}
+    return {
+        "sum": Sum(),
+        "mean": Mean(),
+        "max": Max(),
+        "min": Min(),
+        "acc": Accuracy(),
+        "acc3": Accuracy(top_k=3),
+        "hist": Histogram(bins=8, low=0.0, high=1.0),
+        "raw": Sum(nan_policy="propagate"),
+    }
 
 
 def feed(metrics: dict[str, Metric], values: torch.Tensor, logits: torch.Tensor, target: torch.Tensor) -> None:
@@ -35,8 +42,11 @@ def test_update_never_syncs_with_the_host() -> None:
     logits, target = torch.randn(4, 5), torch.tensor([0, 1, 2, 3])
     with pytest.MonkeyPatch.context() as patch:
         for name in HOST_SYNCS:
-            patch.setattr(torch.Tensor, name, lambda self, *a, __n=name, **k: (_ for _ in ()).throw(
-                AssertionError(f"update called Tensor.{__n}()")))
+            patch.setattr(
+                torch.Tensor,
+                name,
+                lambda self, *a, __n=name, **k: (_ for _ in ()).throw(AssertionError(f"update called Tensor.{__n}()")),
+            )
         for _ in range(3):
             feed(metrics, values, logits, target)
             feed(dict(collection.items()), values, logits, target)

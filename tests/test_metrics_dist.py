@@ -7,15 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ray_cmf.metrics import Accuracy, Histogram, LayoutMismatchError, Max, Mean, MetricCollection, Min, Sum
-from tests._dist import run_distributed
+from tests._dist import count_collectives, run_distributed
 
 pytestmark = pytest.mark.distributed
-
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "reduce", "barrier",
-               "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all", "gather", "scatter")
 
 
 def make_collection(extra: bool = False) -> MetricCollection:
@@ -67,19 +63,6 @@ def single_process(ranks: list[int], steps: range) -> dict[str, float]:
     return metrics.to_row()
 
 
-def count_collectives() -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for name in COLLECTIVES:
-        original = getattr(dist, name)
-
-        def wrapped(*args: Any, __name: str = name, __orig: Any = original, **kwargs: Any) -> Any:
-            counts[__name] = counts.get(__name, 0) + 1
-            return __orig(*args, **kwargs)
-
-        setattr(dist, name, wrapped)
-    return counts
-
-
 def _sync_scenario(rank: int, world: int) -> dict[str, Any]:
     counts = count_collectives()
     metrics = make_collection()
@@ -97,8 +80,14 @@ def _sync_scenario(rank: int, world: int) -> dict[str, Any]:
     for step in range(3, 5):
         feed(metrics, batch(rank, step))
     blocking = metrics.to_row(metrics.sync().wait())
-    return {"first": first, "second": second, "blocking": blocking, "first_calls": first_calls,
-            "second_calls": second_calls, "local_after_sync": metrics["sum0"].total.item()}
+    return {
+        "first": first,
+        "second": second,
+        "blocking": blocking,
+        "first_calls": first_calls,
+        "second_calls": second_calls,
+        "local_after_sync": metrics["sum0"].total.item(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +128,7 @@ def test_at_most_three_collectives_per_sync_with_20_metrics(two_rank_sync: list[
     assert len(make_collection()) == 20
     for r in ranks:
         assert sum(r["second_calls"].values()) <= 3, r["second_calls"]
-        assert set(r["second_calls"]) == {"all_reduce"}
+        assert {name for name, n in r["second_calls"].items() if n} == {"all_reduce"}
         assert r["first_calls"] <= 4  # + the one-time layout check
 
 

@@ -15,8 +15,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def _collection() -> MetricCollection:
     return MetricCollection(
-        {"loss": Mean(), "sum": Sum(), "max": Max(), "min": Min(), "acc": Accuracy(top_k=2),
-         "hist": Histogram(32, -4.0, 4.0)},
+        {
+            "loss": Mean(),
+            "sum": Sum(),
+            "max": Max(),
+            "min": Min(),
+            "acc": Accuracy(top_k=2),
+            "hist": Histogram(32, -4.0, 4.0),
+        },
         device="cuda",
     )
 

@@ -15,26 +15,11 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 from ray_cmf.compare import Sweep
 from ray_cmf.constants import STEP_METRICS_TYPE
 from ray_cmf.lineage import Lineage, properties
+from tests._dist import count_collectives
 
 pytestmark = pytest.mark.integration
 
 STEPS, SYNC_EVERY = 40, 5
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "reduce")
-
-
-def _count_collectives() -> dict[str, int]:
-    import torch.distributed as dist
-
-    counts = {"n": 0}
-    for name in COLLECTIVES:
-        original = getattr(dist, name)
-
-        def wrapped(*args: Any, __o: Any = original, **kwargs: Any) -> Any:
-            counts["n"] += 1
-            return __o(*args, **kwargs)
-
-        setattr(dist, name, wrapped)
-    return counts
 
 
 def _value(step: int, rank: int) -> float:
@@ -53,10 +38,16 @@ def loop(config: dict[str, Any]) -> None:
 
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    counts = _count_collectives()
+    counts = count_collectives()
     metrics = MetricCollection({"loss": Mean(), "top": Max(), "seen": Sum(cumulative=True)})
-    steps = StepLogger(metrics, sync_every=SYNC_EVERY, report_every=config.get("report_every"), store=config["store"],
-                       pipeline_name="train_test", trial_id=config.get("trial_id"))
+    steps = StepLogger(
+        metrics,
+        sync_every=SYNC_EVERY,
+        report_every=config.get("report_every"),
+        store=config["store"],
+        pipeline_name="train_test",
+        trial_id=config.get("trial_id"),
+    )
     start = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -69,10 +60,10 @@ def loop(config: dict[str, Any]) -> None:
         metrics["loss"].update(torch.tensor([_value(step, rank)]))
         metrics["top"].update(torch.tensor(_value(step, rank)))
         metrics["seen"].update(torch.tensor(1.0))
-        before = counts["n"]
+        before = sum(counts.values())
         row = steps.step(samples=4)
         if row is not None:
-            per_sync.append(counts["n"] - before)
+            per_sync.append(sum(counts.values()) - before)
         crash = Path(config["store"]) / "crashed"
         if config.get("crash_at") == step and rank == 1 and not crash.exists():
             crash.touch()
@@ -97,9 +88,12 @@ def _fit(tmp: Path, name: str, workers: int = 2, **config: Any) -> Any:
         loop,
         train_loop_config={"store": str(tmp / "store"), **config},
         scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name=name, storage_path=str(tmp / "results"),
-                             callbacks=[CmfTrainCallback("train_test", store=str(tmp / "store"))],
-                             failure_config=FailureConfig(max_failures=1)),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(tmp / "results"),
+            callbacks=[CmfTrainCallback("train_test", store=str(tmp / "store"))],
+            failure_config=FailureConfig(max_failures=1),
+        ),
     )
     return trainer.fit()
 
@@ -143,7 +137,8 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
     [execution] = lineage.store.get_executions()
     assert execution.name == "plain" and execution.last_known_state == mlpb.Execution.COMPLETE
     artifacts = lineage.store.get_artifacts_by_id(
-        [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])])
+        [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
+    )
     names = {properties(a)["metrics_name"] for a in artifacts}
     assert names == {"train_steps", "train_reports"}
     reports = _series(two_workers, "train_reports").steps(["rank", "loss"])
@@ -177,8 +172,9 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     from ray_cmf.train import StepLogger
 
     metrics = MetricCollection({"loss": Mean()})
-    steps = StepLogger(metrics, sync_every=4, store=str(tmp_path / "store"), pipeline_name="train_test",
-                       run_name="local")
+    steps = StepLogger(
+        metrics, sync_every=4, store=str(tmp_path / "store"), pipeline_name="train_test", run_name="local"
+    )
     for step in range(1, 11):
         metrics["loss"].update(torch.tensor(float(step)))
         steps.step()
@@ -194,23 +190,30 @@ def test_torch_trainer_inside_a_tune_trial_is_linked(ray_session: None, tmp_path
     from ray_cmf import CmfRayLogger
 
     def trainable(config: dict[str, Any]) -> None:
-        result = _fit(tmp_path, f"inner-{tune.get_context().get_trial_id()}",
-                      trial_id=tune.get_context().get_trial_id())
+        result = _fit(
+            tmp_path, f"inner-{tune.get_context().get_trial_id()}", trial_id=tune.get_context().get_trial_id()
+        )
         tune.report({"done": 1.0, "ok": result.error is None})
 
     logger = CmfRayLogger("sweep_train", pipeline_stage="outer", store=str(tmp_path / "store"))
-    tune.Tuner(tune.with_resources(trainable, {"cpu": 0.1}), param_space={"x": 1},
-               run_config=tune.RunConfig(name="outer", storage_path=str(tmp_path / "tune"), callbacks=[logger],
-                                         verbose=0)).fit()
+    tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 0.1}),
+        param_space={"x": 1},
+        run_config=tune.RunConfig(name="outer", storage_path=str(tmp_path / "tune"), callbacks=[logger], verbose=0),
+    ).fit()
     lineage = Lineage(tmp_path / "store" / "mlmd.sqlite", readonly=True)
     by_type = {lineage.store.get_execution_types_by_id([e.type_id])[0].name: e for e in lineage.store.get_executions()}
     trial, run = by_type["Ray_Tune_Trial"], by_type["Ray_Train_Run"]
     assert properties(run)["tune_trial_id"] == properties(trial)["trial_id"]
     step_type = lineage.store.get_artifact_type(STEP_METRICS_TYPE).id
-    [artifact] = [a for a in lineage.store.get_artifacts() if a.type_id == step_type
-                  and properties(a)["metrics_name"] == "train_steps"]
-    producers = {e.execution_id for e in lineage.store.get_events_by_artifact_ids([artifact.id])
-                 if e.type == mlpb.Event.OUTPUT}
+    [artifact] = [
+        a
+        for a in lineage.store.get_artifacts()
+        if a.type_id == step_type and properties(a)["metrics_name"] == "train_steps"
+    ]
+    producers = {
+        e.execution_id for e in lineage.store.get_events_by_artifact_ids([artifact.id]) if e.type == mlpb.Event.OUTPUT
+    }
     assert producers == {trial.id, run.id}
     [stage] = [c for c in lineage.store.get_contexts() if c.name == "sweep_train/outer"]
     assert artifact.id in {a.id for a in lineage.store.get_artifacts_by_context(stage.id)}

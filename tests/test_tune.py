@@ -44,8 +44,16 @@ def _trainable_factory(logger: Any) -> Any:
             if lr == FAIL_LATE and it == 3:
                 raise RuntimeError("fails after 3 results")
             model.write_bytes(f"weights {lr} {it}".encode())
-            tune.report({"loss": lr / (it + 1), "lr_echo": lr, "note": "text", "nested": {"a": it, "none": None if it % 2 else it},
-                         "maybe_nan": math.nan if it % 2 else 1.0, "model_path": str(model)})
+            tune.report(
+                {
+                    "loss": lr / (it + 1),
+                    "lr_echo": lr,
+                    "note": "text",
+                    "nested": {"a": it, "none": None if it % 2 else it},
+                    "maybe_nan": math.nan if it % 2 else 1.0,
+                    "model_path": str(model),
+                }
+            )
         cmf.commit_metrics("fine")
 
     return trainable
@@ -62,8 +70,9 @@ def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     data.mkdir()
     (data / "train.csv").write_text("x,y\n1,2\n")
     store = tmp / "store"
-    logger = CmfRayLogger("sweep", pipeline_stage="stage1", data_dir=str(data), metric="loss", mode="min", top_n=2,
-                          store=str(store))
+    logger = CmfRayLogger(
+        "sweep", pipeline_stage="stage1", data_dir=str(data), metric="loss", mode="min", top_n=2, store=str(store)
+    )
     tuner = tune.Tuner(
         _trainable_factory(logger),
         param_space={"lr": tune.grid_search(GOOD_LRS + [FAIL_LATE, FAIL_EARLY]), "nested": {"depth": 2}},
@@ -75,8 +84,7 @@ def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     executions = {properties(e)["trial_id"]: e for e in lineage.store.get_executions()}
     lrs = {r.metrics.get("trial_id") or r.path.split("_")[-1]: r.config["lr"] for r in grid}
     by_lr = {properties(e)["lr"]: e for e in executions.values()}
-    return {"store": store, "lineage": lineage, "executions": executions, "by_lr": by_lr, "grid": grid,
-            "lrs": lrs}
+    return {"store": store, "lineage": lineage, "executions": executions, "by_lr": by_lr, "grid": grid, "lrs": lrs}
 
 
 def _artifacts(sweep: dict[str, Any], execution: Any, type_name: str = STEP_METRICS_TYPE) -> dict[str, Any]:
@@ -174,8 +182,19 @@ def test_result_row_filters_values() -> None:
 
     from ray_cmf.tune import result_row
 
-    row = result_row({"loss": np.float32(0.5), "config": {"lr": 1}, "pid": 3, "date": "x", "ok": True,
-                      "obj": object(), "nested": {"deep": {"x": 1}}, "training_iteration": 4}, attempt=2)
+    row = result_row(
+        {
+            "loss": np.float32(0.5),
+            "config": {"lr": 1},
+            "pid": 3,
+            "date": "x",
+            "ok": True,
+            "obj": object(),
+            "nested": {"deep": {"x": 1}},
+            "training_iteration": 4,
+        },
+        attempt=2,
+    )
     assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4, "attempt": 2}
 
 
@@ -235,20 +254,29 @@ RESTORE_DRIVER = textwrap.dedent(
 def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: Path) -> None:
     store, results = tmp_path / "store", tmp_path / "results"
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.5", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    first = subprocess.Popen([sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "first"], env=env,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "first"], env=env, start_new_session=True
+    )
     deadline = time.monotonic() + 120
     spill = store / "spill"
     while time.monotonic() < deadline:  # wait until both trials have spilled some rows
-        if spill.exists() and len(list(spill.glob("*/seg-*.arrows"))) >= 2 and \
-                all(p.stat().st_size > 2000 for p in spill.glob("*/seg-*.arrows")):
+        if (
+            spill.exists()
+            and len(list(spill.glob("*/seg-*.arrows"))) >= 2
+            and all(p.stat().st_size > 2000 for p in spill.glob("*/seg-*.arrows"))
+        ):
             break
         time.sleep(0.2)
     time.sleep(1.0)
     os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started, for real
     first.wait()
-    second = subprocess.run([sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "restore"], env=env,
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "restore"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     lineage = Lineage(store / "mlmd.sqlite", readonly=True)
     executions = lineage.store.get_executions()
@@ -256,8 +284,12 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
     for execution in executions:
         assert execution.last_known_state == mlpb.Execution.COMPLETE
         assert properties(execution)["attempt"] == 2
-        [artifact] = [a for a in lineage.store.get_artifacts_by_id(
-            [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])])]
+        [artifact] = [
+            a
+            for a in lineage.store.get_artifacts_by_id(
+                [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
+            )
+        ]
         raw = pq.read_table(store / properties(artifact)["url"]).to_pandas()
         assert set(raw["attempt"]) == {1, 2}  # raw rows keep the attempt number
         series = dedup_attempts(raw)

@@ -1,13 +1,13 @@
 """Device-side metrics: updates touch device tensors only; a sync packs every state into <= 3 all_reduces.
 
-    from ray_cmf.metrics import MetricCollection, Mean, Max, Accuracy
-    metrics = MetricCollection({"loss": Mean(), "acc": Accuracy(), "grad_max": Max()}, device="cuda")
-    for step, (x, y) in enumerate(loader):
-        ...
-        metrics["loss"].update(loss.detach())
-        metrics["acc"].update(logits, y)
-        if step % 50 == 49:
-            row = metrics.to_row(metrics.sync().wait())   # one packed sync, one host transfer
+from ray_cmf.metrics import MetricCollection, Mean, Max, Accuracy
+metrics = MetricCollection({"loss": Mean(), "acc": Accuracy(), "grad_max": Max()}, device="cuda")
+for step, (x, y) in enumerate(loader):
+    ...
+    metrics["loss"].update(loss.detach())
+    metrics["acc"].update(logits, y)
+    if step % 50 == 49:
+        row = metrics.to_row(metrics.sync().wait())   # one packed sync, one host transfer
 """
 
 from __future__ import annotations

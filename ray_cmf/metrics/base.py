@@ -153,7 +153,9 @@ class Metric(ABC):
         return f"{type(self).__name__}(nan_policy={self.nan_policy!r}, cumulative={self.cumulative})"
 
 
-def load_global_state(pack: StatePack, members: list[tuple[str, Metric]], state_dict: Mapping[str, torch.Tensor]) -> None:
+def load_global_state(
+    pack: StatePack, members: list[tuple[str, Metric]], state_dict: Mapping[str, torch.Tensor]
+) -> None:
     """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min)."""
     expected = {f"{prefix}{name}" for prefix, metric in members for name in metric._state_specs}
     missing, extra = expected - set(state_dict), set(state_dict) - expected

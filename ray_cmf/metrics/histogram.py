@@ -54,7 +54,13 @@ class Histogram(Metric):
         cumulative = counts.cumsum(0)
         width = (self.high - self.low) / self.bins
         # edges of the bins, with under/overflow pinned to low/high
-        lower = torch.cat([counts.new_tensor([self.low]), self.low + width * torch.arange(self.bins, device=counts.device, dtype=counts.dtype), counts.new_tensor([self.high])])
+        lower = torch.cat(
+            [
+                counts.new_tensor([self.low]),
+                self.low + width * torch.arange(self.bins, device=counts.device, dtype=counts.dtype),
+                counts.new_tensor([self.high]),
+            ]
+        )
         upper = torch.cat([counts.new_tensor([self.low]), lower[1:-1] + width, counts.new_tensor([self.high])])
         out: dict[str, torch.Tensor] = {}
         for q in self.quantiles:

@@ -125,7 +125,9 @@ class StatePack:
         owners = {prefix: metric for prefix, metric in self.members}
         for prefix, name, spec in specs:
             numel = spec.default.numel()
-            slots.append(Slot(owners[prefix], prefix, name, spec.reduce, tuple(spec.default.shape), sizes[spec.reduce], numel))
+            slots.append(
+                Slot(owners[prefix], prefix, name, spec.reduce, tuple(spec.default.shape), sizes[spec.reduce], numel)
+            )
             sizes[spec.reduce] += numel
         self.slots = slots
         self.buffers = {r: torch.empty(n, dtype=STATE_DTYPE, device=self.device) for r, n in sizes.items() if n}
@@ -150,7 +152,9 @@ class StatePack:
         """``owner``'s states as views into ``buffers`` (default: the live buffers)."""
         buffers = self.buffers if buffers is None else buffers
         return {
-            s.name: buffers[s.reduce][s.offset : s.offset + s.numel].view(s.shape) for s in self.slots if s.owner is owner
+            s.name: buffers[s.reduce][s.offset : s.offset + s.numel].view(s.shape)
+            for s in self.slots
+            if s.owner is owner
         }
 
     def reset(self, owner: Metric | None = None, *, keep_cumulative: bool = False) -> None:
@@ -181,7 +185,9 @@ class StatePack:
     def _comm_device(self, group: Any) -> torch.device:
         return self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
-    def reduce(self, group: Any = None, *, async_op: bool = False, reset: bool = True) -> SyncHandle[dict[str, torch.Tensor]]:
+    def reduce(
+        self, group: Any = None, *, async_op: bool = False, reset: bool = True
+    ) -> SyncHandle[dict[str, torch.Tensor]]:
         """Snapshot the live state, reset it (cumulative states stay), and all-reduce the snapshot."""
         index = self._next
         self._next ^= 1
@@ -197,16 +203,24 @@ class StatePack:
         self._in_flight[index] = handle
         return handle
 
-    def _launch(self, snapshot: dict[str, torch.Tensor], group: Any, async_op: bool) -> SyncHandle[dict[str, torch.Tensor]]:
+    def _launch(
+        self, snapshot: dict[str, torch.Tensor], group: Any, async_op: bool
+    ) -> SyncHandle[dict[str, torch.Tensor]]:
         if world_size(group) == 1:
             return SyncHandle(lambda: snapshot)
         self.check_layout(group)
         if self.device.type == "cuda":
             return self._launch_cuda(snapshot, group, async_op)
-        works = [dist.all_reduce(snapshot[r], op=_OPS[r], group=group, async_op=async_op) for r in REDUCTIONS if r in snapshot]
+        works = [
+            dist.all_reduce(snapshot[r], op=_OPS[r], group=group, async_op=async_op)
+            for r in REDUCTIONS
+            if r in snapshot
+        ]
         return SyncHandle(lambda: snapshot, [w for w in works if w is not None])
 
-    def _launch_cuda(self, snapshot: dict[str, torch.Tensor], group: Any, async_op: bool) -> SyncHandle[dict[str, torch.Tensor]]:
+    def _launch_cuda(
+        self, snapshot: dict[str, torch.Tensor], group: Any, async_op: bool
+    ) -> SyncHandle[dict[str, torch.Tensor]]:
         """Reduce on a side stream, ordered against the main stream by events: updates keep running."""
         if not hasattr(self, "_side_stream"):
             self._side_stream = torch.cuda.Stream(device=self.device)
