@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 from ray.train import UserCallback
 
 from ray_cmf._names import check_name
@@ -120,6 +119,7 @@ class StepLogger:
         self.steps_done = 0
         self.attempt = 1
         self._syncs = 0
+        self._samples = 0
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
         self._binding: Binding | None = None
@@ -184,13 +184,15 @@ class StepLogger:
         """
         self.steps_done += 1
         if samples is not None:
-            self.metrics[SAMPLES].update(torch.as_tensor(float(samples)))
+            self._samples += samples  # host-side count: no tensor op per step
         if self.steps_done % self.sync_every == 0:
             return self.sync()
         return None
 
     def sync(self) -> dict[str, float]:
         """Reduce the interval across ranks (<= 3 collectives); rank 0 appends the row."""
+        self.metrics[SAMPLES].update(float(self._samples))  # summed across ranks in the same packed sync
+        self._samples = 0
         values = self.metrics.sync(self.group).wait()
         row = self.metrics.to_row(values)
         now = time.time()
@@ -250,8 +252,10 @@ class CmfTrainCallback(UserCallback):
     """Train callback (runs in the controller actor): every rank's reports in the run's report series.
 
     ``after_report`` sends one row per rank (with a ``rank`` column) to the single writer, fire-and-forget:
-    nothing blocks the controller. ``after_exception`` commits what exists and marks the run FAILED; the
-    final report of :class:`StepLogger` commits again (a new version) and marks it COMPLETE.
+    nothing blocks the controller. A report with a checkpoint commits a version of the series;
+    ``after_exception`` commits what exists and marks the run FAILED; the final report of
+    :class:`StepLogger` commits again and marks it COMPLETE. (Ray Train gives user callbacks no
+    end-of-run hook, so a run without StepLogger is committed at its checkpoints and errors only.)
 
     Args:
         pipeline_name, pipeline_stage, store: Where to record (stage default: the run's name).
@@ -302,6 +306,8 @@ class CmfTrainCallback(UserCallback):
         rt["writer"].append_rows.remote("run", rt["run"], self.metrics_name, rows)
         if any(m.get(FINAL_FLAG) for m in metrics):
             rt["writer"].commit_rows.remote("run", rt["run"], self.metrics_name, {"status": "COMPLETE"}, "COMPLETE")
+        elif checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
+            rt["writer"].commit_rows.remote("run", rt["run"], self.metrics_name, {}, None)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         rt = self._rt(run_context)

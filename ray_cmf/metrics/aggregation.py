@@ -29,13 +29,24 @@ class Sum(Metric):
         {'value': 3.0, 'nonfinite': 1.0}
     """
 
+    stage_width = 1
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.add_state("total", 0.0, "sum")
 
     def update(self, value: Any) -> None:
         self._touch()
-        self.total.add_(self._filter(self._as_state(value), 0.0).sum())
+        if self._is_scalar(value):
+            self._stage(value)
+        else:
+            self._accumulate(self._as_state(value))
+
+    def _fold_block(self, block: torch.Tensor) -> None:
+        self._accumulate(block[:, 0])
+
+    def _accumulate(self, value: torch.Tensor) -> None:
+        self.total.add_(self._filter(value, 0.0).sum())
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["total"], states)
@@ -51,6 +62,8 @@ class Mean(Metric):
         1.5
     """
 
+    stage_width = 2  # value, weight
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.add_state("weighted_sum", 0.0, "sum")
@@ -58,8 +71,17 @@ class Mean(Metric):
 
     def update(self, value: Any, weight: Any = None) -> None:
         self._touch()
+        if self._is_scalar(value) and (weight is None or self._is_scalar(weight)):
+            self._stage(value) if weight is None else self._stage(value, weight)
+            return
         value = self._as_state(value)
         weight = torch.ones_like(value) if weight is None else torch.broadcast_to(self._as_state(weight), value.shape)
+        self._accumulate(value, weight)
+
+    def _fold_block(self, block: torch.Tensor) -> None:
+        self._accumulate(block[:, 0], block[:, 1])
+
+    def _accumulate(self, value: torch.Tensor, weight: torch.Tensor) -> None:
         if self.nan_policy == "exclude":
             finite = torch.isfinite(value) & torch.isfinite(weight)
             self.nonfinite.add_((~finite).sum())
@@ -76,6 +98,7 @@ class _Extremum(Metric):
     """Shared body of Max and Min: one state reduced by ``max``/``min``; the identity when empty."""
 
     _reduce = "max"
+    stage_width = 1
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -84,7 +107,16 @@ class _Extremum(Metric):
 
     def update(self, value: Any) -> None:
         self._touch()
-        value = self._filter(self._as_state(value), self._identity).reshape(-1)
+        if self._is_scalar(value):
+            self._stage(value)
+        else:
+            self._accumulate(self._as_state(value))
+
+    def _fold_block(self, block: torch.Tensor) -> None:
+        self._accumulate(block[:, 0])
+
+    def _accumulate(self, value: torch.Tensor) -> None:
+        value = self._filter(value, self._identity).reshape(-1)
         if value.numel() == 0:  # a shape check, not a value check: no host sync
             return
         if self._reduce == "max":

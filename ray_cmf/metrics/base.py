@@ -13,6 +13,7 @@ from ray_cmf.errors import RayCmfError
 from ray_cmf.metrics.packing import REDUCTIONS, STATE_DTYPE, StatePack, SyncHandle, rank, world_size
 
 NAN_POLICIES = ("exclude", "propagate")
+STAGE_ROWS = 64  # scalar updates staged per metric before one vectorized fold
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Metric(ABC):
         self._pack: StatePack | None = None
         self._owner: Any = None  # the MetricCollection that packs this metric, if any
         self._synced: dict[str, torch.Tensor] | None = None
+        self._staged: torch.Tensor | None = None  # (STAGE_ROWS, stage_width) scalar updates not yet folded
+        self._n_staged = 0
         if nan_policy == "exclude":
             self.add_state("nonfinite", 0.0, "sum")
 
@@ -89,6 +92,46 @@ class Metric(ABC):
         """Mark local state as newer than the last sync (call at the start of ``update``)."""
         self._synced = None
 
+    # -- scalar staging: a scalar update costs one copy; the real update runs vectorized per block -----
+    stage_width = 0  # columns a scalar update stages (0: this metric does not stage)
+
+    def _stage(self, *values: Any) -> None:
+        """Record one scalar update (its columns in order); fold the block when it is full."""
+        if self._staged is None:
+            self._staged = torch.ones((STAGE_ROWS, self.stage_width), dtype=STATE_DTYPE, device=self._device)
+        row = self._staged[self._n_staged]
+        for column, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                row[column].copy_(value.reshape(()))
+            else:
+                row[column] = value
+        self._n_staged += 1
+        if self._n_staged == STAGE_ROWS:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Apply the staged scalar updates as one vectorized update."""
+        if self._n_staged:
+            assert self._staged is not None
+            self._fold_block(self._staged[: self._n_staged])
+            self._staged.fill_(1.0)  # unstaged columns (e.g. an omitted weight) default to 1
+            self._n_staged = 0
+
+    def _fold_block(self, block: torch.Tensor) -> None:
+        """Vectorized update from ``block`` (rows: staged updates, columns: stage_width). Metrics that stage
+        override it."""
+        raise NotImplementedError(f"{type(self).__name__} stages scalars but does not fold them")
+
+    def _discard_staged(self) -> None:
+        self._n_staged = 0
+        if self._staged is not None:
+            self._staged.fill_(1.0)
+
+    @staticmethod
+    def _is_scalar(value: Any) -> bool:
+        """A shape check (never a value check): Python numbers and one-element tensors stage."""
+        return isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
     def _filter(self, value: torch.Tensor, fill: float) -> torch.Tensor:
         """Apply the NaN policy: replace non-finite entries by ``fill`` and count them (device ops only)."""
         if self.nan_policy == "propagate":
@@ -98,12 +141,15 @@ class Metric(ABC):
         return torch.where(finite, value, torch.as_tensor(fill, dtype=value.dtype, device=value.device))
 
     def _as_state(self, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor) and value.device == self._device:
+            return value.to(STATE_DTYPE)
         return torch.as_tensor(value, device=self._device).to(STATE_DTYPE)
 
     def compute(self) -> dict[str, torch.Tensor]:
         """Outputs as device tensors: the last sync's global values, else this rank's local ones."""
         if self._synced is not None:
             return self._synced
+        self._fold()
         return self._compute({name: getattr(self, name) for name in self._state_specs})
 
     def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[dict[str, torch.Tensor]]:
@@ -112,6 +158,7 @@ class Metric(ABC):
         A no-op for communication when torch.distributed is not initialized or the world size is 1.
         """
         pack = self.pack
+        self._fold()
 
         def finish(snapshot: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             self._synced = {k: v.clone() for k, v in self._compute(pack.states(self, snapshot)).items()}
@@ -125,17 +172,20 @@ class Metric(ABC):
     def reset(self) -> None:
         """Restore every state to its default."""
         self._synced = None
+        self._discard_staged()
         self.pack.reset(self)
 
     # -- checkpointing -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The GLOBAL state (reduced across ranks), so it restores exactly at any world size."""
         pack = self.pack
+        self._fold()
         snapshot = pack.reduce(None, reset=False).wait()
         return {name: view.clone() for name, view in pack.states(self, snapshot).items()}
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Restore a global state: rank 0 takes it, other ranks start from the defaults."""
+        self._discard_staged()
         load_global_state(self.pack, [("", self)], state_dict)
         self._synced = None
 
@@ -143,6 +193,8 @@ class Metric(ABC):
         """Move the states to ``device`` (values kept); returns self."""
         if self._owner is not None:
             raise RayCmfError(f"{type(self).__name__} belongs to a MetricCollection; move the collection instead")
+        self._fold()
+        self._staged = None
         self._device = torch.device(device)
         for name in self._state_specs:
             setattr(self, name, getattr(self, name).to(self._device))

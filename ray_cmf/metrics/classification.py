@@ -37,20 +37,23 @@ class Accuracy(Metric):
         target = target.to(self.device)
         preds = preds_or_logits.to(self.device)
         if preds.dim() == target.dim() + 1:  # scores: (N, C, ...) against (N, ...)
-            valid = torch.isfinite(preds).all(dim=1)
-            top = preds.topk(min(self.top_k, preds.shape[1]), dim=1).indices
-            hit = (top == target.unsqueeze(1)).any(dim=1)
+            if self.top_k == 1:
+                hit = preds.argmax(dim=1) == target
+            else:
+                top = preds.topk(min(self.top_k, preds.shape[1]), dim=1).indices
+                hit = (top == target.unsqueeze(1)).any(dim=1)
+            if self.nan_policy == "exclude":
+                valid = torch.isfinite(preds).all(dim=1)
+                n_valid = valid.sum()
+                self.nonfinite.add_(target.numel() - n_valid)
+                self.total.add_(n_valid)
+                self.correct.add_((hit & valid).sum())
+                return
+        elif self.top_k != 1:
+            raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(preds.shape)}")
         else:
-            if self.top_k != 1:
-                raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(preds.shape)}")
-            valid = torch.ones_like(target, dtype=torch.bool)
             hit = preds == target
-        if self.nan_policy == "exclude":
-            self.nonfinite.add_((~valid).sum())
-            hit = hit & valid
-            self.total.add_(valid.sum())
-        else:
-            self.total.add_(target.numel())
+        self.total.add_(target.numel())
         self.correct.add_(hit.sum())
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -65,6 +65,7 @@ class MetricCollection:
             raise ValueError(f"MetricCollection already has a metric named {name!r}")
         if metric._owner is not None:
             raise ValueError(f"Metric {name!r} already belongs to another MetricCollection")
+        self._fold()
         for member in self._metrics.values():
             member._owner = None
             for state in member._state_specs:
@@ -100,6 +101,7 @@ class MetricCollection:
         """``{name: tensor}``: the last sync's global values until the next update, else local ones."""
         if self._synced is not None and all(m._synced is not None for m in self._metrics.values()):
             return self._synced
+        self._fold()
         out: Values = {}
         for name, metric in self._metrics.items():
             out.update(flatten_outputs(name, metric.compute()))
@@ -111,6 +113,8 @@ class MetricCollection:
         On CUDA the reduction runs on a side stream; on gloo with ``async_op=True`` the collectives are
         asynchronous. Either way local updates may continue before ``wait()``.
         """
+
+        self._fold()
 
         def finish(snapshot: dict[str, torch.Tensor]) -> Values:
             values: Values = {}
@@ -137,10 +141,13 @@ class MetricCollection:
     def reset(self) -> None:
         """Restore every state to its default."""
         self._pack.reset()
+        for metric in self._metrics.values():
+            metric._discard_staged()
         self._clear_synced()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The GLOBAL states (``<metric>.<state>``), restorable exactly at any world size."""
+        self._fold()
         snapshot = self._pack.reduce(None, reset=False).wait()
         return {
             f"{name}.{state}": view.clone()
@@ -150,8 +157,15 @@ class MetricCollection:
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Restore global states: rank 0 takes them, other ranks start from the defaults."""
+        for metric in self._metrics.values():
+            metric._discard_staged()
         load_global_state(self._pack, [(f"{n}.", m) for n, m in self._metrics.items()], state_dict)
         self._clear_synced()
+
+    def _fold(self) -> None:
+        """Apply every member's staged scalar updates (before reading or reducing the states)."""
+        for metric in self._metrics.values():
+            metric._fold()
 
     def _clear_synced(self) -> None:
         self._synced = None
@@ -160,8 +174,10 @@ class MetricCollection:
 
     def to(self, device: Any) -> MetricCollection:
         """Move every state to ``device`` (values kept); returns self."""
+        self._fold()
         self._device = torch.device(device)
         for metric in self._metrics.values():
             metric._owner = None
+            metric._staged = None
         self._pack = self._build_pack()
         return self
