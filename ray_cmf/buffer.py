@@ -20,6 +20,7 @@ import logging
 import numbers
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -486,6 +487,11 @@ class MetricBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def spill_owner() -> dict[str, Any]:
+    """Who writes a spill (for its manifest): recovery leaves spills of live processes alone."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
 def discard_spill(directory: Path) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import socket
 import sys
 import uuid
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import MetricBuffer
+from ray_cmf.buffer import MetricBuffer, spill_owner
 from ray_cmf.constants import (
     DATASET_TYPE,
     DEFAULT_FLUSH_ROWS,
@@ -150,8 +149,7 @@ class Cmf:
             "metrics_name": metrics_name,
             "execution_id": execution.id,
             "dest": str(self._destination(metrics_name)),
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
+            **spill_owner(),
         }
         key = f"{execution.id}-{metrics_name}-{uuid.uuid4().hex[:8]}"
         buffer = MetricBuffer(

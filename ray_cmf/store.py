@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import FinishedFile, MetricBuffer
+from ray_cmf.buffer import FinishedFile, MetricBuffer, spill_owner
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
     DATASET_TYPE,
@@ -315,8 +315,7 @@ class StoreWriter:
                 "metrics_name": metrics_name,
                 "execution_id": b.execution_id,
                 "dest": str(self._dest(key)),
-                "pid": os.getpid(),
-                "host": os.uname().nodename,
+                **spill_owner(),
             }
             self._series[key] = MetricBuffer.resume(spill, manifest=manifest)
         for row in rows:

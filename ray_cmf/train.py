@@ -20,7 +20,7 @@ import ray
 from ray.train import UserCallback
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import MetricBuffer
+from ray_cmf.buffer import MetricBuffer, spill_owner
 from ray_cmf.constants import ATTEMPT_COLUMN, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, RUN_EXECUTION_TYPE
 from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum
@@ -136,8 +136,7 @@ class StepLogger:
                 "execution_type": RUN_EXECUTION_TYPE,
                 "execution_name": self.run_name,
                 "dest": str(self._destination()),
-                "pid": os.getpid(),
-                "host": os.uname().nodename,
+                **spill_owner(),
             }
             self._buffer = MetricBuffer.resume(
                 spill, flush_rows=flush_rows, flush_seconds=flush_seconds, manifest=manifest

@@ -22,7 +22,7 @@ from ray import tune
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import FinishedFile, MetricBuffer
+from ray_cmf.buffer import FinishedFile, MetricBuffer, spill_owner
 from ray_cmf.cmf import Cmf
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
@@ -336,8 +336,7 @@ class CmfRayLogger(tune.Callback):
                 "execution_type": TRIAL_EXECUTION_TYPE,
                 "execution_name": trial.trial_id,
                 "dest": str(self._destination(trial)),
-                "pid": os.getpid(),
-                "host": os.uname().nodename,
+                **spill_owner(),
             }
             state.buffer = MetricBuffer.resume(
                 state.spill_dir, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds, manifest=manifest
