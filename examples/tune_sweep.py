@@ -34,6 +34,7 @@ def make_data(seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 def train(config: dict) -> None:
     torch.set_num_threads(1)
+    torch.manual_seed(0)  # the same initial weights for every learning rate
     x, y, x_val, y_val = make_data()
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)

@@ -26,7 +26,7 @@ def _is_numeric(series: pd.Series) -> bool:
 def _norm(values: np.ndarray) -> matplotlib.colors.Normalize:
     finite = values[np.isfinite(values)]
     low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
-    if low > 0 and high / low > 100:
+    if low > 0 and high / low >= 10:  # e.g. learning rates: a log scale spreads the colours
         return matplotlib.colors.LogNorm(low, high)
     return matplotlib.colors.Normalize(low, high if high > low else low + 1)
 
@@ -97,7 +97,7 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
         values = trials[key].to_numpy(dtype=float)
         points = ax.scatter(values, trials[best], c=trials[best], cmap="viridis_r", norm=norm, s=18, edgecolors="none")
         positive = values[np.isfinite(values)]
-        if positive.size and positive.min() > 0 and positive.max() / positive.min() > 100:
+        if positive.size and positive.min() > 0 and positive.max() / positive.min() >= 10:
             ax.set_xscale("log")
         ax.set_xlabel(key[len("config/") :])
         ax.set_ylabel(f"best {metric}")
