@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,21 +20,10 @@ def outputs(value: torch.Tensor, states: Mapping[str, torch.Tensor]) -> dict[str
     return out
 
 
-class Sum(Metric):
-    """Sum of every element seen.
-
-    Example:
-        >>> m = Sum()
-        >>> m.update(torch.tensor([1.0, 2.0, float("nan")]))
-        >>> {k: v.item() for k, v in m.compute().items()}
-        {'value': 3.0, 'nonfinite': 1.0}
-    """
+class _OneValue(Metric):
+    """Metrics updated by one value (tensor of any shape or scalar); scalars are staged and folded in blocks."""
 
     stage_width = 1
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.add_state("total", 0.0, "sum")
 
     def update(self, value: Any) -> None:
         self._touch()
@@ -44,6 +34,25 @@ class Sum(Metric):
 
     def _fold_block(self, block: torch.Tensor) -> None:
         self._accumulate(block[:, 0])
+
+    @abstractmethod
+    def _accumulate(self, value: torch.Tensor) -> None:
+        """Vectorized update from a tensor of values (already float64 on the metric's device)."""
+
+
+class Sum(_OneValue):
+    """Sum of every element seen.
+
+    Example:
+        >>> m = Sum()
+        >>> m.update(torch.tensor([1.0, 2.0, float("nan")]))
+        >>> {k: v.item() for k, v in m.compute().items()}
+        {'value': 3.0, 'nonfinite': 1.0}
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", 0.0, "sum")
 
     def _accumulate(self, value: torch.Tensor) -> None:
         self.total.add_(self._filter(value, 0.0).sum())
@@ -94,26 +103,15 @@ class Mean(Metric):
         return outputs(states["weighted_sum"] / states["weight"], states)
 
 
-class _Extremum(Metric):
+class _Extremum(_OneValue):
     """Shared body of Max and Min: one state reduced by ``max``/``min``; the identity when empty."""
 
     _reduce = "max"
-    stage_width = 1
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._identity = -math.inf if self._reduce == "max" else math.inf
         self.add_state("extremum", self._identity, self._reduce)
-
-    def update(self, value: Any) -> None:
-        self._touch()
-        if self._is_scalar(value):
-            self._stage(value)
-        else:
-            self._accumulate(self._as_state(value))
-
-    def _fold_block(self, block: torch.Tensor) -> None:
-        self._accumulate(block[:, 0])
 
     def _accumulate(self, value: torch.Tensor) -> None:
         value = self._filter(value, self._identity).reshape(-1)
