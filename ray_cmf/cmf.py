@@ -161,9 +161,7 @@ class Cmf:
     def _destination(self, metrics_name: str) -> Path:
         execution = self._current_execution()
         assert self._stage is not None
-        return (
-            self.store.artifact_dir(self.pipeline_name, self._stage, execution.name) / f"{metrics_name}-{{md5}}.parquet"
-        )
+        return self.store.series_path(self.pipeline_name, self._stage, execution.name, metrics_name)
 
     def commit_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
         """Write the series to a versioned Parquet file, DVC-track it and record a Step_Metrics artifact.

@@ -114,6 +114,10 @@ class Store:
         """``artifacts/<pipeline>/<stage>/<run>``: where one execution's files live."""
         return self.root / ARTIFACTS_DIR / check_name("pipeline", pipeline) / check_name("stage", stage) / run
 
+    def series_path(self, pipeline: str, stage: str, run: str, metrics_name: str) -> Path:
+        """Where a series' next version goes; ``{md5}`` becomes the content hash when it is written."""
+        return self.artifact_dir(pipeline, stage, run) / f"{check_name('metrics_name', metrics_name)}-{{md5}}.parquet"
+
     def spill_dir(self, key: str) -> Path:
         """A fresh-per-key directory for a buffer's crash-safe segments."""
         return self.root / SPILL_DIR / key
@@ -324,7 +328,7 @@ class StoreWriter:
     def _dest(self, key: tuple[str, str, str]) -> Path:
         kind, name, metrics_name = key
         b = self._bindings[(kind, name)]
-        return self._store(b.root, b.mlmd).artifact_dir(b.pipeline, b.stage, name) / f"{metrics_name}-{{md5}}.parquet"
+        return self._store(b.root, b.mlmd).series_path(b.pipeline, b.stage, name, metrics_name)
 
     def commit_rows(
         self, kind: str, name: str, metrics_name: str, props: Mapping[str, Any], state: str | None

@@ -13,7 +13,6 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -126,16 +125,18 @@ class StepLogger:
         self._writer = _Writer()
         if self.rank == 0:
             self._binding = self._bind(pipeline_name, pipeline_stage, store)
-            spill = Store(self._binding.root, mlmd=self._binding.mlmd).spill_dir(
-                f"train-{self.run_name}-{self.metrics_name}"
+            paths = Store(self._binding.root, mlmd=self._binding.mlmd)
+            self._destination = paths.series_path(
+                self._binding.pipeline, self._binding.stage, self.run_name, self.metrics_name
             )
+            spill = paths.spill_dir(f"train-{self.run_name}-{self.metrics_name}")
             manifest = {
                 "metrics_name": self.metrics_name,
                 "pipeline": self._binding.pipeline,
                 "stage": self._binding.stage,
                 "execution_type": RUN_EXECUTION_TYPE,
                 "execution_name": self.run_name,
-                "dest": str(self._destination()),
+                "dest": str(self._destination),
                 **spill_owner(),
             }
             self._buffer = MetricBuffer.resume(
@@ -145,7 +146,7 @@ class StepLogger:
     def _bind(self, pipeline: str, stage: str | None, store: str | os.PathLike[str] | None) -> Binding:
         """Rank 0: get or create the run's execution (in the trial's pipeline and stage inside a Tune trial)."""
         root = str(resolve_root(store))
-        mlmd = str(Path(root) / "mlmd.sqlite")
+        mlmd = Store(root).mlmd
         if self.trial_id is not None:
             trial = self._writer("binding", "trial", self.trial_id)
             if trial is None:
@@ -166,14 +167,6 @@ class StepLogger:
             check_name("pipeline_stage", stage or self.run_name),
             self.run_name,
             props,
-        )
-
-    def _destination(self) -> Path:
-        assert self._binding is not None
-        store = Store(self._binding.root, mlmd=self._binding.mlmd)
-        return (
-            store.artifact_dir(self._binding.pipeline, self._binding.stage, self.run_name)
-            / f"{self.metrics_name}-{{md5}}.parquet"
         )
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
@@ -231,7 +224,7 @@ class StepLogger:
             self.sync()
         artifact = None
         if self._buffer is not None:
-            finished = self._buffer.finish(self._destination())
+            finished = self._buffer.finish(self._destination)
             self._buffer.close()
             artifact = self._writer(
                 "end",

@@ -28,6 +28,7 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
+    MLMD_FILE,
     MODEL_TYPE,
     TRIAL_EXECUTION_TYPE,
 )
@@ -278,7 +279,7 @@ class CmfRayLogger(tune.Callback):
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.metric, self.mode, self.top_n = metric, mode or "min", top_n
         self.root = str(resolve_root(store))
-        self.mlmd = os.fspath(file_path) if file_path is not None else str(Path(self.root) / "mlmd.sqlite")
+        self.mlmd = os.fspath(file_path) if file_path is not None else str(Path(self.root) / MLMD_FILE)
         self.data_dir = os.path.abspath(data_dir) if data_dir is not None else None
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
         self.cmf_obj = TrialCmfs(self)
@@ -345,10 +346,7 @@ class CmfRayLogger(tune.Callback):
 
     def _destination(self, trial: Any) -> Path:
         store: Store = self._rt["store"]
-        return (
-            store.artifact_dir(self.pipeline_name, self._stage(trial), trial.trial_id)
-            / f"{self.metrics_name}-{{md5}}.parquet"
-        )
+        return store.series_path(self.pipeline_name, self._stage(trial), trial.trial_id, self.metrics_name)
 
     # -- Tune hooks ----------------------------------------------------------------------------------
     def setup(self, **info: Any) -> None:
