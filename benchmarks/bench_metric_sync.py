@@ -27,12 +27,22 @@ from _common import fmt_time, print_table  # noqa: E402
 
 KS = (4, 16, 64)
 REPEATS = 20
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "all_gather_into_tensor")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "broadcast",
+    "barrier",
+    "all_gather_into_tensor",
+    "all_gather_single",
+)
 
 
 def _count(counts: dict[str, int]) -> None:
     for name in COLLECTIVES:
-        original = getattr(dist, name)
+        original = getattr(dist, name, None)
+        if original is None:  # not in this torch version
+            continue
 
         def wrapped(*args: Any, __o: Any = original, **kwargs: Any) -> Any:
             counts["n"] += 1

@@ -1,25 +1,32 @@
-"""TorchTrainer overhead: 2 CPU workers (gloo), a small MLP, 3000 steps.
+"""TorchTrainer overhead: 2 CPU workers (gloo), a small MLP, 3000 steps per variant.
 
-Variants, each a separate TorchTrainer run in one Ray session, timed inside the training loop (Ray's
-start-up excluded):
+Variants (all in the same TorchTrainer run, on the same workers and process group):
 * no logging;
-* ray_cmf: device metrics updated every step, ``StepLogger`` synced every 50 steps (<= 3 collectives),
-  rank 0 appending one row per sync, committed at the end;
+* ray_cmf: device metrics (loss, accuracy, gradient-norm max) updated every step, ``StepLogger`` synced
+  every 50 steps (<= 3 collectives), rank 0 appending one row per sync, committed at the end;
 * torchmetrics: the same metrics in a ``torchmetrics.MetricCollection``, ``compute()`` (its sync) every 50
-  steps, the values moved to the host and kept by rank 0;
-* ray_cmf without accuracy: only the loss and the gradient norm (scalars), to separate the logging path's
-  cost from the cost of computing accuracy on the logits.
+  steps, the values moved to the host and kept by rank 0.
 
-Run: ``.venv/bin/python benchmarks/bench_train.py [--steps 3000 --rounds 2]``
+Measurement design: on a 2-core machine Ray's own actors share the cores with the two workers, so a whole
+run's wall time varies by about 10% between identical runs. The variants therefore run interleaved in
+blocks of 50 steps (one logging interval), in a rotating order, inside one run: every variant sees the same
+machine noise. Each variant's time is the sum of its blocks. ray_cmf's one-off costs, building its
+``StepLogger`` (in the first run this starts the store's writer actor and creates the store) and ``finish()``
+(committing the Parquet and the lineage), are timed apart and shown both apart and included.
+Each round is one TorchTrainer run; the table gives the median over rounds.
+
+Run: ``.venv/bin/python benchmarks/bench_train.py [--steps 3000 --rounds 3]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +40,61 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import print_table  # noqa: E402
 
 SYNC_EVERY = 50
+BATCH = 64
+VARIANTS = ("no logging", "ray_cmf", "torchmetrics")
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def ray_cmf_variant(config: dict[str, Any]) -> tuple[Step, Callable[[], Any], float]:
+    """Per-step logging with ray_cmf; returns the step hook, the finish call and the set-up seconds."""
+    from ray_cmf.metrics import Accuracy, Max, Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    start = time.perf_counter()
+    metrics = MetricCollection({"loss": Mean(), "accuracy": Accuracy(), "grad_norm_max": Max()})
+    logger = StepLogger(metrics, sync_every=SYNC_EVERY, store=config["store"], pipeline_name="bench_train")
+    setup = time.perf_counter() - start
+
+    def step(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        metrics["loss"].update(loss.detach())
+        metrics["accuracy"].update(logits.detach(), target)
+        metrics["grad_norm_max"].update(grad_norm.detach())
+        logger.step(samples=BATCH)
+
+    return step, logger.finish, setup
+
+
+def torchmetrics_variant(rank: int) -> Step:
+    """The same metrics with torchmetrics: ``compute()`` (its sync) every SYNC_EVERY steps, rank 0 keeps them."""
+    import torchmetrics
+
+    tm = torchmetrics.MetricCollection(
+        {
+            "loss": torchmetrics.MeanMetric(),
+            "grad_norm_max": torchmetrics.MaxMetric(),
+            "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=4),
+        }
+    )
+    kept: list[dict[str, float]] = []
+    steps = 0
+
+    def step(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        nonlocal steps
+        tm["loss"].update(loss.detach())
+        tm["accuracy"].update(logits.detach(), target)
+        tm["grad_norm_max"].update(grad_norm.detach())
+        steps += 1
+        if steps % SYNC_EVERY == 0:
+            values = {k: v.item() for k, v in tm.compute().items()}
+            tm.reset()
+            if rank == 0:
+                kept.append(values)
+
+    return step
 
 
 def loop(config: dict[str, Any]) -> None:
+    """Train one model, running each variant's hook in its own blocks of SYNC_EVERY steps."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -46,108 +105,89 @@ def loop(config: dict[str, Any]) -> None:
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    variant = config["variant"]
-    if variant.startswith("ray_cmf"):
-        from ray_cmf.metrics import Accuracy, Max, Mean, MetricCollection
-        from ray_cmf.train import StepLogger
+    cmf_step, cmf_finish, setup = ray_cmf_variant(config)
+    hooks: dict[str, Step | None] = {
+        "no logging": None,
+        "ray_cmf": cmf_step,
+        "torchmetrics": torchmetrics_variant(rank),
+    }
+    times = {v: 0.0 for v in VARIANTS}
+    position = 0
 
-        chosen = {"loss": Mean(), "accuracy": Accuracy(), "grad_norm_max": Max()}
-        if variant == "ray_cmf without accuracy":
-            chosen.pop("accuracy")
-        metrics = MetricCollection(chosen)
-        logger = StepLogger(
-            metrics, sync_every=SYNC_EVERY, store=config["store"], pipeline_name="bench_train", run_name=config["run"]
-        )
-    elif variant == "torchmetrics":
-        import torchmetrics
+    def block(hook: Step | None) -> float:
+        nonlocal position
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(SYNC_EVERY):
+            i = position % (4096 - BATCH)
+            position += BATCH
+            inputs, target = x[i : i + BATCH], y[i : i + BATCH]
+            logits = model(inputs)
+            loss = torch.nn.functional.cross_entropy(logits, target)
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            optimizer.step()
+            if hook is not None:
+                hook(logits, target, loss, grad_norm)
+        dist.barrier()
+        return time.perf_counter() - start
 
-        tm = torchmetrics.MetricCollection(
-            {
-                "loss": torchmetrics.MeanMetric(),
-                "grad_norm_max": torchmetrics.MaxMetric(),
-                "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=4),
-            }
-        )
-        kept: list[dict[str, float]] = []
-    dist.barrier()
+    for variant in VARIANTS:  # warm-up: one untimed interval each
+        block(hooks[variant])
+    for b in range(config["steps"] // SYNC_EVERY):
+        for k in range(len(VARIANTS)):
+            variant = VARIANTS[(b + k) % len(VARIANTS)]
+            times[variant] += block(hooks[variant])
     start = time.perf_counter()
-    for step in range(config["steps"]):
-        i = (step * 64) % 4096
-        logits = model(x[i : i + 64])
-        loss = torch.nn.functional.cross_entropy(logits, y[i : i + 64])
-        optimizer.zero_grad()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-        optimizer.step()
-        if variant.startswith("ray_cmf"):
-            metrics["loss"].update(loss.detach())
-            if "accuracy" in chosen:
-                metrics["accuracy"].update(logits.detach(), y[i : i + 64])
-            metrics["grad_norm_max"].update(grad_norm.detach())
-            logger.step(samples=64)
-        elif variant == "torchmetrics":
-            tm["loss"].update(loss.detach())
-            tm["accuracy"].update(logits.detach(), y[i : i + 64])
-            tm["grad_norm_max"].update(grad_norm.detach())
-            if (step + 1) % SYNC_EVERY == 0:
-                values = {k: v.item() for k, v in tm.compute().items()}
-                tm.reset()
-                if rank == 0:
-                    kept.append(values)
-    if variant.startswith("ray_cmf"):
-        logger.finish()
-    dist.barrier()
-    elapsed = time.perf_counter() - start
+    cmf_finish()
+    finish = time.perf_counter() - start
     if rank == 0:
-        Path(config["out"]).write_text(str(elapsed))
+        Path(config["out"]).write_text(json.dumps({"times": times, "setup": setup, "finish": finish}))
 
 
-def run(variant: str, steps: int, tmp: Path, index: int) -> float:
-    slug = variant.replace(" ", "_")
-    out = tmp / f"{slug}-{index}.txt"
+def run(steps: int, tmp: Path, index: int) -> dict[str, Any]:
+    """One TorchTrainer run (one round); the loop's timings from rank 0."""
+    out = tmp / f"round-{index}.json"
     TorchTrainer(
         loop,
-        train_loop_config={
-            "variant": variant,
-            "steps": steps,
-            "out": str(out),
-            "store": str(tmp / "store"),
-            "run": f"{slug}-{index}",
-        },
+        train_loop_config={"steps": steps, "out": str(out), "store": str(tmp / "store"), "run": f"round-{index}"},
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name=f"{slug}-{index}", storage_path=str(tmp / "results")),
+        run_config=RunConfig(name=f"round-{index}", storage_path=str(tmp / "results")),
     ).fit()
-    return float(out.read_text())
+    return json.loads(out.read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3000, help="training steps per variant")
+    parser.add_argument("--rounds", type=int, default=3, help="TorchTrainer runs; the median is reported")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    variants = ("no logging", "ray_cmf", "torchmetrics", "ray_cmf without accuracy")
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for r in range(args.rounds):
-        for variant in variants:
-            times[variant].append(run(variant, args.steps, tmp, r))
-    base = statistics.median(times["no logging"])
-    rows = [
-        [
-            v,
-            f"{statistics.median(t):.2f} s",
-            f"{(statistics.median(t) / base - 1) * 100:+.1f}%",
-            f"{statistics.median(t) / args.steps * 1e3:.3f} ms",
-        ]
-        for v, t in times.items()
-    ]
+    rounds = [run(args.steps, tmp, r) for r in range(args.rounds)]
+    steps = args.steps // SYNC_EVERY * SYNC_EVERY
+    base = [r["times"]["no logging"] for r in rounds]
+    measured = {v: [r["times"][v] for r in rounds] for v in VARIANTS}
+    measured["ray_cmf incl. set-up and finish()"] = [r["times"]["ray_cmf"] + r["setup"] + r["finish"] for r in rounds]
+    rows = []
+    for v, seconds in measured.items():
+        overhead = statistics.median(s / b - 1 for s, b in zip(seconds, base))
+        median = statistics.median(seconds)
+        rows.append([v, f"{median:.2f} s", f"{overhead * 100:+.1f}%", f"{median / steps * 1e3:.3f} ms"])
     print(
-        f"## TorchTrainer, 2 gloo workers, {args.steps} steps, metrics every step, synced every {SYNC_EVERY} "
-        f"(median of {args.rounds})\n"
+        f"## TorchTrainer, 2 gloo workers, {steps} steps per variant, metrics every step, synced every "
+        f"{SYNC_EVERY}; variants interleaved in blocks of {SYNC_EVERY} steps (median of {args.rounds} runs)\n"
     )
-    print_table(["logging", "training loop time", "overhead vs no logging", "per step"], rows)
-    print(f"\nall loop times (s): { {k: [round(x, 2) for x in v] for k, v in times.items()} }")
+    print_table(["logging", "training time", "overhead vs no logging", "per step"], rows)
+    print(
+        "\nper run: "
+        + "; ".join(
+            f"setup {r['setup']:.2f} s, finish {r['finish']:.2f} s, "
+            + ", ".join(f"{v} {(r['times'][v] / r['times']['no logging'] - 1) * 100:+.1f}%" for v in VARIANTS[1:])
+            for r in rounds
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
-from ray_cmf.store import Binding, Store, StoreWriter, resolve_root
+from ray_cmf.store import Store, StoreWriter, resolve_root
 from ray_cmf.tune import result_row, writer_actor
 
 log = logging.getLogger(__name__)
@@ -48,16 +48,34 @@ def _train_context() -> Any:
         return None
 
 
+class _Call:
+    """A writer call in flight (or, without Ray, already done)."""
+
+    def __init__(self, ref: Any = None, value: Any = None) -> None:
+        self._ref, self._value = ref, value
+
+    def done(self) -> bool:
+        return self._ref is None or bool(ray.wait([self._ref], timeout=0)[0])
+
+    def result(self) -> Any:
+        """Wait for the call; its value, or its error raised here."""
+        return self._value if self._ref is None else ray.get(self._ref)
+
+
 class _Writer:
     """Calls the single writer: the Ray actor when Ray runs, an in-process StoreWriter otherwise."""
 
     def __init__(self) -> None:
         self._local = None if ray.is_initialized() else StoreWriter()
 
-    def __call__(self, method: str, *args: Any) -> Any:
+    def submit(self, method: str, *args: Any) -> _Call:
+        """Start a call without waiting (calls from one process run in the order submitted)."""
         if self._local is not None:
-            return getattr(self._local, method)(*args)
-        return ray.get(getattr(writer_actor(), method).remote(*args))
+            return _Call(value=getattr(self._local, method)(*args))
+        return _Call(ref=getattr(writer_actor(), method).remote(*args))
+
+    def __call__(self, method: str, *args: Any) -> Any:
+        return self.submit(method, *args).result()
 
 
 class StepLogger:
@@ -121,30 +139,35 @@ class StepLogger:
         self._samples = 0
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
-        self._binding: Binding | None = None
+        self._started: _Call | None = None  # the run's registration, until it is known to have succeeded
         self._writer = _Writer()
         if self.rank == 0:
-            self._binding = self._bind(pipeline_name, pipeline_stage, store)
-            paths = Store(self._binding.root, mlmd=self._binding.mlmd)
-            self._destination = paths.series_path(
-                self._binding.pipeline, self._binding.stage, self.run_name, self.metrics_name
-            )
-            spill = paths.spill_dir(f"train-{self.run_name}-{self.metrics_name}")
+            root, mlmd, pipeline, stage = self._bind(pipeline_name, pipeline_stage, store)
+            paths = Store(root, mlmd=mlmd)
+            self._destination = paths.series_path(pipeline, stage, self.run_name, self.metrics_name)
             manifest = {
                 "metrics_name": self.metrics_name,
-                "pipeline": self._binding.pipeline,
-                "stage": self._binding.stage,
+                "pipeline": pipeline,
+                "stage": stage,
                 "execution_type": RUN_EXECUTION_TYPE,
                 "execution_name": self.run_name,
                 "dest": str(self._destination),
                 **spill_owner(),
             }
             self._buffer = MetricBuffer.resume(
-                spill, flush_rows=flush_rows, flush_seconds=flush_seconds, manifest=manifest
+                paths.spill_dir(f"train-{self.run_name}-{self.metrics_name}"),
+                flush_rows=flush_rows,
+                flush_seconds=flush_seconds,
+                manifest=manifest,
             )
 
-    def _bind(self, pipeline: str, stage: str | None, store: str | os.PathLike[str] | None) -> Binding:
-        """Rank 0: get or create the run's execution (in the trial's pipeline and stage inside a Tune trial)."""
+    def _bind(self, pipeline: str, stage: str | None, store: str | os.PathLike[str] | None) -> tuple[str, ...]:
+        """Rank 0: register the run's execution (in the trial's pipeline and stage inside a Tune trial).
+
+        The registration is not waited for (the first call may start the writer actor and create the store):
+        a failure surfaces at the next sync after it completes, or at ``finish``. Returns the run's root,
+        MLMD location, pipeline and stage.
+        """
         root = str(resolve_root(store))
         mlmd = Store(root).mlmd
         if self.trial_id is not None:
@@ -152,22 +175,22 @@ class StepLogger:
             if trial is None:
                 raise ValueError(f"trial_id={self.trial_id!r} is not a trial of a sweep running CmfRayLogger")
             root, mlmd, pipeline, stage = trial.root, trial.mlmd, trial.pipeline, trial.stage
+        pipeline = check_name("pipeline_name", pipeline)
+        stage = check_name("pipeline_stage", stage or self.run_name)
         props = {
             "run_name": self.run_name,
             "world_size": world_size(self.group),
             "sync_every": self.sync_every,
             **({"tune_trial_id": self.trial_id} if self.trial_id else {}),
         }
-        return self._writer(
-            "start",
-            "run",
-            root,
-            mlmd,
-            check_name("pipeline_name", pipeline),
-            check_name("pipeline_stage", stage or self.run_name),
-            self.run_name,
-            props,
-        )
+        self._started = self._writer.submit("start", "run", root, mlmd, pipeline, stage, self.run_name, props)
+        return root, mlmd, pipeline, stage
+
+    def _check_started(self, wait: bool) -> None:
+        """Raise the run registration's error, if any, once it has completed (or now, when ``wait``)."""
+        if self._started is not None and (wait or self._started.done()):
+            started, self._started = self._started, None
+            started.result()
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
         """Count one training step (and its samples); every ``sync_every`` steps, sync and log one row.
@@ -197,6 +220,7 @@ class StepLogger:
             row["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
         if self._buffer is not None:
             self._buffer.append(row)
+            self._check_started(wait=False)
         self._syncs += 1
         if self.report_every is not None and self._context is not None and self._syncs % self.report_every == 0:
             ray.train.report(row)
@@ -224,6 +248,7 @@ class StepLogger:
             self.sync()
         artifact = None
         if self._buffer is not None:
+            self._check_started(wait=True)
             finished = self._buffer.finish(self._destination)
             self._buffer.close()
             artifact = self._writer(

@@ -21,6 +21,7 @@ COLLECTIVES = (
     "reduce",
     "barrier",
     "all_gather_into_tensor",
+    "all_gather_single",
     "reduce_scatter_tensor",
     "all_to_all",
     "gather",
@@ -32,7 +33,9 @@ def count_collectives() -> dict[str, int]:
     """Wrap torch.distributed's collectives in this process; the returned dict counts calls by name."""
     counts = dict.fromkeys(COLLECTIVES, 0)
     for name in COLLECTIVES:
-        original = getattr(dist, name)
+        original = getattr(dist, name, None)
+        if original is None:  # not in this torch version
+            continue
 
         def wrapped(*args: Any, __name: str = name, __orig: Any = original, **kwargs: Any) -> Any:
             counts[__name] = counts.get(__name, 0) + 1

@@ -10,6 +10,7 @@ import torch
 
 from ray_cmf import RayCmfError
 from ray_cmf.metrics import Accuracy, Histogram, Max, Mean, Metric, MetricCollection, Min, Sum
+from ray_cmf.metrics.staging import STAGE_BYTES
 
 HOST_SYNCS = ("item", "cpu", "tolist", "numpy")
 
@@ -180,3 +181,46 @@ def test_standalone_metric_sync_then_compute() -> None:
     assert m.compute()["value"].item() == 3.0  # the synced value until the next update
     m.update(torch.tensor(1.0))
     assert m.compute()["value"].item() == 1.0  # the local interval
+
+
+def test_staged_updates_match_a_direct_reference() -> None:
+    """Updates of changing shapes (more signatures than blocks kept, blocks filling, Python numbers, NaN,
+    inputs too large to stage, inputs that require grad) give what one pass over all the data gives."""
+    rng = np.random.default_rng(1)
+    metrics = {
+        "sum": Sum(),
+        "max": Max(),
+        "mean": Mean(),
+        "wmean": Mean(),
+        "acc": Accuracy(),
+        "hist": Histogram(8, -2, 2),
+    }
+    seen, weighted, hits = [], [], []
+    for i in range(300):
+        shape = (STAGE_BYTES // 4,) if i % 50 == 0 else [(), (3,), (2, 5)][i % 3]
+        x = torch.from_numpy(rng.normal(size=shape).astype(np.float32))
+        if i % 37 == 0:
+            x.reshape(-1)[0] = float("nan")
+        w = torch.rand(shape[-1:])
+        value = float(x.reshape(-1)[-1]) if i % 7 == 0 else x.requires_grad_(i % 11 == 0)
+        for name in ("sum", "max", "mean", "hist"):
+            metrics[name].update(value)
+        metrics["wmean"].update(x, weight=w)
+        logits, target = torch.randn(6, 4), torch.randint(0, 4, (6,))
+        metrics["acc"].update(logits, target)
+        seen.append(np.atleast_1d(np.asarray(value if isinstance(value, float) else x.detach().numpy(), np.float64)))
+        weighted.append((x.detach().numpy().reshape(-1), np.broadcast_to(w.numpy(), x.shape).reshape(-1)))
+        hits.append((logits.argmax(1) == target).numpy())
+    data = np.concatenate([v.reshape(-1) for v in seen])
+    ok = np.isfinite(data)
+    xs, ws = (np.concatenate(part).astype(np.float64) for part in zip(*weighted))
+    wok = np.isfinite(xs)
+    out = {name: m.compute() for name, m in metrics.items()}
+    assert out["sum"]["value"].item() == pytest.approx(data[ok].sum())
+    assert out["sum"]["nonfinite"].item() == (~ok).sum() > 0
+    assert out["max"]["value"].item() == data[ok].max()
+    assert out["mean"]["value"].item() == pytest.approx(data[ok].mean())
+    assert out["wmean"]["value"].item() == pytest.approx(np.average(xs[wok], weights=ws[wok]))
+    assert out["acc"]["value"].item() == pytest.approx(np.concatenate(hits).mean())
+    assert out["hist"]["count"].item() == ok.sum()
+    assert not any(t.requires_grad for m in metrics.values() for t in m.compute().values())

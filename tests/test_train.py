@@ -13,7 +13,8 @@ import torch
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf.compare import Sweep
-from ray_cmf.constants import STEP_METRICS_TYPE
+from ray_cmf.constants import MLMD_FILE, STEP_METRICS_TYPE
+from ray_cmf.errors import StoreError
 from ray_cmf.lineage import Lineage, properties
 from tests._dist import count_collectives
 
@@ -182,6 +183,21 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     assert properties(artifact)["rows"] == 3  # steps 4, 8 and the final partial interval at 10
     frame = _series(tmp_path, "train_steps").steps(["loss"])
     assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
+
+
+def test_store_error_in_the_writer_actor_surfaces_in_the_training_loop(ray_session: None, tmp_path: Path) -> None:
+    """The run's registration is not waited for at construction; its failure is raised, not lost."""
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    store = tmp_path / "store"
+    (store / MLMD_FILE).mkdir(parents=True)  # the writer actor cannot open MLMD there
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(metrics, sync_every=1, store=str(store), pipeline_name="train_test", run_name="broken")
+    metrics["loss"].update(1.0)
+    steps.step()
+    with pytest.raises(StoreError, match="Cannot open the MLMD database"):
+        steps.finish()
 
 
 def test_torch_trainer_inside_a_tune_trial_is_linked(ray_session: None, tmp_path: Path) -> None:

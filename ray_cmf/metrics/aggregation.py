@@ -10,6 +10,11 @@ from typing import Any
 import torch
 
 from ray_cmf.metrics.base import Metric
+from ray_cmf.metrics.packing import STATE_DTYPE
+
+
+def _shape(value: Any) -> torch.Size:
+    return value.shape if isinstance(value, torch.Tensor) else torch.Size()
 
 
 def outputs(value: torch.Tensor, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -21,23 +26,17 @@ def outputs(value: torch.Tensor, states: Mapping[str, torch.Tensor]) -> dict[str
 
 
 class _OneValue(Metric):
-    """Metrics updated by one value (tensor of any shape or scalar); scalars are staged and folded in blocks."""
-
-    stage_width = 1
+    """Metrics updated by one value: a tensor of any shape or a Python number."""
 
     def update(self, value: Any) -> None:
-        self._touch()
-        if self._is_scalar(value):
-            self._stage(value)
-        else:
-            self._accumulate(self._as_state(value))
+        self._stage(value)
 
-    def _fold_block(self, block: torch.Tensor) -> None:
-        self._accumulate(block[:, 0])
+    def _apply(self, values: torch.Tensor) -> None:
+        self._accumulate(values.to(STATE_DTYPE).reshape(-1))
 
     @abstractmethod
     def _accumulate(self, value: torch.Tensor) -> None:
-        """Vectorized update from a tensor of values (already float64 on the metric's device)."""
+        """Update from a flat float64 tensor of values on the metric's device."""
 
 
 class Sum(_OneValue):
@@ -71,24 +70,31 @@ class Mean(Metric):
         1.5
     """
 
-    stage_width = 2  # value, weight
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.add_state("weighted_sum", 0.0, "sum")
         self.add_state("weight", 0.0, "sum")
 
     def update(self, value: Any, weight: Any = None) -> None:
-        self._touch()
-        if self._is_scalar(value) and (weight is None or self._is_scalar(weight)):
-            self._stage(value) if weight is None else self._stage(value, weight)
+        if weight is None:
+            self._stage(value)
             return
-        value = self._as_state(value)
-        weight = torch.ones_like(value) if weight is None else torch.broadcast_to(self._as_state(weight), value.shape)
-        self._accumulate(value, weight)
+        value_shape, weight_shape = _shape(value), _shape(weight)
+        if torch.broadcast_shapes(value_shape, weight_shape) != value_shape:
+            raise ValueError(
+                f"Mean: weight of shape {tuple(weight_shape)} does not broadcast to the value's {tuple(value_shape)}"
+            )
+        self._stage(value, weight)
 
-    def _fold_block(self, block: torch.Tensor) -> None:
-        self._accumulate(block[:, 0], block[:, 1])
+    def _apply(self, values: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+        values = values.to(STATE_DTYPE)
+        if weights is None:
+            weights = torch.ones_like(values)
+        else:  # each update's weight broadcasts against its value: align the trailing dimensions
+            missing = values.dim() - weights.dim()
+            weights = weights.to(STATE_DTYPE).reshape(weights.shape[:1] + (1,) * missing + weights.shape[1:])
+            weights = torch.broadcast_to(weights, values.shape)
+        self._accumulate(values.reshape(-1), weights.reshape(-1))
 
     def _accumulate(self, value: torch.Tensor, weight: torch.Tensor) -> None:
         if self.nan_policy == "exclude":

@@ -11,9 +11,9 @@ import torch
 
 from ray_cmf.errors import RayCmfError
 from ray_cmf.metrics.packing import REDUCTIONS, STATE_DTYPE, StatePack, SyncHandle, rank, world_size
+from ray_cmf.metrics.staging import Stager
 
 NAN_POLICIES = ("exclude", "propagate")
-STAGE_ROWS = 64  # scalar updates staged per metric before one vectorized fold
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,9 @@ class StateSpec:
 class Metric(ABC):
     """A metric whose states live on the device and reduce across ranks in at most 3 collectives.
 
-    Lifecycle: ``update`` (device ops only; no host sync, no communication) -> ``sync`` (ends the interval:
-    reduces a snapshot across ranks and resets the local state unless ``cumulative``) -> ``compute``.
+    Lifecycle: ``update`` (stages its inputs on the device: no host sync, no communication) -> ``sync``
+    (ends the interval: reduces a snapshot across ranks and resets the local state unless ``cumulative``)
+    -> ``compute``.
     ``compute()`` returns the last sync's global values until the next ``update``/``reset``; otherwise the
     local values. States are float64 (exact counts up to 2**53).
 
@@ -49,8 +50,7 @@ class Metric(ABC):
         self._pack: StatePack | None = None
         self._owner: Any = None  # the MetricCollection that packs this metric, if any
         self._synced: dict[str, torch.Tensor] | None = None
-        self._staged: torch.Tensor | None = None  # (STAGE_ROWS, stage_width) scalar updates not yet folded
-        self._n_staged = 0
+        self._stager = Stager(self._apply)
         if nan_policy == "exclude":
             self.add_state("nonfinite", 0.0, "sum")
 
@@ -82,55 +82,28 @@ class Metric(ABC):
     # -- the protocol --------------------------------------------------------------------------------
     @abstractmethod
     def update(self, *args: Any, **kwargs: Any) -> None:
-        """Accumulate on the device: in-place tensor ops only, no host sync, no value-dependent branch."""
+        """Check the inputs' shapes and stage them (``_stage``): no host sync, no value-dependent branch."""
 
     @abstractmethod
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Outputs (``value`` first) from a set of states; must not modify them."""
 
-    def _touch(self) -> None:
-        """Mark local state as newer than the last sync (call at the start of ``update``)."""
+    # -- staged updates (see staging.py) -----------------------------------------------------------
+    def _stage(self, *inputs: Any) -> None:
+        """Record one update's inputs; ``_apply`` runs on them as part of a block."""
         self._synced = None
+        self._stager.push(inputs, self._device)
 
-    # -- scalar staging: a scalar update costs one copy; the real update runs vectorized per block -----
-    stage_width = 0  # columns a scalar update stages (0: this metric does not stage)
-
-    def _stage(self, *values: Any) -> None:
-        """Record one scalar update (its columns in order); fold the block when it is full."""
-        if self._staged is None:
-            self._staged = torch.ones((STAGE_ROWS, self.stage_width), dtype=STATE_DTYPE, device=self._device)
-        row = self._staged[self._n_staged]
-        for column, value in enumerate(values):
-            if isinstance(value, torch.Tensor):
-                row[column].copy_(value.reshape(()))
-            else:
-                row[column] = value
-        self._n_staged += 1
-        if self._n_staged == STAGE_ROWS:
-            self._fold()
+    @abstractmethod
+    def _apply(self, *inputs: torch.Tensor) -> None:
+        """Vectorized update: every input has a leading dimension indexing the staged updates."""
 
     def _fold(self) -> None:
-        """Apply the staged scalar updates as one vectorized update."""
-        if self._n_staged:
-            assert self._staged is not None
-            self._fold_block(self._staged[: self._n_staged])
-            self._staged.fill_(1.0)  # unstaged columns (e.g. an omitted weight) default to 1
-            self._n_staged = 0
-
-    def _fold_block(self, block: torch.Tensor) -> None:
-        """Vectorized update from ``block`` (rows: staged updates, columns: stage_width). Metrics that stage
-        override it."""
-        raise NotImplementedError(f"{type(self).__name__} stages scalars but does not fold them")
+        """Apply the staged updates (before the states are read, reduced or saved)."""
+        self._stager.flush()
 
     def _discard_staged(self) -> None:
-        self._n_staged = 0
-        if self._staged is not None:
-            self._staged.fill_(1.0)
-
-    @staticmethod
-    def _is_scalar(value: Any) -> bool:
-        """A shape check (never a value check): Python numbers and one-element tensors stage."""
-        return isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+        self._stager.discard()
 
     def _filter(self, value: torch.Tensor, fill: float) -> torch.Tensor:
         """Apply the NaN policy: replace non-finite entries by ``fill`` and count them (device ops only)."""
@@ -139,11 +112,6 @@ class Metric(ABC):
         finite = torch.isfinite(value)
         self.nonfinite.add_((~finite).sum())
         return torch.where(finite, value, torch.as_tensor(fill, dtype=value.dtype, device=value.device))
-
-    def _as_state(self, value: Any) -> torch.Tensor:
-        if isinstance(value, torch.Tensor) and value.device == self._device:
-            return value.to(STATE_DTYPE)
-        return torch.as_tensor(value, device=self._device).to(STATE_DTYPE)
 
     def compute(self) -> dict[str, torch.Tensor]:
         """Outputs as device tensors: the last sync's global values, else this rank's local ones."""
@@ -194,7 +162,7 @@ class Metric(ABC):
         if self._owner is not None:
             raise RayCmfError(f"{type(self).__name__} belongs to a MetricCollection; move the collection instead")
         self._fold()
-        self._staged = None
+        self._stager.discard()
         self._device = torch.device(device)
         for name in self._state_specs:
             setattr(self, name, getattr(self, name).to(self._device))

@@ -33,28 +33,42 @@ class Accuracy(Metric):
         self.add_state("total", 0.0, "sum")
 
     def update(self, preds_or_logits: torch.Tensor, target: torch.Tensor) -> None:
-        self._touch()
-        target = target.to(self.device)
-        preds = preds_or_logits.to(self.device)
-        if preds.dim() == target.dim() + 1:  # scores: (N, C, ...) against (N, ...)
+        scores = preds_or_logits.dim() == target.dim() + 1
+        if scores:
+            if (preds_or_logits.shape[:1] + preds_or_logits.shape[2:]) != target.shape:
+                raise ValueError(
+                    f"Accuracy: scores of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
+                    f"{tuple(target.shape)} (expected (N, C, ...) against (N, ...))"
+                )
+        elif preds_or_logits.shape != target.shape:
+            raise ValueError(
+                f"Accuracy: predicted labels of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
+                f"{tuple(target.shape)}"
+            )
+        elif self.top_k != 1:
+            raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(target.shape)}")
+        self._stage(preds_or_logits, target)
+
+    def _apply(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        if target.dim() > 1:  # the staged updates' dimension joins the samples' dimension
+            preds, target = preds.flatten(0, 1), target.flatten(0, 1)
+        if preds.dim() == target.dim():
+            hit, valid = preds == target, None
+        else:
             if self.top_k == 1:
                 hit = preds.argmax(dim=1) == target
             else:
                 top = preds.topk(min(self.top_k, preds.shape[1]), dim=1).indices
                 hit = (top == target.unsqueeze(1)).any(dim=1)
-            if self.nan_policy == "exclude":
-                valid = torch.isfinite(preds).all(dim=1)
-                n_valid = valid.sum()
-                self.nonfinite.add_(target.numel() - n_valid)
-                self.total.add_(n_valid)
-                self.correct.add_((hit & valid).sum())
-                return
-        elif self.top_k != 1:
-            raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(preds.shape)}")
-        else:
-            hit = preds == target
-        self.total.add_(target.numel())
-        self.correct.add_(hit.sum())
+            valid = torch.isfinite(preds).all(dim=1) if self.nan_policy == "exclude" else None
+        if valid is None:
+            self.total.add_(target.numel())
+            self.correct.add_(hit.sum())
+            return
+        n_valid = valid.sum()
+        self.nonfinite.add_(target.numel() - n_valid)
+        self.total.add_(n_valid)
+        self.correct.add_((hit & valid).sum())
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["correct"] / states["total"], states)

@@ -163,7 +163,7 @@ class MetricCollection:
         self._clear_synced()
 
     def _fold(self) -> None:
-        """Apply every member's staged scalar updates (before reading or reducing the states)."""
+        """Apply every member's staged updates (before reading or reducing the states)."""
         for metric in self._metrics.values():
             metric._fold()
 
@@ -178,6 +178,6 @@ class MetricCollection:
         self._device = torch.device(device)
         for metric in self._metrics.values():
             metric._owner = None
-            metric._staged = None
+            metric._discard_staged()
         self._pack = self._build_pack()
         return self

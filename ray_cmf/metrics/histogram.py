@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ray_cmf.metrics.base import Metric
+from ray_cmf.metrics.packing import STATE_DTYPE
 
 
 class Histogram(Metric):
@@ -37,8 +38,10 @@ class Histogram(Metric):
         self.add_state("counts", torch.zeros(bins + 2), "sum")
 
     def update(self, value: Any) -> None:
-        self._touch()
-        value = self._as_state(value).reshape(-1)
+        self._stage(value)
+
+    def _apply(self, values: torch.Tensor) -> None:
+        value = values.to(STATE_DTYPE).reshape(-1)
         finite = torch.isfinite(value)
         if self.nan_policy == "exclude":
             self.nonfinite.add_((~finite).sum())

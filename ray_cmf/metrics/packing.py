@@ -1,10 +1,12 @@
-"""Packed metric state: one contiguous float64 buffer per reduction (sum, max, min).
+"""Packed metric state: one contiguous float64 buffer, a region per reduction (sum, max, min).
 
-Every state tensor of the packed metrics is a view into its reduction's buffer, so updates write
-straight into the packed layout and a sync costs at most one all_reduce per reduction kind, whatever
-the number of metrics. A sync snapshots the buffers into one of two preallocated copies (double
-buffering), resets the live state, and reduces the copy: asynchronously on gloo (``async_op=True``),
-on a side stream ordered by CUDA events on GPUs. The ranks compare layouts once, on the first sync.
+Every state tensor of the packed metrics is a view into its reduction's region, so updates write
+straight into the packed layout. A sync snapshots the buffer into one of two preallocated copies (double
+buffering), resets the live state, and reduces the copy: asynchronously on gloo (``async_op=True``), on
+a side stream ordered by CUDA events on GPUs. Whatever the number of metrics, a sync is ONE collective
+when the gathered state is small (an all_gather, then each region reduced locally: small collectives cost
+latency, not bandwidth), else at most two all_reduces (sum, and max with the min region negated).
+The ranks compare layouts once, on the first sync.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from ray_cmf.errors import RayCmfError
 if TYPE_CHECKING:
     from ray_cmf.metrics.base import Metric
 
-REDUCTIONS = ("sum", "max", "min")
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-STATE_DTYPE = torch.float64  # exact for counts up to 2**53, so one dtype (one buffer) per reduction
+REDUCTIONS = ("sum", "max", "min")  # also the order of the regions in the packed buffer
+_LOCAL = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+STATE_DTYPE = torch.float64  # exact for counts up to 2**53, so one dtype (one buffer) for every state
+GATHER_MAX_ELEMENTS = 1 << 16  # all_gather when world_size * state elements stays within this
 T = TypeVar("T")
 U = TypeVar("U")
 
@@ -130,22 +133,34 @@ class StatePack:
             )
             sizes[spec.reduce] += numel
         self.slots = slots
-        self.buffers = {r: torch.empty(n, dtype=STATE_DTYPE, device=self.device) for r, n in sizes.items() if n}
-        self.defaults = {r: torch.empty_like(b) for r, b in self.buffers.items()}
-        self.keep = {r: torch.zeros(b.shape, dtype=torch.bool, device=self.device) for r, b in self.buffers.items()}
+        bounds, start = {}, 0
+        for r in REDUCTIONS:
+            if sizes[r]:
+                bounds[r] = (start, start + sizes[r])
+                start += sizes[r]
+        self.regions = bounds
+        self.flat = torch.empty(start, dtype=STATE_DTYPE, device=self.device)
+        self.buffers = self._views(self.flat)
+        self.defaults = torch.empty_like(self.flat)
+        self.keep = torch.zeros(self.flat.shape, dtype=torch.bool, device=self.device)
         for slot in slots:
             spec = slot.owner._state_specs[slot.name]
-            region = slice(slot.offset, slot.offset + slot.numel)
-            current = getattr(slot.owner, slot.name)
-            self.buffers[slot.reduce][region].copy_(current.reshape(-1))
-            self.defaults[slot.reduce][region].copy_(spec.default.reshape(-1))
-            self.keep[slot.reduce][region] = slot.owner.cumulative
-            setattr(slot.owner, slot.name, self.buffers[slot.reduce][region].view(slot.shape))
-        self._snapshots = [{r: torch.empty_like(b) for r, b in self.buffers.items()} for _ in range(2)]
+            begin = bounds[slot.reduce][0] + slot.offset
+            region = slice(begin, begin + slot.numel)
+            self.flat[region].copy_(getattr(slot.owner, slot.name).reshape(-1))
+            self.defaults[region].copy_(spec.default.reshape(-1))
+            self.keep[region] = slot.owner.cumulative
+            setattr(slot.owner, slot.name, self.flat[region].view(slot.shape))
+        self._snapshots = [torch.empty_like(self.flat) for _ in range(2)]
+        self._gathered: list[torch.Tensor | None] = [None, None]
         self._next = 0
         self._in_flight: list[SyncHandle[Any] | None] = [None, None]
         self._layout_checked = False
         self.layout = tuple((s.key, s.reduce, s.shape) for s in slots)
+
+    def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{reduction: its region of flat}``."""
+        return {r: flat[begin:end] for r, (begin, end) in self.regions.items()}
 
     # -- views ---------------------------------------------------------------------------------------
     def states(self, owner: Metric, buffers: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -160,13 +175,12 @@ class StatePack:
     def reset(self, owner: Metric | None = None, *, keep_cumulative: bool = False) -> None:
         """Restore defaults: every state, or ``owner``'s; cumulative ones survive when ``keep_cumulative``."""
         if owner is None:
-            for r, buf in self.buffers.items():
-                buf.copy_(torch.where(self.keep[r], buf, self.defaults[r]) if keep_cumulative else self.defaults[r])
+            self.flat.copy_(torch.where(self.keep, self.flat, self.defaults) if keep_cumulative else self.defaults)
             return
         for s in self.slots:
             if s.owner is owner:
-                region = slice(s.offset, s.offset + s.numel)
-                self.buffers[s.reduce][region].copy_(self.defaults[s.reduce][region])
+                begin = self.regions[s.reduce][0] + s.offset
+                self.flat[begin : begin + s.numel].copy_(self.defaults[begin : begin + s.numel])
 
     # -- communication -------------------------------------------------------------------------------
     def check_layout(self, group: Any = None) -> None:
@@ -188,39 +202,67 @@ class StatePack:
     def reduce(
         self, group: Any = None, *, async_op: bool = False, reset: bool = True
     ) -> SyncHandle[dict[str, torch.Tensor]]:
-        """Snapshot the live state, reset it (cumulative states stay), and all-reduce the snapshot."""
+        """Snapshot the live state, reset it (cumulative states stay), and reduce the snapshot across ranks."""
         index = self._next
         self._next ^= 1
         previous = self._in_flight[index]
         if previous is not None:
             previous.wait()  # the snapshot buffers are about to be reused
         snapshot = self._snapshots[index]
-        for r, buf in self.buffers.items():
-            snapshot[r].copy_(buf)
+        snapshot.copy_(self.flat)
         if reset:
             self.reset(keep_cumulative=True)
-        handle = self._launch(snapshot, group, async_op)
+        handle = self._launch(index, group, async_op)
         self._in_flight[index] = handle
         return handle
 
-    def _launch(
-        self, snapshot: dict[str, torch.Tensor], group: Any, async_op: bool
-    ) -> SyncHandle[dict[str, torch.Tensor]]:
+    def _launch(self, index: int, group: Any, async_op: bool) -> SyncHandle[dict[str, torch.Tensor]]:
+        snapshot = self._snapshots[index]
         if world_size(group) == 1:
-            return SyncHandle(lambda: snapshot)
+            return SyncHandle(lambda: self._views(snapshot))
         self.check_layout(group)
-        if self.device.type == "cuda":
-            return self._launch_cuda(snapshot, group, async_op)
-        works = [
-            dist.all_reduce(snapshot[r], op=_OPS[r], group=group, async_op=async_op)
-            for r in REDUCTIONS
-            if r in snapshot
-        ]
-        return SyncHandle(lambda: snapshot, [w for w in works if w is not None])
+        if self.device.type != "cuda":
+            works, finish = self._exchange(index, group, async_op)
+            return SyncHandle(finish, [w for w in works if w is not None])  # None: the call already completed
+        return self._launch_cuda(index, group, async_op)
 
-    def _launch_cuda(
-        self, snapshot: dict[str, torch.Tensor], group: Any, async_op: bool
-    ) -> SyncHandle[dict[str, torch.Tensor]]:
+    def _exchange(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], Any]]:
+        """Start the collectives on a snapshot; ``finish`` (after they complete) returns the reduced regions."""
+        snapshot = self._snapshots[index]
+        world = world_size(group)
+        if world * snapshot.numel() <= GATHER_MAX_ELEMENTS:
+            gathered = self._gathered[index]
+            if gathered is None or gathered.numel() != world * snapshot.numel():
+                gathered = self._gathered[index] = snapshot.new_empty(world * snapshot.numel())
+            work = _all_gather(gathered, snapshot, group, async_op)
+
+            def reduce_locally() -> dict[str, torch.Tensor]:
+                rows = gathered.view(world, -1)
+                for r, (begin, end) in self.regions.items():
+                    _LOCAL[r](rows[:, begin:end], dim=0, out=snapshot[begin:end])
+                return self._views(snapshot)
+
+            return [work], reduce_locally
+        works = []
+        if "sum" in self.regions:
+            begin, end = self.regions["sum"]
+            works.append(dist.all_reduce(snapshot[begin:end], op=dist.ReduceOp.SUM, group=group, async_op=async_op))
+        extremes = [self.regions[r] for r in ("max", "min") if r in self.regions]
+        if extremes:  # max and min in one MAX all_reduce: min(x) == -max(-x)
+            minimum = self.regions.get("min")
+            if minimum is not None:
+                snapshot[minimum[0] : minimum[1]].neg_()
+            region = snapshot[extremes[0][0] : extremes[-1][1]]
+            works.append(dist.all_reduce(region, op=dist.ReduceOp.MAX, group=group, async_op=async_op))
+
+        def restore_min() -> dict[str, torch.Tensor]:
+            if "min" in self.regions:
+                snapshot[self.regions["min"][0] : self.regions["min"][1]].neg_()
+            return self._views(snapshot)
+
+        return works, restore_min
+
+    def _launch_cuda(self, index: int, group: Any, async_op: bool) -> SyncHandle[dict[str, torch.Tensor]]:
         """Reduce on a side stream, ordered against the main stream by events: updates keep running."""
         if not hasattr(self, "_side_stream"):
             self._side_stream = torch.cuda.Stream(device=self.device)
@@ -230,15 +272,19 @@ class StatePack:
         side = self._side_stream
         with torch.cuda.stream(side):
             side.wait_event(ready)
-            for r in REDUCTIONS:
-                if r in snapshot:
-                    dist.all_reduce(snapshot[r], op=_OPS[r], group=group)
+            _, finish = self._exchange(index, group, async_op=False)
             done = torch.cuda.Event()
             done.record(side)
-        handle: SyncHandle[dict[str, torch.Tensor]] = SyncHandle(lambda: snapshot, event=done)
+        handle: SyncHandle[dict[str, torch.Tensor]] = SyncHandle(finish, event=done)
         if not async_op:
             handle.wait()
         return handle
+
+
+def _all_gather(output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool) -> Any:
+    """Every rank's ``tensor``, concatenated into ``output`` (torch >= 2.13 names it all_gather_single)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, tensor, group=group, async_op=async_op)
 
 
 def _describe_mismatch(layouts: list[Any]) -> str:

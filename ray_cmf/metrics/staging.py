@@ -1,0 +1,97 @@
+"""Staged updates: a metric update costs one device copy per input; the metric math runs once per block.
+
+Training loops call ``update`` with inputs of the same shapes every step. Running a metric's handful of
+small kernels (argmax, compare, isfinite, sums, in-place adds) on every step costs more host time than
+the math itself, so each update copies its inputs into a preallocated block on the metric's device, and
+the metric applies a whole block as one vectorized update. Blocks are keyed by the inputs' signature
+(shapes and dtypes) and bounded in rows and bytes; inputs too large to stage are applied directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+STAGE_ROWS = 64  # updates per block at most
+STAGE_BYTES = 1 << 20  # device memory per block at most; an update larger than half of it is applied directly
+MAX_SIGNATURES = 2  # blocks kept per metric (e.g. the full batch and the last, smaller one)
+NUMBER_DTYPE = torch.float64  # Python numbers are staged as float64
+
+Signature = tuple[tuple[tuple[int, ...], torch.dtype], ...]
+Apply = Callable[..., None]
+
+
+def signature(inputs: tuple[Any, ...]) -> Signature:
+    """Shapes and dtypes of one update's inputs (Python numbers count as float64 scalars)."""
+    return tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ((), NUMBER_DTYPE) for v in inputs)
+
+
+def batched(value: Any, device: torch.device) -> torch.Tensor:
+    """One update's input as a block of one row on ``device`` (for inputs applied directly)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device).unsqueeze(0)
+    return torch.tensor([value], dtype=NUMBER_DTYPE, device=device)
+
+
+class Block:
+    """Preallocated rows for updates of one signature, with a view per (row, input) so staging is one copy."""
+
+    def __init__(self, sig: Signature, rows: int, device: torch.device) -> None:
+        self.tensors = [torch.empty((rows, *shape), dtype=dtype, device=device) for shape, dtype in sig]
+        self.cells = [[tensor[row] for tensor in self.tensors] for row in range(rows)]
+        self.used = 0
+
+    def put(self, inputs: tuple[Any, ...]) -> bool:
+        """Copy one update's inputs into the next row; True when the block is full."""
+        for cell, value in zip(self.cells[self.used], inputs):
+            if isinstance(value, torch.Tensor):
+                cell.copy_(value.detach())
+            else:
+                cell.fill_(value)
+        self.used += 1
+        return self.used == len(self.cells)
+
+    def flush(self, apply: Apply) -> None:
+        """Apply the staged rows as one update and empty the block."""
+        if self.used:
+            used, self.used = self.used, 0
+            apply(*(tensor[:used] for tensor in self.tensors))
+
+
+class Stager:
+    """The staged updates of one metric: ``apply`` receives each input with a leading dimension of updates."""
+
+    def __init__(self, apply: Apply) -> None:
+        self._apply = apply
+        self._blocks: dict[Signature, Block] = {}
+
+    def push(self, inputs: tuple[Any, ...], device: torch.device) -> None:
+        """Stage one update (applied when its block fills or on ``flush``)."""
+        sig = signature(inputs)
+        block = self._blocks.get(sig)
+        if block is None:
+            rows = min(STAGE_ROWS, STAGE_BYTES // max(1, _nbytes(sig)))
+            if rows < 2:
+                self._apply(*(batched(v, device) for v in inputs))
+                return
+            if len(self._blocks) == MAX_SIGNATURES:
+                self.flush()
+                self._blocks.clear()
+            block = self._blocks[sig] = Block(sig, rows, device)
+        if block.put(inputs):
+            block.flush(self._apply)
+
+    def flush(self) -> None:
+        """Apply every staged update (before the metric's states are read, reduced or saved)."""
+        for block in self._blocks.values():
+            block.flush(self._apply)
+
+    def discard(self) -> None:
+        """Drop staged updates and their blocks (on reset, load or a device move)."""
+        self._blocks.clear()
+
+
+def _nbytes(sig: Signature) -> int:
+    return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in sig)
