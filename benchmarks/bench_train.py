@@ -13,7 +13,9 @@ blocks of 50 steps (one logging interval), in a rotating order, inside one run: 
 machine noise. Each variant's time is the sum of its blocks. ray_cmf's one-off costs, building its
 ``StepLogger`` (in the first run this starts the store's writer actor and creates the store) and ``finish()``
 (committing the Parquet and the lineage), are timed apart and shown both apart and included.
-Each round is one TorchTrainer run; the table gives the median over rounds.
+Each round is one TorchTrainer run; the table gives the median over rounds. The last column is rank 0's time
+inside the logging calls themselves (updates, step/sync, compute): the logging's own cost, which the
+wall-time difference measures with the machine's noise on top.
 
 Run: ``.venv/bin/python benchmarks/bench_train.py [--steps 3000 --rounds 3]``
 """
@@ -112,10 +114,12 @@ def loop(config: dict[str, Any]) -> None:
         "torchmetrics": torchmetrics_variant(rank),
     }
     times = {v: 0.0 for v in VARIANTS}
+    own = {v: 0.0 for v in VARIANTS}  # time inside the logging hook itself
     position = 0
 
-    def block(hook: Step | None) -> float:
+    def block(variant: str) -> float:
         nonlocal position
+        hook = hooks[variant]
         dist.barrier()
         start = time.perf_counter()
         for _ in range(SYNC_EVERY):
@@ -129,21 +133,24 @@ def loop(config: dict[str, Any]) -> None:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
             optimizer.step()
             if hook is not None:
+                inside = time.perf_counter()
                 hook(logits, target, loss, grad_norm)
+                own[variant] += time.perf_counter() - inside
         dist.barrier()
         return time.perf_counter() - start
 
     for variant in VARIANTS:  # warm-up: one untimed interval each
-        block(hooks[variant])
+        block(variant)
+    own = dict.fromkeys(VARIANTS, 0.0)
     for b in range(config["steps"] // SYNC_EVERY):
         for k in range(len(VARIANTS)):
             variant = VARIANTS[(b + k) % len(VARIANTS)]
-            times[variant] += block(hooks[variant])
+            times[variant] += block(variant)
     start = time.perf_counter()
     cmf_finish()
     finish = time.perf_counter() - start
     if rank == 0:
-        Path(config["out"]).write_text(json.dumps({"times": times, "setup": setup, "finish": finish}))
+        Path(config["out"]).write_text(json.dumps({"times": times, "own": own, "setup": setup, "finish": finish}))
 
 
 def run(steps: int, tmp: Path, index: int) -> dict[str, Any]:
@@ -168,18 +175,34 @@ def main() -> None:
     rounds = [run(args.steps, tmp, r) for r in range(args.rounds)]
     steps = args.steps // SYNC_EVERY * SYNC_EVERY
     base = [r["times"]["no logging"] for r in rounds]
-    measured = {v: [r["times"][v] for r in rounds] for v in VARIANTS}
-    measured["ray_cmf incl. set-up and finish()"] = [r["times"]["ray_cmf"] + r["setup"] + r["finish"] for r in rounds]
+    one_off = [r["setup"] + r["finish"] for r in rounds]
+    measured = {v: ([r["times"][v] for r in rounds], [r["own"][v] for r in rounds]) for v in VARIANTS}
+    measured["ray_cmf incl. set-up and finish()"] = (
+        [r["times"]["ray_cmf"] + extra for r, extra in zip(rounds, one_off)],
+        [r["own"]["ray_cmf"] + extra for r, extra in zip(rounds, one_off)],
+    )
     rows = []
-    for v, seconds in measured.items():
+    for v, (seconds, inside) in measured.items():
         overhead = statistics.median(s / b - 1 for s, b in zip(seconds, base))
         median = statistics.median(seconds)
-        rows.append([v, f"{median:.2f} s", f"{overhead * 100:+.1f}%", f"{median / steps * 1e3:.3f} ms"])
+        own = statistics.median(i / b for i, b in zip(inside, base))
+        rows.append(
+            [
+                v,
+                f"{median:.2f} s",
+                f"{overhead * 100:+.1f}%",
+                f"{median / steps * 1e3:.3f} ms",
+                f"{statistics.median(inside) / steps * 1e6:.0f} µs ({own * 100:.1f}%)",
+            ]
+        )
     print(
         f"## TorchTrainer, 2 gloo workers, {steps} steps per variant, metrics every step, synced every "
         f"{SYNC_EVERY}; variants interleaved in blocks of {SYNC_EVERY} steps (median of {args.rounds} runs)\n"
     )
-    print_table(["logging", "training time", "overhead vs no logging", "per step"], rows)
+    print_table(
+        ["logging", "training time", "overhead vs no logging", "per step", "inside the logging calls, per step"],
+        rows,
+    )
     print(
         "\nper run: "
         + "; ".join(

@@ -1,7 +1,7 @@
 """A 2-worker TorchTrainer (gloo, CPU) that logs device metrics every step and syncs them every 25 steps.
 
 Every rank updates its metrics on its own data shard; every 25 steps StepLogger reduces them across the
-workers in at most 3 collectives and rank 0 appends one row. CmfTrainCallback records every rank's
+workers in one collective and rank 0 appends one row. CmfTrainCallback records every rank's
 ``ray.train.report`` metrics. Run: ``python examples/torch_trainer.py``.
 """
 

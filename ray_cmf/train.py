@@ -2,7 +2,7 @@
 
 Per-step series travel through our own path, not ``ray.train.report`` (a barrier that keeps only rank 0's
 metrics and drops metrics reported without a checkpoint): every ``sync_every`` steps the workers reduce
-their device metrics in at most 3 collectives over Ray Train's process group, and rank 0 appends one row
+their device metrics in one collective over Ray Train's process group, and rank 0 appends one row
 to its buffer. At the end rank 0 commits the run's Parquet through the store's single writer.
 """
 
@@ -83,7 +83,7 @@ class StepLogger:
 
     Args:
         metrics: The device metrics; updated by the training loop between ``step()`` calls.
-        sync_every: Steps per logging interval (one packed sync of <= 3 collectives each).
+        sync_every: Steps per logging interval (one packed sync, one collective, each).
         report_every: Also pass the synced row to ``ray.train.report`` every this many syncs (for
             schedulers). All ranks call it, as Ray Train requires.
         metrics_name: Name of the run's step series.
@@ -205,7 +205,7 @@ class StepLogger:
         return None
 
     def sync(self) -> dict[str, float]:
-        """Reduce the interval across ranks (<= 3 collectives); rank 0 appends the row."""
+        """Reduce the interval across ranks (one packed sync); rank 0 appends the row."""
         self.metrics[SAMPLES].update(float(self._samples))  # summed across ranks in the same packed sync
         self._samples = 0
         values = self.metrics.sync(self.group).wait()

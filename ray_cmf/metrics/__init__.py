@@ -1,4 +1,4 @@
-"""Device-side metrics: updates touch device tensors only; a sync packs every state into <= 3 all_reduces.
+"""Device-side metrics: updates touch device tensors only; a sync packs every state into one collective.
 
 from ray_cmf.metrics import MetricCollection, Mean, Max, Accuracy
 metrics = MetricCollection({"loss": Mean(), "acc": Accuracy(), "grad_max": Max()}, device="cuda")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ray_cmf.errors import RayCmfError
-from ray_cmf.metrics.packing import REDUCTIONS, STATE_DTYPE, StatePack, SyncHandle, rank, world_size
+from ray_cmf.metrics.packing import REDUCTIONS, STATE_DTYPE, StatePack, States, SyncHandle, rank, world_size
 from ray_cmf.metrics.staging import Stager
 
 NAN_POLICIES = ("exclude", "propagate")
@@ -25,7 +25,7 @@ class StateSpec:
 
 
 class Metric(ABC):
-    """A metric whose states live on the device and reduce across ranks in at most 3 collectives.
+    """A metric whose states live on the device and reduce across ranks in one packed sync.
 
     Lifecycle: ``update`` (stages its inputs on the device: no host sync, no communication) -> ``sync``
     (ends the interval: reduces a snapshot across ranks and resets the local state unless ``cumulative``)
@@ -121,15 +121,15 @@ class Metric(ABC):
         return self._compute({name: getattr(self, name) for name in self._state_specs})
 
     def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[dict[str, torch.Tensor]]:
-        """End the interval: all-reduce a snapshot (<= 3 collectives), reset local state, return a handle.
+        """End the interval: reduce a snapshot across ranks (one collective), reset local state, return a handle.
 
         A no-op for communication when torch.distributed is not initialized or the world size is 1.
         """
         pack = self.pack
         self._fold()
 
-        def finish(snapshot: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            self._synced = {k: v.clone() for k, v in self._compute(pack.states(self, snapshot)).items()}
+        def finish(reduced: States) -> dict[str, torch.Tensor]:
+            self._synced = {k: v.clone() for k, v in self._compute(pack.states(self, reduced)).items()}
             return self._synced
 
         handle = pack.reduce(group, async_op=async_op).then(finish)
@@ -148,8 +148,8 @@ class Metric(ABC):
         """The GLOBAL state (reduced across ranks), so it restores exactly at any world size."""
         pack = self.pack
         self._fold()
-        snapshot = pack.reduce(None, reset=False).wait()
-        return {name: view.clone() for name, view in pack.states(self, snapshot).items()}
+        reduced = pack.reduce(None, reset=False).wait()
+        return {name: view.clone() for name, view in pack.states(self, reduced).items()}
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Restore a global state: rank 0 takes it, other ranks start from the defaults."""

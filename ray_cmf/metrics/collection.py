@@ -1,4 +1,4 @@
-"""MetricCollection: many metrics, one packed buffer per reduction, at most 3 collectives per sync."""
+"""MetricCollection: many metrics, one packed buffer, one collective per sync (two for large states)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from ray_cmf._names import check_name
 from ray_cmf.metrics.base import Metric, load_global_state
-from ray_cmf.metrics.packing import StatePack, SyncHandle
+from ray_cmf.metrics.packing import StatePack, States, SyncHandle
 
 Values = dict[str, torch.Tensor]
 
@@ -20,9 +20,9 @@ def flatten_outputs(name: str, outputs: Mapping[str, torch.Tensor]) -> Values:
 
 
 class MetricCollection:
-    """Named metrics whose states share one contiguous buffer per reduction (sum, max, min).
+    """Named metrics whose states share one contiguous buffer (a region per reduction).
 
-    ``sync()`` ends a logging interval for all of them in at most three all_reduces and resets the
+    ``sync()`` ends a logging interval for all of them in one collective (see ``packing``) and resets the
     local states (except cumulative metrics). ``to_row()`` moves every scalar result to the host in
     one transfer.
 
@@ -108,7 +108,7 @@ class MetricCollection:
         return out
 
     def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[Values]:
-        """End the interval for every metric in <= 3 all_reduces; ``wait()`` gives ``{name: tensor}``.
+        """End the interval for every metric in one collective (two for large states); ``wait()`` gives values.
 
         On CUDA the reduction runs on a side stream; on gloo with ``async_op=True`` the collectives are
         asynchronous. Either way local updates may continue before ``wait()``.
@@ -116,10 +116,10 @@ class MetricCollection:
 
         self._fold()
 
-        def finish(snapshot: dict[str, torch.Tensor]) -> Values:
+        def finish(reduced: States) -> Values:
             values: Values = {}
             for name, metric in self._metrics.items():
-                metric._synced = {k: v.clone() for k, v in metric._compute(self._pack.states(metric, snapshot)).items()}
+                metric._synced = {k: v.clone() for k, v in metric._compute(self._pack.states(metric, reduced)).items()}
                 values.update(flatten_outputs(name, metric._synced))
             self._synced = values
             return values
@@ -148,11 +148,11 @@ class MetricCollection:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The GLOBAL states (``<metric>.<state>``), restorable exactly at any world size."""
         self._fold()
-        snapshot = self._pack.reduce(None, reset=False).wait()
+        reduced = self._pack.reduce(None, reset=False).wait()
         return {
             f"{name}.{state}": view.clone()
             for name, metric in self._metrics.items()
-            for state, view in self._pack.states(metric, snapshot).items()
+            for state, view in self._pack.states(metric, reduced).items()
         }
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

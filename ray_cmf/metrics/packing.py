@@ -12,7 +12,7 @@ The ranks compare layouts once, on the first sync.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -29,6 +29,7 @@ _LOCAL = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 STATE_DTYPE = torch.float64  # exact for counts up to 2**53, so one dtype (one buffer) for every state
 GATHER_MAX_ELEMENTS = 1 << 16  # all_gather when world_size * state elements stays within this
 T = TypeVar("T")
+States = dict["Metric", dict[str, torch.Tensor]]  # each owner's states, by name
 U = TypeVar("U")
 
 
@@ -140,7 +141,6 @@ class StatePack:
                 start += sizes[r]
         self.regions = bounds
         self.flat = torch.empty(start, dtype=STATE_DTYPE, device=self.device)
-        self.buffers = self._views(self.flat)
         self.defaults = torch.empty_like(self.flat)
         self.keep = torch.zeros(self.flat.shape, dtype=torch.bool, device=self.device)
         for slot in slots:
@@ -152,25 +152,25 @@ class StatePack:
             self.keep[region] = slot.owner.cumulative
             setattr(slot.owner, slot.name, self.flat[region].view(slot.shape))
         self._snapshots = [torch.empty_like(self.flat) for _ in range(2)]
+        self._live_states = self._states_in(self.flat)
+        self._snapshot_states = [self._states_in(snapshot) for snapshot in self._snapshots]
         self._gathered: list[torch.Tensor | None] = [None, None]
         self._next = 0
         self._in_flight: list[SyncHandle[Any] | None] = [None, None]
         self._layout_checked = False
         self.layout = tuple((s.key, s.reduce, s.shape) for s in slots)
 
-    def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{reduction: its region of flat}``."""
-        return {r: flat[begin:end] for r, (begin, end) in self.regions.items()}
+    def _states_in(self, flat: torch.Tensor) -> States:
+        """Every owner's states as views into ``flat`` (built once per buffer: a sync only reads them)."""
+        states: States = {owner: {} for _, owner in self.members}
+        for s in self.slots:
+            begin = self.regions[s.reduce][0] + s.offset
+            states[s.owner][s.name] = flat[begin : begin + s.numel].view(s.shape)
+        return states
 
-    # -- views ---------------------------------------------------------------------------------------
-    def states(self, owner: Metric, buffers: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """``owner``'s states as views into ``buffers`` (default: the live buffers)."""
-        buffers = self.buffers if buffers is None else buffers
-        return {
-            s.name: buffers[s.reduce][s.offset : s.offset + s.numel].view(s.shape)
-            for s in self.slots
-            if s.owner is owner
-        }
+    def states(self, owner: Metric, reduced: States | None = None) -> dict[str, torch.Tensor]:
+        """``owner``'s states: views into the live buffer, or into a sync's ``reduced`` result. Do not modify."""
+        return (self._live_states if reduced is None else reduced)[owner]
 
     def reset(self, owner: Metric | None = None, *, keep_cumulative: bool = False) -> None:
         """Restore defaults: every state, or ``owner``'s; cumulative ones survive when ``keep_cumulative``."""
@@ -199,9 +199,7 @@ class StatePack:
     def _comm_device(self, group: Any) -> torch.device:
         return self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
-    def reduce(
-        self, group: Any = None, *, async_op: bool = False, reset: bool = True
-    ) -> SyncHandle[dict[str, torch.Tensor]]:
+    def reduce(self, group: Any = None, *, async_op: bool = False, reset: bool = True) -> SyncHandle[States]:
         """Snapshot the live state, reset it (cumulative states stay), and reduce the snapshot across ranks."""
         index = self._next
         self._next ^= 1
@@ -216,17 +214,16 @@ class StatePack:
         self._in_flight[index] = handle
         return handle
 
-    def _launch(self, index: int, group: Any, async_op: bool) -> SyncHandle[dict[str, torch.Tensor]]:
-        snapshot = self._snapshots[index]
+    def _launch(self, index: int, group: Any, async_op: bool) -> SyncHandle[States]:
         if world_size(group) == 1:
-            return SyncHandle(lambda: self._views(snapshot))
+            return SyncHandle(lambda: self._snapshot_states[index])
         self.check_layout(group)
         if self.device.type != "cuda":
             works, finish = self._exchange(index, group, async_op)
             return SyncHandle(finish, [w for w in works if w is not None])  # None: the call already completed
         return self._launch_cuda(index, group, async_op)
 
-    def _exchange(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], Any]]:
+    def _exchange(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], States]]:
         """Start the collectives on a snapshot; ``finish`` (after they complete) returns the reduced regions."""
         snapshot = self._snapshots[index]
         world = world_size(group)
@@ -236,11 +233,11 @@ class StatePack:
                 gathered = self._gathered[index] = snapshot.new_empty(world * snapshot.numel())
             work = _all_gather(gathered, snapshot, group, async_op)
 
-            def reduce_locally() -> dict[str, torch.Tensor]:
+            def reduce_locally() -> States:
                 rows = gathered.view(world, -1)
                 for r, (begin, end) in self.regions.items():
                     _LOCAL[r](rows[:, begin:end], dim=0, out=snapshot[begin:end])
-                return self._views(snapshot)
+                return self._snapshot_states[index]
 
             return [work], reduce_locally
         works = []
@@ -255,14 +252,14 @@ class StatePack:
             region = snapshot[extremes[0][0] : extremes[-1][1]]
             works.append(dist.all_reduce(region, op=dist.ReduceOp.MAX, group=group, async_op=async_op))
 
-        def restore_min() -> dict[str, torch.Tensor]:
+        def restore_min() -> States:
             if "min" in self.regions:
                 snapshot[self.regions["min"][0] : self.regions["min"][1]].neg_()
-            return self._views(snapshot)
+            return self._snapshot_states[index]
 
         return works, restore_min
 
-    def _launch_cuda(self, index: int, group: Any, async_op: bool) -> SyncHandle[dict[str, torch.Tensor]]:
+    def _launch_cuda(self, index: int, group: Any, async_op: bool) -> SyncHandle[States]:
         """Reduce on a side stream, ordered against the main stream by events: updates keep running."""
         if not hasattr(self, "_side_stream"):
             self._side_stream = torch.cuda.Stream(device=self.device)
@@ -275,7 +272,7 @@ class StatePack:
             _, finish = self._exchange(index, group, async_op=False)
             done = torch.cuda.Event()
             done.record(side)
-        handle: SyncHandle[dict[str, torch.Tensor]] = SyncHandle(finish, event=done)
+        handle: SyncHandle[States] = SyncHandle(finish, event=done)
         if not async_op:
             handle.wait()
         return handle
