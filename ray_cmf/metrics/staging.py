@@ -47,7 +47,7 @@ class Block:
         """Copy one update's inputs into the next row; True when the block is full."""
         for cell, value in zip(self.cells[self.used], inputs):
             if isinstance(value, torch.Tensor):
-                cell.copy_(value.detach())
+                cell.copy_(value.detach() if value.requires_grad else value)
             else:
                 cell.fill_(value)
         self.used += 1
