@@ -19,13 +19,14 @@ STAGE_BYTES = 1 << 20  # device memory per block at most; an update larger than 
 MAX_SIGNATURES = 2  # blocks kept per metric (e.g. the full batch and the last, smaller one)
 NUMBER_DTYPE = torch.float64  # Python numbers are staged as float64
 
-Signature = tuple[tuple[tuple[int, ...], torch.dtype], ...]
+Signature = tuple[tuple[torch.Size, torch.dtype], ...]
+_NUMBER = (torch.Size(), NUMBER_DTYPE)
 Apply = Callable[..., None]
 
 
 def signature(inputs: tuple[Any, ...]) -> Signature:
     """Shapes and dtypes of one update's inputs (Python numbers count as float64 scalars)."""
-    return tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ((), NUMBER_DTYPE) for v in inputs)
+    return tuple([(v.shape, v.dtype) if isinstance(v, torch.Tensor) else _NUMBER for v in inputs])
 
 
 def batched(value: Any, device: torch.device) -> torch.Tensor:
@@ -94,4 +95,4 @@ class Stager:
 
 
 def _nbytes(sig: Signature) -> int:
-    return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in sig)
+    return sum(shape.numel() * dtype.itemsize for shape, dtype in sig)
