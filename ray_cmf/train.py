@@ -22,7 +22,7 @@ from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer, spill_owner
 from ray_cmf.constants import ATTEMPT_COLUMN, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, RUN_EXECUTION_TYPE
 from ray_cmf.lineage import Artifact
-from ray_cmf.metrics import MetricCollection, Sum
+from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.store import Store, StoreWriter, resolve_root
@@ -140,6 +140,7 @@ class StepLogger:
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
         self._started: _Call | None = None  # the run's registration, until it is known to have succeeded
+        self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
         self._writer = _Writer()
         if self.rank == 0:
             root, mlmd, pipeline, stage = self._bind(pipeline_name, pipeline_stage, store)
@@ -193,29 +194,48 @@ class StepLogger:
             started.result()
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
-        """Count one training step (and its samples); every ``sync_every`` steps, sync and log one row.
+        """Count one training step (and its samples); every ``sync_every`` steps, start a sync of the interval.
 
-        Returns the synced row on sync steps (on every rank), else None. No host sync otherwise.
+        The sync's collective runs while the next step trains; that step's call completes it and logs the
+        row. Returns that row (on every rank) on the step after each sync step, else None. No host sync
+        otherwise.
         """
         self.steps_done += 1
         if samples is not None:
             self._samples += samples  # host-side count: no tensor op per step
+        row = self._complete() if self._pending is not None else None
         if self.steps_done % self.sync_every == 0:
-            return self.sync()
-        return None
+            self._launch()
+        return row
 
     def sync(self) -> dict[str, float]:
-        """Reduce the interval across ranks (one packed sync); rank 0 appends the row."""
+        """Sync the interval so far now and log its row (blocking); returns the row."""
+        self._drain()
+        self._launch()
+        return self._complete()
+
+    def _launch(self) -> None:
+        """Start reducing the interval across ranks (one packed collective) without waiting for it."""
         self.metrics[SAMPLES].update(float(self._samples))  # summed across ranks in the same packed sync
         self._samples = 0
-        values = self.metrics.sync(self.group).wait()
-        row = self.metrics.to_row(values)
-        now = time.time()
+        self._pending = (self.metrics.sync(self.group, async_op=True), self.steps_done, time.time())
+
+    def _drain(self) -> None:
+        """Complete a sync in flight, if any (before anything that needs every row logged)."""
+        if self._pending is not None:
+            self._complete()
+
+    def _complete(self) -> dict[str, float]:
+        """Wait for the sync in flight; rank 0 appends its row; every ``report_every`` syncs, report it."""
+        assert self._pending is not None
+        handle, step, launched = self._pending
+        self._pending = None
+        row = self.metrics.to_row(handle.wait())
         samples = row.pop(SAMPLES, 0.0)
         row.pop(f"{SAMPLES}_nonfinite", None)
-        elapsed = now - self._last_sync_time
-        self._last_sync_time = now
-        row = {"step": self.steps_done, **row, "wall_time": now, ATTEMPT_COLUMN: self.attempt}
+        elapsed = launched - self._last_sync_time
+        self._last_sync_time = launched
+        row = {"step": step, **row, "wall_time": launched, ATTEMPT_COLUMN: self.attempt}
         if samples:
             row["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
         if self._buffer is not None:
@@ -228,6 +248,7 @@ class StepLogger:
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state: the step, the attempt and the global metric state. Makes rows so far durable."""
+        self._drain()
         if self._buffer is not None:
             self._buffer.flush()
         return {"step": self.steps_done, "attempt": self.attempt, "metrics": self.metrics.state_dict()}
@@ -244,6 +265,7 @@ class StepLogger:
         Inside Ray Train every rank then makes one last ``ray.train.report`` flagged as final, which tells
         ``CmfTrainCallback`` that the run completed.
         """
+        self._drain()
         if self.steps_done % self.sync_every:
             self.sync()
         artifact = None

@@ -62,8 +62,8 @@ def loop(config: dict[str, Any]) -> None:
         metrics["top"].update(torch.tensor(_value(step, rank)))
         metrics["seen"].update(torch.tensor(1.0))
         before = sum(counts.values())
-        row = steps.step(samples=4)
-        if row is not None:
+        steps.step(samples=4)
+        if sum(counts.values()) > before:  # a sync started in this call
             per_sync.append(sum(counts.values()) - before)
         crash = Path(config["store"]) / "crashed"
         if config.get("crash_at") == step and rank == 1 and not crash.exists():
@@ -176,9 +176,12 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     steps = StepLogger(
         metrics, sync_every=4, store=str(tmp_path / "store"), pipeline_name="train_test", run_name="local"
     )
+    returned = {}
     for step in range(1, 11):
         metrics["loss"].update(torch.tensor(float(step)))
-        steps.step()
+        returned[step] = steps.step()
+    # a sync started at steps 4 and 8 completes (and returns its row) in the next step's call
+    assert {s: (r["step"], r["loss"]) for s, r in returned.items() if r is not None} == {5: (4, 2.5), 9: (8, 6.5)}
     artifact = steps.finish()
     assert properties(artifact)["rows"] == 3  # steps 4, 8 and the final partial interval at 10
     frame = _series(tmp_path, "train_steps").steps(["loss"])
