@@ -102,6 +102,13 @@ def test_accuracy_top_k_and_labels() -> None:
     assert labels.compute()["value"].item() == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="top_k=2 needs class scores"):
         Accuracy(top_k=2).update(torch.tensor([1]), torch.tensor([1]))
+    # shape errors are raised by update itself, naming both shapes, not later when the block is applied
+    with pytest.raises(ValueError, match=r"scores of shape \(3, 3\) do not match targets of shape \(2,\)"):
+        top1.update(logits, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"labels of shape \(3,\) do not match targets of shape \(2,\)"):
+        labels.update(torch.tensor([2, 0, 1]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"weight of shape \(3,\) does not broadcast to the value's \(2,\)"):
+        Mean().update(torch.ones(2), weight=torch.ones(3))
 
 
 def test_histogram_quantiles_and_out_of_range() -> None:

@@ -17,6 +17,14 @@ def _shape(value: Any) -> torch.Size:
     return value.shape if isinstance(value, torch.Tensor) else torch.Size()
 
 
+def _broadcasts(shape: torch.Size, to: torch.Size) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``to`` without changing it."""
+    try:
+        return torch.broadcast_shapes(shape, to) == to
+    except RuntimeError:
+        return False
+
+
 def outputs(value: torch.Tensor, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``value`` plus the ``nonfinite`` count when the metric tracks one."""
     out = {"value": value}
@@ -80,7 +88,7 @@ class Mean(Metric):
             self._stage(value)
             return
         value_shape, weight_shape = _shape(value), _shape(weight)
-        if torch.broadcast_shapes(value_shape, weight_shape) != value_shape:
+        if not _broadcasts(weight_shape, value_shape):
             raise ValueError(
                 f"Mean: weight of shape {tuple(weight_shape)} does not broadcast to the value's {tuple(value_shape)}"
             )

@@ -29,8 +29,8 @@ _LOCAL = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 STATE_DTYPE = torch.float64  # exact for counts up to 2**53, so one dtype (one buffer) for every state
 GATHER_MAX_ELEMENTS = 1 << 16  # all_gather when world_size * state elements stays within this
 T = TypeVar("T")
-States = dict["Metric", dict[str, torch.Tensor]]  # each owner's states, by name
 U = TypeVar("U")
+States = dict["Metric", dict[str, torch.Tensor]]  # each owner's states, by name
 
 
 class LayoutMismatchError(RayCmfError):
@@ -139,14 +139,13 @@ class StatePack:
             if sizes[r]:
                 bounds[r] = (start, start + sizes[r])
                 start += sizes[r]
-        self.regions = bounds
+        self.regions = bounds  # reduction -> (begin, end) in the flat buffer
         self.flat = torch.empty(start, dtype=STATE_DTYPE, device=self.device)
         self.defaults = torch.empty_like(self.flat)
         self.keep = torch.zeros(self.flat.shape, dtype=torch.bool, device=self.device)
         for slot in slots:
             spec = slot.owner._state_specs[slot.name]
-            begin = bounds[slot.reduce][0] + slot.offset
-            region = slice(begin, begin + slot.numel)
+            region = self._span(slot)
             self.flat[region].copy_(getattr(slot.owner, slot.name).reshape(-1))
             self.defaults[region].copy_(spec.default.reshape(-1))
             self.keep[region] = slot.owner.cumulative
@@ -160,12 +159,16 @@ class StatePack:
         self._layout_checked = False
         self.layout = tuple((s.key, s.reduce, s.shape) for s in slots)
 
+    def _span(self, slot: Slot) -> slice:
+        """Where ``slot`` lives in the flat buffer."""
+        begin = self.regions[slot.reduce][0] + slot.offset
+        return slice(begin, begin + slot.numel)
+
     def _states_in(self, flat: torch.Tensor) -> States:
         """Every owner's states as views into ``flat`` (built once per buffer: a sync only reads them)."""
         states: States = {owner: {} for _, owner in self.members}
         for s in self.slots:
-            begin = self.regions[s.reduce][0] + s.offset
-            states[s.owner][s.name] = flat[begin : begin + s.numel].view(s.shape)
+            states[s.owner][s.name] = flat[self._span(s)].view(s.shape)
         return states
 
     def states(self, owner: Metric, reduced: States | None = None) -> dict[str, torch.Tensor]:
@@ -179,8 +182,7 @@ class StatePack:
             return
         for s in self.slots:
             if s.owner is owner:
-                begin = self.regions[s.reduce][0] + s.offset
-                self.flat[begin : begin + s.numel].copy_(self.defaults[begin : begin + s.numel])
+                self.flat[self._span(s)].copy_(self.defaults[self._span(s)])
 
     # -- communication -------------------------------------------------------------------------------
     def check_layout(self, group: Any = None) -> None:
@@ -224,37 +226,45 @@ class StatePack:
         return self._launch_cuda(index, group, async_op)
 
     def _exchange(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], States]]:
-        """Start the collectives on a snapshot; ``finish`` (after they complete) returns the reduced regions."""
+        """Start the collectives on a snapshot; ``finish`` (after they complete) returns the reduced states."""
+        if world_size(group) * self._snapshots[index].numel() <= GATHER_MAX_ELEMENTS:
+            return self._gather(index, group, async_op)
+        return self._all_reduce(index, group, async_op)
+
+    def _gather(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], States]]:
+        """One all_gather of every rank's snapshot; each region is then reduced locally."""
+        snapshot, world = self._snapshots[index], world_size(group)
+        gathered = self._gathered[index]
+        if gathered is None or gathered.numel() != world * snapshot.numel():
+            gathered = self._gathered[index] = snapshot.new_empty(world * snapshot.numel())
+        work = _all_gather(gathered, snapshot, group, async_op)
+
+        def reduce_locally() -> States:
+            rows = gathered.view(world, -1)
+            for r, (begin, end) in self.regions.items():
+                _LOCAL[r](rows[:, begin:end], dim=0, out=snapshot[begin:end])
+            return self._snapshot_states[index]
+
+        return [work], reduce_locally
+
+    def _all_reduce(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], States]]:
+        """At most two all_reduces: SUM, and one MAX over the max and min regions (min(x) == -max(-x))."""
         snapshot = self._snapshots[index]
-        world = world_size(group)
-        if world * snapshot.numel() <= GATHER_MAX_ELEMENTS:
-            gathered = self._gathered[index]
-            if gathered is None or gathered.numel() != world * snapshot.numel():
-                gathered = self._gathered[index] = snapshot.new_empty(world * snapshot.numel())
-            work = _all_gather(gathered, snapshot, group, async_op)
-
-            def reduce_locally() -> States:
-                rows = gathered.view(world, -1)
-                for r, (begin, end) in self.regions.items():
-                    _LOCAL[r](rows[:, begin:end], dim=0, out=snapshot[begin:end])
-                return self._snapshot_states[index]
-
-            return [work], reduce_locally
         works = []
         if "sum" in self.regions:
             begin, end = self.regions["sum"]
             works.append(dist.all_reduce(snapshot[begin:end], op=dist.ReduceOp.SUM, group=group, async_op=async_op))
         extremes = [self.regions[r] for r in ("max", "min") if r in self.regions]
-        if extremes:  # max and min in one MAX all_reduce: min(x) == -max(-x)
-            minimum = self.regions.get("min")
-            if minimum is not None:
-                snapshot[minimum[0] : minimum[1]].neg_()
+        minimum = self.regions.get("min")
+        if minimum is not None:
+            snapshot[minimum[0] : minimum[1]].neg_()
+        if extremes:
             region = snapshot[extremes[0][0] : extremes[-1][1]]
             works.append(dist.all_reduce(region, op=dist.ReduceOp.MAX, group=group, async_op=async_op))
 
         def restore_min() -> States:
-            if "min" in self.regions:
-                snapshot[self.regions["min"][0] : self.regions["min"][1]].neg_()
+            if minimum is not None:
+                snapshot[minimum[0] : minimum[1]].neg_()
             return self._snapshot_states[index]
 
         return works, restore_min
