@@ -123,7 +123,7 @@ class StepLogger:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
         self.metrics = metrics
-        self.metrics.add(SAMPLES, Sum())
+        self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
         self.sync_every, self.report_every = sync_every, report_every
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.group = group
@@ -232,7 +232,6 @@ class StepLogger:
         self._pending = None
         row = self.metrics.to_row(handle.wait())
         samples = row.pop(SAMPLES, 0.0)
-        row.pop(f"{SAMPLES}_nonfinite", None)
         elapsed = launched - self._last_sync_time
         self._last_sync_time = launched
         row = {"step": step, **row, "wall_time": launched, ATTEMPT_COLUMN: self.attempt}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ray_cmf import RayCmfError
-from ray_cmf.metrics import Accuracy, Histogram, Max, Mean, Metric, MetricCollection, Min, Sum
+from ray_cmf.metrics import Accuracy, Histogram, Max, Mean, Metric, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.staging import STAGE_BYTES
 
 HOST_SYNCS = ("item", "cpu", "tolist", "numpy")
@@ -138,15 +138,24 @@ def test_sync_without_process_group_is_local_and_resets() -> None:
     assert second["n"].item() == 3.0  # cumulative
 
 
-def test_to_row_moves_results_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_to_row_on_cpu_reads_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = MetricCollection({f"m{i}": Sum() for i in range(10)})
-    for name in metrics:
-        metrics[name].update(torch.tensor(1.0))
+    for i, name in enumerate(metrics):
+        metrics[name].update(torch.tensor(float(i)))
     calls = []
     original = torch.Tensor.cpu
     monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     row = metrics.to_row()
-    assert len(calls) == 1 and row["m3"] == 1.0 and len(row) == 20
+    assert not calls and row["m3"] == 3.0 and row["m3_nonfinite"] == 0.0 and len(row) == 20
+    assert all(type(v) is float for v in row.values())
+
+
+def test_sync_handle_evaluates_each_result_once() -> None:
+    calls: list[str] = []
+    parent = SyncHandle(lambda: calls.append("parent") or 1)
+    child = parent.then(lambda value: calls.append("child") or value + 1)
+    assert child.wait() == 2 and child.wait() == 2 and parent.wait() == 1
+    assert calls == ["parent", "child"]
 
 
 def test_state_dict_round_trip_single_process() -> None:

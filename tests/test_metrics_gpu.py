@@ -50,6 +50,16 @@ def test_1000_updates_make_no_host_sync() -> None:
     assert metrics.to_row()["hist_count"] == 256_000
 
 
+def test_to_row_moves_results_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = _collection()
+    _step(metrics, 0)
+    calls = []
+    original = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    row = metrics.to_row()
+    assert len(calls) == 1 and row["hist_count"] == 256
+
+
 def _side_stream(rank: int, world: int) -> dict[str, Any]:
     metrics = _collection()
     for step in range(10):

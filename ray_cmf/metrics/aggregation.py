@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ray_cmf.metrics.base import Metric
+from ray_cmf.metrics.base import Metric, nonfinite
 from ray_cmf.metrics.packing import STATE_DTYPE
 
 
@@ -62,7 +62,7 @@ class Sum(_OneValue):
         self.add_state("total", 0.0, "sum")
 
     def _accumulate(self, value: torch.Tensor) -> None:
-        self.total.add_(self._filter(value, 0.0).sum())
+        self.total.add_(self._filter(value, 0.0)[0].sum())
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["total"], states)
@@ -86,32 +86,35 @@ class Mean(Metric):
     def update(self, value: Any, weight: Any = None) -> None:
         if weight is None:
             self._stage(value)
-            return
+        else:
+            self._stage(value, weight)
+
+    def _check(self, value: Any, weight: Any = None) -> None:
         value_shape, weight_shape = _shape(value), _shape(weight)
-        if not _broadcasts(weight_shape, value_shape):
+        if weight is not None and not _broadcasts(weight_shape, value_shape):
             raise ValueError(
                 f"Mean: weight of shape {tuple(weight_shape)} does not broadcast to the value's {tuple(value_shape)}"
             )
-        self._stage(value, weight)
 
     def _apply(self, values: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         values = values.to(STATE_DTYPE)
         if weights is None:
-            weights = torch.ones_like(values)
-        else:  # each update's weight broadcasts against its value: align the trailing dimensions
-            missing = values.dim() - weights.dim()
-            weights = weights.to(STATE_DTYPE).reshape(weights.shape[:1] + (1,) * missing + weights.shape[1:])
-            weights = torch.broadcast_to(weights, values.shape)
-        self._accumulate(values.reshape(-1), weights.reshape(-1))
-
-    def _accumulate(self, value: torch.Tensor, weight: torch.Tensor) -> None:
+            values, excluded = self._filter(values.reshape(-1), 0.0)
+            self.weighted_sum.add_(values.sum())
+            self.weight.add_(values.numel())
+            if excluded is not None:
+                self.weight.sub_(excluded)
+            return
+        # each update's weight broadcasts against its value: align the trailing dimensions
+        missing = values.dim() - weights.dim()
+        weights = weights.to(STATE_DTYPE).reshape(weights.shape[:1] + (1,) * missing + weights.shape[1:])
+        values, weights = values.reshape(-1), torch.broadcast_to(weights, values.shape).reshape(-1)
         if self.nan_policy == "exclude":
-            finite = torch.isfinite(value) & torch.isfinite(weight)
-            self.nonfinite.add_((~finite).sum())
-            value = torch.where(finite, value, 0.0)
-            weight = torch.where(finite, weight, 0.0)
-        self.weighted_sum.add_((value * weight).sum())
-        self.weight.add_(weight.sum())
+            bad = nonfinite(values) | nonfinite(weights)
+            self.nonfinite.add_(bad.sum())
+            values, weights = values.masked_fill(bad, 0.0), weights.masked_fill(bad, 0.0)
+        self.weighted_sum.add_(torch.dot(values, weights))
+        self.weight.add_(weights.sum())
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["weighted_sum"] / states["weight"], states)
@@ -128,7 +131,7 @@ class _Extremum(_OneValue):
         self.add_state("extremum", self._identity, self._reduce)
 
     def _accumulate(self, value: torch.Tensor) -> None:
-        value = self._filter(value, self._identity).reshape(-1)
+        value = self._filter(value, self._identity)[0]
         if value.numel() == 0:  # a shape check, not a value check: no host sync
             return
         if self._reduce == "max":

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ray_cmf.metrics.aggregation import outputs
-from ray_cmf.metrics.base import Metric
+from ray_cmf.metrics.base import Metric, nonfinite
 
 
 class Accuracy(Metric):
@@ -33,6 +33,9 @@ class Accuracy(Metric):
         self.add_state("total", 0.0, "sum")
 
     def update(self, preds_or_logits: torch.Tensor, target: torch.Tensor) -> None:
+        self._stage(preds_or_logits, target)
+
+    def _check(self, preds_or_logits: torch.Tensor, target: torch.Tensor) -> None:
         scores = preds_or_logits.dim() == target.dim() + 1
         if scores:
             if (preds_or_logits.shape[:1] + preds_or_logits.shape[2:]) != target.shape:
@@ -47,28 +50,26 @@ class Accuracy(Metric):
             )
         elif self.top_k != 1:
             raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(target.shape)}")
-        self._stage(preds_or_logits, target)
 
     def _apply(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         if target.dim() > 1:  # the staged updates' dimension joins the samples' dimension
             preds, target = preds.flatten(0, 1), target.flatten(0, 1)
         if preds.dim() == target.dim():
-            hit, valid = preds == target, None
+            hit, bad = preds == target, None
         else:
             if self.top_k == 1:
                 hit = preds.argmax(dim=1) == target
             else:
                 top = preds.topk(min(self.top_k, preds.shape[1]), dim=1).indices
                 hit = (top == target.unsqueeze(1)).any(dim=1)
-            valid = torch.isfinite(preds).all(dim=1) if self.nan_policy == "exclude" else None
-        if valid is None:
-            self.total.add_(target.numel())
-            self.correct.add_(hit.sum())
-            return
-        n_valid = valid.sum()
-        self.nonfinite.add_(target.numel() - n_valid)
-        self.total.add_(n_valid)
-        self.correct.add_((hit & valid).sum())
+            bad = nonfinite(preds).any(dim=1) if self.nan_policy == "exclude" else None
+        self.total.add_(target.numel())
+        if bad is not None:
+            excluded = bad.sum()
+            self.nonfinite.add_(excluded)
+            self.total.sub_(excluded)
+            hit.masked_fill_(bad, False)
+        self.correct.add_(hit.sum())
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["correct"] / states["total"], states)

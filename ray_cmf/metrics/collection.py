@@ -23,8 +23,8 @@ class MetricCollection:
     """Named metrics whose states share one contiguous buffer (a region per reduction).
 
     ``sync()`` ends a logging interval for all of them in one collective (see ``packing``) and resets the
-    local states (except cumulative metrics). ``to_row()`` moves every scalar result to the host in
-    one transfer.
+    local states (except cumulative metrics). ``to_row()`` moves every scalar result to the host (in one
+    transfer from an accelerator).
 
     Example:
         >>> from ray_cmf.metrics import Mean, Max
@@ -119,8 +119,7 @@ class MetricCollection:
         def finish(reduced: States) -> Values:
             values: Values = {}
             for name, metric in self._metrics.items():
-                metric._synced = {k: v.clone() for k, v in metric._compute(self._pack.states(metric, reduced)).items()}
-                values.update(flatten_outputs(name, metric._synced))
+                values.update(flatten_outputs(name, metric._keep_synced(self._pack.states(metric, reduced))))
             self._synced = values
             return values
 
@@ -130,11 +129,11 @@ class MetricCollection:
         return handle
 
     def to_row(self, values: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
-        """Every scalar result as a plain ``{name: float}``, moved to the host in ONE transfer."""
+        """Every scalar result as a plain ``{name: float}``; from an accelerator, in ONE transfer."""
         values = self.compute() if values is None else values
         scalars = {k: v for k, v in values.items() if v.numel() == 1}
-        if not scalars:
-            return {}
+        if not scalars or self._device.type == "cpu":  # reading host memory needs no transfer
+            return {k: float(v.item()) for k, v in scalars.items()}
         host = torch.stack([v.reshape(()).to(torch.float64) for v in scalars.values()]).cpu().tolist()
         return dict(zip(scalars, host))
 

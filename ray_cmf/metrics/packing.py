@@ -85,9 +85,9 @@ class SyncHandle(Generic[T]):
 
     def wait(self) -> T:
         """Block (gloo) or order the current stream (CUDA) until the reduction is done; return results."""
+        if self._result is _PENDING and self._parent is not None:
+            self._parent.wait()  # which also completes this handle: children are evaluated with their parent
         if self._result is _PENDING:
-            if self._parent is not None:
-                self._parent.wait()
             for work in self._works:
                 work.wait()
             if self._event is not None:
@@ -150,6 +150,7 @@ class StatePack:
             self.defaults[region].copy_(spec.default.reshape(-1))
             self.keep[region] = slot.owner.cumulative
             setattr(slot.owner, slot.name, self.flat[region].view(slot.shape))
+        self._any_cumulative = any(owner.cumulative for _, owner in self.members)
         self._snapshots = [torch.empty_like(self.flat) for _ in range(2)]
         self._live_states = self._states_in(self.flat)
         self._snapshot_states = [self._states_in(snapshot) for snapshot in self._snapshots]
@@ -178,7 +179,8 @@ class StatePack:
     def reset(self, owner: Metric | None = None, *, keep_cumulative: bool = False) -> None:
         """Restore defaults: every state, or ``owner``'s; cumulative ones survive when ``keep_cumulative``."""
         if owner is None:
-            self.flat.copy_(torch.where(self.keep, self.flat, self.defaults) if keep_cumulative else self.defaults)
+            keep = keep_cumulative and self._any_cumulative
+            self.flat.copy_(torch.where(self.keep, self.flat, self.defaults) if keep else self.defaults)
             return
         for s in self.slots:
             if s.owner is owner:

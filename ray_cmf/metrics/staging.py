@@ -5,6 +5,7 @@ small kernels (argmax, compare, isfinite, sums, in-place adds) on every step cos
 the math itself, so each update copies its inputs into a preallocated block on the metric's device, and
 the metric applies a whole block as one vectorized update. Blocks are keyed by the inputs' signature
 (shapes and dtypes) and bounded in rows and bytes; inputs too large to stage are applied directly.
+A metric's input checks depend on shapes only, so they run once per new signature, not per update.
 """
 
 from __future__ import annotations
@@ -62,27 +63,35 @@ class Block:
 
 
 class Stager:
-    """The staged updates of one metric: ``apply`` receives each input with a leading dimension of updates."""
+    """The staged updates of one metric: ``apply`` receives each input with a leading dimension of updates.
 
-    def __init__(self, apply: Apply) -> None:
-        self._apply = apply
+    ``check`` validates one update's inputs (raising on bad shapes); it runs once per new signature and for
+    every update applied directly.
+    """
+
+    def __init__(self, apply: Apply, check: Apply) -> None:
+        self._apply, self._check = apply, check
         self._blocks: dict[Signature, Block] = {}
 
     def push(self, inputs: tuple[Any, ...], device: torch.device) -> None:
         """Stage one update (applied when its block fills or on ``flush``)."""
         sig = signature(inputs)
-        block = self._blocks.get(sig)
-        if block is None:
-            rows = min(STAGE_ROWS, STAGE_BYTES // max(1, _nbytes(sig)))
-            if rows < 2:
-                self._apply(*(batched(v, device) for v in inputs))
-                return
-            if len(self._blocks) == MAX_SIGNATURES:
-                self.flush()
-                self._blocks.clear()
-            block = self._blocks[sig] = Block(sig, rows, device)
-        if block.put(inputs):
+        block = self._blocks.get(sig) or self._new_block(sig, inputs, device)
+        if block is not None and block.put(inputs):
             block.flush(self._apply)
+
+    def _new_block(self, sig: Signature, inputs: tuple[Any, ...], device: torch.device) -> Block | None:
+        """Check a new signature's inputs and make its block; None when they are too large and were applied."""
+        self._check(*inputs)
+        rows = min(STAGE_ROWS, STAGE_BYTES // max(1, _nbytes(sig)))
+        if rows < 2:
+            self._apply(*(batched(v, device) for v in inputs))
+            return None
+        if len(self._blocks) == MAX_SIGNATURES:
+            self.flush()
+            self.discard()
+        block = self._blocks[sig] = Block(sig, rows, device)
+        return block
 
     def flush(self) -> None:
         """Apply every staged update (before the metric's states are read, reduced or saved)."""
