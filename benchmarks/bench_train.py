@@ -2,8 +2,9 @@
 
 Variants (all in the same TorchTrainer run, on the same workers and process group):
 * no logging;
-* ray_cmf: device metrics (loss, accuracy, gradient-norm max) updated every step, ``StepLogger`` synced
-  every 50 steps (<= 3 collectives), rank 0 appending one row per sync, committed at the end;
+* ray_cmf: device metrics (loss, accuracy, gradient-norm max) updated every step in one
+  ``MetricCollection.update`` call, ``StepLogger`` synced every 50 steps (one collective), rank 0 appending
+  one row per sync, committed at the end;
 * torchmetrics: the same metrics in a ``torchmetrics.MetricCollection``, ``compute()`` (its sync) every 50
   steps, the values moved to the host and kept by rank 0.
 
@@ -58,9 +59,7 @@ def ray_cmf_variant(config: dict[str, Any]) -> tuple[Step, Callable[[], Any], fl
     setup = time.perf_counter() - start
 
     def step(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        metrics["loss"].update(loss.detach())
-        metrics["accuracy"].update(logits.detach(), target)
-        metrics["grad_norm_max"].update(grad_norm.detach())
+        metrics.update(loss=loss, accuracy=(logits, target), grad_norm_max=grad_norm)
         logger.step(samples=BATCH)
 
     return step, logger.finish, setup

@@ -45,9 +45,11 @@ def train_loop_per_worker(config: dict) -> None:
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
             optimizer.step()
-            metrics["loss"].update(loss.detach(), weight=torch.tensor(float(len(logits))))
-            metrics["accuracy"].update(logits.detach(), y[i : i + 64])
-            metrics["grad_norm_max"].update(grad_norm.detach())
+            metrics.update(
+                loss=(loss, torch.tensor(float(len(logits)))),  # weighted by the batch size
+                accuracy=(logits, y[i : i + 64]),
+                grad_norm_max=grad_norm,
+            )
             steps.step(samples=len(logits))
     steps.finish()
 

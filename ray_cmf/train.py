@@ -99,7 +99,7 @@ class StepLogger:
         ...     steps = StepLogger(metrics, sync_every=50, trial_id=config.get("trial_id"))
         ...     for x, y in loader:
         ...         ...
-        ...         metrics["loss"].update(loss.detach())
+        ...         metrics.update(loss=loss, acc=(logits, y))
         ...         steps.step(samples=len(x))
         ...     steps.finish()
     """

@@ -240,3 +240,50 @@ def test_staged_updates_match_a_direct_reference() -> None:
     assert out["acc"]["value"].item() == pytest.approx(np.concatenate(hits).mean())
     assert out["hist"]["count"].item() == ok.sum()
     assert not any(t.requires_grad for m in metrics.values() for t in m.compute().values())
+
+
+def _members() -> dict[str, Metric]:
+    return {"loss": Mean(), "acc": Accuracy(), "top": Max(), "hist": Histogram(8, -2, 2)}
+
+
+def test_joint_update_matches_one_update_per_metric() -> None:
+    """``MetricCollection.update`` stages a call's inputs together; the results are those of separate updates,
+    across changing shapes and call patterns (with and without a weight), NaN, inputs too large to stage,
+    and per-metric updates in between."""
+    rng = np.random.default_rng(2)
+    joint, separate = MetricCollection(_members()), MetricCollection(_members())
+    for i in range(200):
+        shape = (STAGE_BYTES // 8,) if i % 40 == 0 else [(), (3,), (2, 5)][i % 3]
+        x = torch.from_numpy(rng.normal(size=shape))
+        if i % 17 == 0:
+            x.reshape(-1)[0] = float("inf")
+        logits, target = torch.randn(5, 3), torch.randint(0, 3, (5,))
+        loss = (x, torch.rand(shape)) if i % 4 == 0 else x
+        joint.update(loss=loss, acc=(logits, target), top=x)
+        for name, inputs in (("loss", loss), ("acc", (logits, target)), ("top", x)):
+            separate[name].update(*inputs) if isinstance(inputs, tuple) else separate[name].update(inputs)
+        if i % 9 == 0:  # the same metric updated on its own, between joint calls
+            joint["hist"].update(x)
+            separate["hist"].update(x)
+    expected = separate.compute()
+    got = joint.compute()
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, equal_nan=True, msg=key)
+    assert got["loss_nonfinite"].item() > 0 and got["hist_count"].item() > 0
+
+
+def test_joint_update_errors_and_synced_values() -> None:
+    metrics = MetricCollection(_members())
+    with pytest.raises(KeyError, match="no metric named 'lost'"):
+        metrics.update(lost=torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"scores of shape \(3, 4\) do not match targets of shape \(2,\)"):
+        metrics.update(loss=torch.tensor(1.0), acc=(torch.randn(3, 4), torch.tensor([0, 1])))
+    metrics.update(loss=torch.tensor(2.0), top=torch.tensor(5.0))
+    assert metrics.sync().wait()["loss"].item() == 2.0
+    metrics.update(loss=torch.tensor(4.0), top=torch.tensor(1.0))
+    assert metrics.compute()["loss"].item() == 4.0  # local values again after an update, not the synced ones
+    assert metrics["top"].compute()["value"].item() == 1.0
+    metrics.update(loss=torch.tensor(8.0))  # staged, not yet applied
+    metrics.reset()
+    assert math.isnan(metrics.compute()["loss"].item())  # reset drops staged joint updates too

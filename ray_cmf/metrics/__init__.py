@@ -4,8 +4,7 @@ from ray_cmf.metrics import MetricCollection, Mean, Max, Accuracy
 metrics = MetricCollection({"loss": Mean(), "acc": Accuracy(), "grad_max": Max()}, device="cuda")
 for step, (x, y) in enumerate(loader):
     ...
-    metrics["loss"].update(loss.detach())
-    metrics["acc"].update(logits, y)
+    metrics.update(loss=loss, acc=(logits, y))   # or metrics["loss"].update(loss), ...
     if step % 50 == 49:
         row = metrics.to_row(metrics.sync().wait())   # one packed sync, one host transfer
 """
