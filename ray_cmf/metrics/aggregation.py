@@ -62,7 +62,8 @@ class Sum(_OneValue):
         self.add_state("total", 0.0, "sum")
 
     def _accumulate(self, value: torch.Tensor) -> None:
-        self.total.add_(self._filter(value, 0.0)[0].sum())
+        filtered, _ = self._filter(value, 0.0)
+        self.total.add_(filtered.sum())
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["total"], states)
@@ -131,7 +132,7 @@ class _Extremum(_OneValue):
         self.add_state("extremum", self._identity, self._reduce)
 
     def _accumulate(self, value: torch.Tensor) -> None:
-        value = self._filter(value, self._identity)[0]
+        value, _ = self._filter(value, self._identity)
         if value.numel() == 0:  # a shape check, not a value check: no host sync
             return
         if self._reduce == "max":

@@ -63,10 +63,10 @@ class Block:
 
 
 class Stager:
-    """The staged updates of one metric: ``apply`` receives each input with a leading dimension of updates.
+    """The staged updates of one metric (or of one call pattern of ``MetricCollection.update``).
 
-    ``check`` validates one update's inputs (raising on bad shapes); it runs once per new signature and for
-    every update applied directly.
+    ``apply`` receives each input with a leading dimension of updates. ``check`` validates one update's
+    inputs (raising on bad shapes); it runs once per new signature and for every update applied directly.
     """
 
     def __init__(self, apply: Apply, check: Apply) -> None:
