@@ -18,7 +18,7 @@ Each round is one TorchTrainer run; the table gives the median over rounds. The 
 inside the logging calls themselves (updates, step/sync, compute): the logging's own cost, which the
 wall-time difference measures with the machine's noise on top.
 
-Run: ``.venv/bin/python benchmarks/bench_train.py [--steps 3000 --rounds 5]``
+Run: ``.venv/bin/python benchmarks/bench_train.py [--steps 3000 --rounds 7]``
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def run(steps: int, tmp: Path, index: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3000, help="training steps per variant")
-    parser.add_argument("--rounds", type=int, default=5, help="TorchTrainer runs; the median is reported")
+    parser.add_argument("--rounds", type=int, default=7, help="TorchTrainer runs; the median is reported")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
