@@ -32,10 +32,9 @@ def _step(metrics: MetricCollection, step: int) -> None:
     values = torch.randn(256, device="cuda", generator=g)
     logits = torch.randn(256, 10, device="cuda", generator=g)
     target = torch.randint(0, 10, (256,), device="cuda", generator=g)
-    metrics["loss"].update(values, weight=torch.rand(256, device="cuda", generator=g))
+    metrics.update(loss=(values, torch.rand(256, device="cuda", generator=g)), acc=(logits, target))  # joint
     for name in ("sum", "max", "min", "hist"):
         metrics[name].update(values)
-    metrics["acc"].update(logits, target)
 
 
 def test_1000_updates_make_no_host_sync() -> None:
