@@ -273,6 +273,22 @@ def test_joint_update_matches_one_update_per_metric() -> None:
     assert got["loss_nonfinite"].item() > 0 and got["hist_count"].item() > 0
 
 
+def test_joint_update_with_many_call_patterns() -> None:
+    """More call patterns than are staged at once: older patterns' blocks are applied, not lost."""
+    joint, separate = MetricCollection(_members()), MetricCollection(_members())
+    subsets = [[n for k, n in enumerate(("loss", "top", "hist")) if mask >> k & 1] for mask in range(1, 8)]
+    for i in range(60):
+        x = torch.full((2,), float(i))
+        names = subsets[i % len(subsets)] + (["acc"] if i % 2 else [])
+        inputs = {n: (torch.randn(2, 3), torch.tensor([0, 1])) if n == "acc" else x for n in names}
+        joint.update(**inputs)
+        for name, value in inputs.items():
+            separate[name].update(*value) if isinstance(value, tuple) else separate[name].update(value)
+    expected, got = separate.compute(), joint.compute()
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, equal_nan=True, msg=key)
+
+
 def test_joint_update_errors_and_synced_values() -> None:
     metrics = MetricCollection(_members())
     with pytest.raises(KeyError, match="no metric named 'lost'"):

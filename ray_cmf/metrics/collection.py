@@ -14,6 +14,7 @@ from ray_cmf.metrics.staging import Stager
 
 Values = dict[str, torch.Tensor]
 Pattern = tuple[tuple[str, ...], tuple[int, ...]]  # a joint update's metric names and their input counts
+MAX_PATTERNS = 8  # call patterns of ``update`` staged at once (each keeps its own blocks)
 
 
 def flatten_outputs(name: str, outputs: Mapping[str, torch.Tensor]) -> Values:
@@ -121,6 +122,10 @@ class MetricCollection:
         unknown = [name for name in pattern[0] if name not in self._metrics]
         if unknown:
             raise KeyError(f"MetricCollection has no metric named {unknown[0]!r}; it has {list(self._metrics)}")
+        if len(self._joint) == MAX_PATTERNS:
+            for stager in self._joint.values():
+                stager.flush()
+            self._joint.clear()
         members = [(self._metrics[name], count) for name, count in zip(*pattern)]
 
         def each(method: str) -> Callable[..., None]:
