@@ -28,7 +28,6 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
-    MLMD_FILE,
     MODEL_TYPE,
     TRIAL_EXECUTION_TYPE,
 )
@@ -279,7 +278,7 @@ class CmfRayLogger(tune.Callback):
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.metric, self.mode, self.top_n = metric, mode or "min", top_n
         self.root = str(resolve_root(store))
-        self.mlmd = os.fspath(file_path) if file_path is not None else str(Path(self.root) / MLMD_FILE)
+        self.mlmd = Store(self.root, mlmd=file_path).mlmd
         self.data_dir = os.path.abspath(data_dir) if data_dir is not None else None
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
         self.cmf_obj = TrialCmfs(self)

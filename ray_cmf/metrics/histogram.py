@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ray_cmf.metrics.base import Metric
+from ray_cmf.metrics.base import Metric, nonfinite
 from ray_cmf.metrics.packing import STATE_DTYPE
 
 
@@ -42,13 +42,15 @@ class Histogram(Metric):
 
     def _apply(self, values: torch.Tensor) -> None:
         value = values.to(STATE_DTYPE).reshape(-1)
-        finite = torch.isfinite(value)
         if self.nan_policy == "exclude":
-            self.nonfinite.add_((~finite).sum())
+            bad = nonfinite(value)
+            self.nonfinite.add_(bad.sum())
+            weight = (~bad).to(self.counts.dtype)
+        else:
+            weight = torch.ones_like(value)
         scaled = ((value - self.low) / (self.high - self.low) * self.bins).floor()
         # +inf and NaN land in the overflow bin, -inf in the underflow bin (they count only under "propagate")
         index = torch.nan_to_num(scaled, nan=self.bins, posinf=self.bins, neginf=-1).clamp(-1, self.bins) + 1
-        weight = finite.to(self.counts.dtype) if self.nan_policy == "exclude" else torch.ones_like(value)
         self.counts.index_add_(0, index.long(), weight)
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

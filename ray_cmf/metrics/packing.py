@@ -184,7 +184,8 @@ class StatePack:
             return
         for s in self.slots:
             if s.owner is owner:
-                self.flat[self._span(s)].copy_(self.defaults[self._span(s)])
+                span = self._span(s)
+                self.flat[span].copy_(self.defaults[span])
 
     # -- communication -------------------------------------------------------------------------------
     def check_layout(self, group: Any = None) -> None:
