@@ -110,7 +110,7 @@ class Mean(Metric):
         missing = values.dim() - weights.dim()
         weights = weights.to(STATE_DTYPE).reshape(weights.shape[:1] + (1,) * missing + weights.shape[1:])
         values, weights = values.reshape(-1), torch.broadcast_to(weights, values.shape).reshape(-1)
-        if self.nan_policy == "exclude":
+        if self._needs_mask(values, weights):
             bad = nonfinite(values) | nonfinite(weights)
             self.nonfinite.add_(bad.sum())
             values, weights = values.masked_fill(bad, 0.0), weights.masked_fill(bad, 0.0)

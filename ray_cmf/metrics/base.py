@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,8 +106,14 @@ class Metric(ABC):
         """Vectorized update: every input has a leading dimension indexing the staged updates."""
 
     def _fold(self) -> None:
-        """Apply the staged updates (before the states are read, reduced or saved)."""
-        self._stager.flush()
+        """Apply the staged updates (before the states are read, reduced or saved).
+
+        A member of a collection folds the collection: its updates may be staged there, jointly.
+        """
+        if self._owner is not None:
+            self._owner._fold()
+        else:
+            self._stager.flush()
 
     def _discard_staged(self) -> None:
         self._stager.discard()
@@ -116,12 +123,28 @@ class Metric(ABC):
 
         Returns the filtered values and how many were replaced (a device tensor; None under ``"propagate"``).
         """
-        if self.nan_policy == "propagate":
+        if not self._needs_mask(value):
             return value, None
         bad = nonfinite(value)
         excluded = bad.sum()
         self.nonfinite.add_(excluded)
         return value.masked_fill(bad, fill), excluded
+
+    def _needs_mask(self, *values: torch.Tensor) -> bool:
+        """Whether the NaN policy must mask non-finite entries of these values (a shape and dtype check on an
+        accelerator, so no host sync).
+
+        Not under ``"propagate"``, nor for integer values. On a CPU device, reading a value waits for nothing,
+        so finite sums (any NaN or inf summand makes a sum non-finite) skip the masking kernels.
+        """
+        if self.nan_policy == "propagate":
+            return False
+        floats = [value for value in values if value.is_floating_point()]
+        if not floats:
+            return False
+        if floats[0].device.type != "cpu":
+            return True
+        return not all(math.isfinite(value.sum().item()) for value in floats)
 
     def compute(self) -> dict[str, torch.Tensor]:
         """Outputs as device tensors: the last sync's global values, else this rank's local ones."""

@@ -62,7 +62,7 @@ class Accuracy(Metric):
             else:
                 top = preds.topk(min(self.top_k, preds.shape[1]), dim=1).indices
                 hit = (top == target.unsqueeze(1)).any(dim=1)
-            bad = nonfinite(preds).any(dim=1) if self.nan_policy == "exclude" else None
+            bad = nonfinite(preds).any(dim=1) if self._needs_mask(preds) else None
         self.total.add_(target.numel())
         if bad is not None:
             excluded = bad.sum()

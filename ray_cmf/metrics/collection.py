@@ -51,7 +51,7 @@ class MetricCollection:
         self._metrics = dict(metrics)
         self._device = torch.device(device) if device is not None else next(iter(self._metrics.values())).device
         self._synced: Values | None = None
-        self._joint: dict[Pattern, Stager] = {}  # staged joint updates, by call pattern
+        self._joint: dict[Pattern, tuple[Stager, list[Metric]]] = {}  # staged joint updates, by call pattern
         self._pack = self._build_pack()
 
     def _build_pack(self) -> StatePack:
@@ -112,18 +112,19 @@ class MetricCollection:
                 flat.append(value)
                 counts.append(1)
         pattern = (tuple(inputs), tuple(counts))
-        stager = self._joint.get(pattern) or self._joint_stager(pattern)
-        for name in pattern[0]:
-            self._metrics[name]._synced = None
-        stager.push(tuple(flat), self._device)
+        stager, named = self._joint.get(pattern) or self._joint_stager(pattern)
+        for metric in named:
+            metric._synced = None
+        stager.push(flat, self._device)
 
-    def _joint_stager(self, pattern: Pattern) -> Stager:
-        """Staging for a new call pattern of ``update``: each block's columns go to their own metric."""
+    def _joint_stager(self, pattern: Pattern) -> tuple[Stager, list[Metric]]:
+        """Staging for a new call pattern of ``update`` (and the metrics it names): each block's columns go to
+        their own metric."""
         unknown = [name for name in pattern[0] if name not in self._metrics]
         if unknown:
             raise KeyError(f"MetricCollection has no metric named {unknown[0]!r}; it has {list(self._metrics)}")
         if len(self._joint) == MAX_PATTERNS:
-            for stager in self._joint.values():
+            for stager, _ in self._joint.values():
                 stager.flush()
             self._joint.clear()
         members = [(self._metrics[name], count) for name, count in zip(*pattern)]
@@ -137,8 +138,8 @@ class MetricCollection:
 
             return call
 
-        stager = self._joint[pattern] = Stager(each("_apply"), each("_check"))
-        return stager
+        joint = self._joint[pattern] = (Stager(each("_apply"), each("_check")), [metric for metric, _ in members])
+        return joint
 
     def compute(self) -> Values:
         """``{name: tensor}``: the last sync's global values until the next update, else local ones."""
@@ -204,10 +205,10 @@ class MetricCollection:
 
     def _fold(self) -> None:
         """Apply every staged update, joint or not (before reading or reducing the states)."""
-        for stager in self._joint.values():
+        for stager, _ in self._joint.values():
             stager.flush()
         for metric in self._metrics.values():
-            metric._fold()
+            metric._stager.flush()
 
     def _discard_staged(self) -> None:
         self._joint.clear()

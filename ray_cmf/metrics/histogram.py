@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,7 +43,7 @@ class Histogram(Metric):
 
     def _apply(self, values: torch.Tensor) -> None:
         value = values.to(STATE_DTYPE).reshape(-1)
-        if self.nan_policy == "exclude":
+        if self._needs_mask(value):
             bad = nonfinite(value)
             self.nonfinite.add_(bad.sum())
             weight = (~bad).to(self.counts.dtype)
@@ -57,25 +58,22 @@ class Histogram(Metric):
         counts = states["counts"]
         total = counts.sum()
         cumulative = counts.cumsum(0)
-        width = (self.high - self.low) / self.bins
-        # edges of the bins, with under/overflow pinned to low/high
-        lower = torch.cat(
-            [
-                counts.new_tensor([self.low]),
-                self.low + width * torch.arange(self.bins, device=counts.device, dtype=counts.dtype),
-                counts.new_tensor([self.high]),
-            ]
+        # each bin's [lower, upper) edges, with under/overflow pinned to low/high; device ops only (no host sync)
+        edges = self.low + (self.high - self.low) / self.bins * torch.arange(
+            self.bins + 1, device=counts.device, dtype=counts.dtype
         )
-        upper = torch.cat([counts.new_tensor([self.low]), lower[1:-1] + width, counts.new_tensor([self.high])])
+        lower = torch.cat([edges[:1], edges[:-1], edges[-1:]])
+        upper = torch.cat([edges[:1], edges[1:], edges[-1:]])
         out: dict[str, torch.Tensor] = {}
-        for q in self.quantiles:
-            target = q * total
-            i = torch.searchsorted(cumulative, target.reshape(1)).clamp(max=self.bins + 1)[0]
-            before = torch.where(i > 0, cumulative[(i - 1).clamp(min=0)], counts.new_zeros(()))
-            inside = counts[i]
-            frac = torch.where(inside > 0, (target - before) / inside, counts.new_zeros(()))
-            estimate = lower[i] + frac.clamp(0, 1) * (upper[i] - lower[i])
-            out[f"p{q * 100:g}"] = torch.where(total > 0, estimate, counts.new_full((), float("nan")))
+        if self.quantiles:
+            targets = torch.stack([total * q for q in self.quantiles])
+            i = torch.searchsorted(cumulative, targets).clamp(max=self.bins + 1)
+            before = torch.where(i > 0, cumulative.gather(0, (i - 1).clamp(min=0)), 0.0)
+            inside = counts.gather(0, i)
+            frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
+            low = lower.gather(0, i)
+            estimates = torch.where(total > 0, low + frac * (upper.gather(0, i) - low), math.nan)
+            out = {f"p{q * 100:g}": estimate for q, estimate in zip(self.quantiles, estimates.unbind())}
         out = {"value": out.get("p50", next(iter(out.values()), total)), **out, "count": total, "counts": counts}
         if "nonfinite" in states:
             out["nonfinite"] = states["nonfinite"]
