@@ -71,8 +71,8 @@ class Histogram(Metric):
             before = torch.where(i > 0, cumulative.gather(0, (i - 1).clamp(min=0)), 0.0)
             inside = counts.gather(0, i)
             frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
-            low = lower.gather(0, i)
-            estimates = torch.where(total > 0, low + frac * (upper.gather(0, i) - low), math.nan)
+            start = lower.gather(0, i)
+            estimates = torch.where(total > 0, start + frac * (upper.gather(0, i) - start), math.nan)
             out = {f"p{q * 100:g}": estimate for q, estimate in zip(self.quantiles, estimates.unbind())}
         out = {"value": out.get("p50", next(iter(out.values()), total)), **out, "count": total, "counts": counts}
         if "nonfinite" in states:
