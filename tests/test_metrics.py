@@ -43,7 +43,7 @@ def test_accelerator_path_never_reads_a_value() -> None:
     collection = MetricCollection(all_metrics(), device=meta)
     values = torch.rand(4, device=meta)
     logits, target = torch.randn(4, 5, device=meta), torch.zeros(4, dtype=torch.long, device=meta)
-    for step in range(150):
+    for _ in range(150):
         feed(metrics, values, logits, target)
         collection.update(sum=values[0], max=2.0, mean=(values, values), acc=(logits, target), hist=values)
     for out in [*(m.compute() for m in metrics.values()), collection.compute(), collection.sync().wait()]:
