@@ -119,9 +119,10 @@ class Metric(ABC):
         self._stager.discard()
 
     def _filter(self, value: torch.Tensor, fill: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Apply the NaN policy: non-finite entries become ``fill`` and are counted (device ops only).
+        """Apply the NaN policy: non-finite entries become ``fill`` and are counted (see ``_needs_mask``).
 
-        Returns the filtered values and how many were replaced (a device tensor; None under ``"propagate"``).
+        Returns the filtered values and how many were replaced: a device tensor, or None when nothing needed
+        masking (under ``"propagate"``, for integers, or for a finite block on a CPU device).
         """
         if not self._needs_mask(value):
             return value, None
