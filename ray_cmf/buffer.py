@@ -13,6 +13,7 @@ hashing it with md5 as it is written.
 from __future__ import annotations
 
 import array
+import dataclasses
 import hashlib
 import io
 import json
@@ -24,9 +25,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +45,8 @@ from ray_cmf.constants import (
 from ray_cmf.errors import InvalidValueError, RayCmfError, SchemaError
 
 log = logging.getLogger(__name__)
+
+_MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -64,6 +67,17 @@ class FinishedFile:
     md5: str
     size: int
     rows: int
+
+
+class Sink(Protocol):
+    """Where a buffer's sealed chunks go (called from its spill thread only)."""
+
+    def write(self, batch: pa.RecordBatch) -> None: ...
+
+    def flush(self) -> None:
+        """Block until every written batch is durable (or acknowledged by the writer)."""
+
+    def close(self) -> None: ...
 
 
 class _Column:
@@ -128,19 +142,55 @@ def _chunk_to_batch(columns: dict[str, _Column], first_row: int, n: int) -> pa.R
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-class _SegmentWriter:
-    """Appends record batches to Arrow IPC stream segments, opening a new segment when the schema changes."""
+@dataclass(frozen=True)
+class SpillManifest:
+    """What a spill directory belongs to, written beside its segments so :func:`ray_cmf.recover` can
+    commit it after a crash: the series, its execution, its destination and the process that wrote it."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    metrics_name: str
+    execution_id: int
+    dest: str
+    pid: int = dataclasses.field(default_factory=os.getpid)
+    host: str = dataclasses.field(default_factory=socket.gethostname)
+    base: str | None = None  # the previous committed version, which the next one extends
+
+    def write(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / SPILL_MANIFEST).write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, directory: Path) -> SpillManifest:
+        return cls(**json.loads((directory / SPILL_MANIFEST).read_text()))
+
+
+class Spill:
+    """A series' crash-safe segments on disk: record batches appended as Arrow IPC streams (a new segment
+    per schema change), finished into one Parquet file. Adopts the segments already in ``directory``.
+
+    Not thread-safe: one thread writes (a buffer's spill thread, or the writer under its series lock).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], manifest: SpillManifest | None = None) -> None:
+        self.directory = Path(directory)
+        self.manifest = manifest
         self._file: io.BufferedWriter | None = None
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self._schema: pa.Schema | None = None
-        self._count = len(list(directory.glob(SEGMENT_GLOB))) if directory.exists() else 0
+        self._manifest_written = False
+        self._count = len(list(self.directory.glob(SEGMENT_GLOB))) if self.directory.exists() else 0
+        self.pending = sum(batch.num_rows for batch in read_segments(self.directory)) if self._count else 0
+        adopted = SpillManifest.read(self.directory) if (self.directory / SPILL_MANIFEST).exists() else manifest
+        self.base: Path | None = Path(adopted.base) if adopted is not None and adopted.base else None
+        base_rows = pq.ParquetFile(self.base).metadata.num_rows if self.base is not None and self.base.exists() else 0
+        self.rows = base_rows + self.pending  # the series so far: pending segments after the base version
 
     def write(self, batch: pa.RecordBatch) -> None:
+        """Append one batch; it is in the OS page cache (and survives a process kill) on return."""
+        if self.manifest is not None and not self._manifest_written:
+            replace(self.manifest, base=str(self.base) if self.base else None).write(self.directory)
+            self._manifest_written = True
         if self._stream is None or not batch.schema.equals(self._schema):
-            self.close()
+            self._close_segment()
             self.directory.mkdir(parents=True, exist_ok=True)
             self._file = open(self.directory / f"seg-{self._count:05d}.arrows", "wb")  # noqa: SIM115
             self._count += 1
@@ -148,9 +198,33 @@ class _SegmentWriter:
             self._schema = batch.schema
         self._stream.write_batch(batch)
         assert self._file is not None
-        self._file.flush()  # in the OS page cache now: survives a process kill
+        self._file.flush()
+        self.rows += batch.num_rows
+        self.pending += batch.num_rows
+
+    def flush(self) -> None:
+        """Nothing to wait for: each batch is flushed to the OS as it is written."""
+
+    def finish(self, dest: str | os.PathLike[str]) -> FinishedFile:
+        """Write every row (the previous version's included) to ``dest`` atomically and empty the spill."""
+        self._close_segment()
+        batches: list[pa.RecordBatch] = []
+        if self.base is not None:
+            batches.extend(pq.ParquetFile(self.base).iter_batches(batch_size=1 << 20))
+        batches.extend(read_segments(self.directory))
+        finished = write_parquet(batches, Path(dest))
+        discard_spill(self.directory)
+        self.base, self._count, self._manifest_written, self.pending = finished.path, 0, False, 0
+        return finished
 
     def close(self) -> None:
+        """Close the open segment; what was written stays on disk for recovery."""
+        self._close_segment()
+
+    def __repr__(self) -> str:
+        return f"Spill({str(self.directory)!r})"
+
+    def _close_segment(self) -> None:
         if self._stream is not None:
             self._stream.close()
             assert self._file is not None
@@ -160,38 +234,32 @@ class _SegmentWriter:
 
 
 class _SpillThread(threading.Thread):
-    """Writes sealed chunks in the background so that ``append`` never does I/O."""
+    """Hands sealed chunks to the sink in the background so that ``append`` never does I/O.
+
+    The queue is bounded: when the sink falls behind, sealing waits instead of growing memory.
+    """
 
     _STOP = object()
 
-    def __init__(self, directory: Path, manifest: Mapping[str, Any] | None) -> None:
-        super().__init__(name=f"ray_cmf-spill-{directory.name}", daemon=True)
-        self.queue: queue.Queue[Any] = queue.Queue()
+    def __init__(self, sink: Sink, name: str) -> None:
+        super().__init__(name=f"ray_cmf-spill-{name}", daemon=True)
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=_MAX_QUEUED_CHUNKS)
         self.error: BaseException | None = None
-        self._writer = _SegmentWriter(directory)
-        self._manifest = manifest
+        self._sink = sink
 
     def run(self) -> None:
         while True:
             item = self.queue.get()
             try:
                 if item is self._STOP:
-                    self._writer.close()
                     return
                 if self.error is None:
-                    self._write(*item)
-            except BaseException as exc:  # reported by finish(); training must not die here
+                    self._sink.write(_chunk_to_batch(*item))
+            except BaseException as exc:  # reported by flush(); training must not die here
                 self.error = exc
-                log.warning("ray_cmf: spilling metrics to %s failed: %r", self._writer.directory, exc)
+                log.warning("ray_cmf: spilling metrics to %s failed: %r", self._sink, exc)
             finally:
                 self.queue.task_done()
-
-    def _write(self, columns: dict[str, _Column], first_row: int, n: int) -> None:
-        if self._manifest is not None:
-            self._writer.directory.mkdir(parents=True, exist_ok=True)
-            (self._writer.directory / SPILL_MANIFEST).write_text(json.dumps(self._manifest))
-            self._manifest = None
-        self._writer.write(_chunk_to_batch(columns, first_row, n))
 
 
 class _HashingFile(io.RawIOBase):
@@ -298,12 +366,17 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
 class MetricBuffer:
     """Columnar, append-only metric series with background spill and an atomic Parquet finish.
 
+    Sealed chunks go to a sink on a background thread: by default a :class:`Spill` in ``spill_dir``
+    (whose existing segments are adopted, and numbering continues after them); inside a Ray job, the
+    store's writer.
+
     Args:
         spill_dir: Directory for the crash-safe segments. It is created on the first spill only.
+        sink: Where sealed chunks go instead of ``spill_dir`` (e.g. the store's writer).
         flush_rows: Seal and spill the current chunk after this many rows.
         flush_seconds: Also seal when this long has passed since the last spill (checked on append).
-        manifest: JSON-serializable facts written beside the segments on the first spill, so that
-            :func:`ray_cmf.recover` knows what a dangling spill belongs to.
+        manifest: Written beside the segments on the first spill, so that :func:`ray_cmf.recover`
+            knows what a dangling spill belongs to.
 
     Example:
         >>> import tempfile, pathlib
@@ -318,27 +391,28 @@ class MetricBuffer:
 
     def __init__(
         self,
-        spill_dir: str | os.PathLike[str],
+        spill_dir: str | os.PathLike[str] | None = None,
         *,
+        sink: Sink | None = None,
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
-        manifest: Mapping[str, Any] | None = None,
+        manifest: SpillManifest | None = None,
     ) -> None:
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be >= 1, got {flush_rows!r}")
         if flush_seconds <= 0:
             raise ValueError(f"flush_seconds must be > 0, got {flush_seconds!r}")
-        self.spill_dir = Path(spill_dir)
+        if (spill_dir is None) == (sink is None):
+            raise ValueError("MetricBuffer needs exactly one of spill_dir and sink")
+        self._sink: Sink = sink if sink is not None else Spill(spill_dir, manifest)  # type: ignore[arg-type]
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
-        self._manifest = dict(manifest) if manifest is not None else None
         self._kinds: dict[str, str] = {}
         self._columns: dict[str, _Column] = {}
         self._n = 0  # rows in the current chunk
-        self._first_row = 1  # SequenceNumber of the chunk's first row
+        self._first_row = 1 + (self._sink.rows if isinstance(self._sink, Spill) else 0)
         self._last_spill = time.monotonic()
         self._spiller: _SpillThread | None = None
-        self._base: Path | None = None  # previous finished version; the next finish extends it
         self._closed = False
 
     @property
@@ -409,10 +483,7 @@ class MetricBuffer:
         """Hand the current chunk to the spill thread and start a fresh one."""
         if self._n:
             if self._spiller is None:
-                manifest = None
-                if self._manifest is not None:
-                    manifest = {**self._manifest, "base": str(self._base) if self._base else None}
-                self._spiller = _SpillThread(self.spill_dir, manifest)
+                self._spiller = _SpillThread(self._sink, str(id(self)))
                 self._spiller.start()
             self._spiller.queue.put((self._columns, self._first_row, self._n))
             self._columns = {}
@@ -420,78 +491,49 @@ class MetricBuffer:
             self._n = 0
         self._last_spill = time.monotonic()
 
-    @classmethod
-    def resume(cls, spill_dir: str | os.PathLike[str], **kwargs: Any) -> MetricBuffer:
-        """A buffer that continues a spill left by an earlier process (e.g. a restored Tune driver).
-
-        Its complete rows are kept, and numbering continues after them.
-        """
-        buffer = cls(spill_dir, **kwargs)
-        if buffer.spill_dir.exists():
-            buffer._first_row += sum(batch.num_rows for batch in read_segments(buffer.spill_dir))
-            buffer._spiller = _SpillThread(buffer.spill_dir, None)
-            buffer._spiller.start()
-        return buffer
-
     def seal(self) -> None:
         """Hand the current rows to the spill thread now, without waiting for the write."""
         self._seal()
 
     def flush(self) -> None:
-        """Seal the current rows and block until every sealed chunk is on disk."""
+        """Seal the current rows and block until every sealed chunk is written (or acknowledged) by the sink."""
         self._seal()
         if self._spiller is not None:
             self._spiller.queue.join()
-            self._raise_spill_error()
-
-    def _raise_spill_error(self) -> None:
-        if self._spiller is not None and self._spiller.error is not None:
-            raise RayCmfError(
-                f"Spilling metrics to {self.spill_dir} failed: {self._spiller.error!r}. "
-                "The complete segments stay on disk; ray_cmf.recover() can commit them."
-            ) from self._spiller.error
+            if self._spiller.error is not None:
+                raise RayCmfError(
+                    f"Spilling metrics to {self._sink} failed: {self._spiller.error!r}. "
+                    "What was spilled before stays there; ray_cmf.recover() commits it."
+                ) from self._spiller.error
+        self._sink.flush()
 
     def finish(self, dest: str | os.PathLike[str]) -> FinishedFile:
         """Write every row (earlier versions included) to ``dest`` atomically; return path, md5, size, rows.
 
         The buffer stays usable: rows appended later extend this version in the next ``finish``.
         """
-        dest = Path(dest)
+        if not isinstance(self._sink, Spill):
+            raise RayCmfError(f"This buffer sends its rows to {self._sink}; commit them there, not with finish()")
         self.flush()
-        batches: list[pa.RecordBatch] = []
-        if self._base is not None:
-            batches.extend(pq.ParquetFile(self._base).iter_batches(batch_size=1 << 20))
-        if self._spiller is not None:
-            self._spiller.queue.put(_SpillThread._STOP)
-            self._spiller.join()
-            self._spiller = None
-            batches.extend(read_segments(self.spill_dir))
-        finished = write_parquet(batches, dest)
-        discard_spill(self.spill_dir)
-        self._base = finished.path
-        return finished
+        return self._sink.finish(dest)
 
     def close(self) -> None:
-        """Stop the spill thread, keeping what was spilled on disk for recovery. Idempotent."""
+        """Hand every row to the sink and stop the spill thread; spilled rows stay for recovery. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self._seal()
         if self._spiller is not None:
-            self._seal()
             self._spiller.queue.put(_SpillThread._STOP)
             self._spiller.join()
             self._spiller = None
+        self._sink.close()
 
     def __enter__(self) -> MetricBuffer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def spill_owner() -> dict[str, Any]:
-    """Who writes a spill (for its manifest): recovery leaves spills of live processes alone."""
-    return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
 def discard_spill(directory: Path) -> None:

@@ -8,7 +8,8 @@
 
 Differences that users gain: ``log_metric`` is O(1) and crash-safe (rows spill to disk in the
 background), no git/DVC remote or ``cmf init`` is needed, and ``read_metrics`` works and reads any
-committed version by md5.
+committed version by md5. Every write goes through the store's single writer (:mod:`ray_cmf.writer`):
+in-process without Ray, the driver's writer actor inside a Ray trial.
 """
 
 from __future__ import annotations
@@ -19,24 +20,16 @@ import shlex
 import sys
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.parquet as pq
-
 from ray_cmf._names import check_name
-from ray_cmf.buffer import MetricBuffer, spill_owner
-from ray_cmf.constants import (
-    DATASET_TYPE,
-    DEFAULT_FLUSH_ROWS,
-    DEFAULT_FLUSH_SECONDS,
-    MODEL_TYPE,
-    SEQUENCE_COLUMN,
-    STEP_METRICS_TYPE,
-)
-from ray_cmf.errors import MetricsNotFoundError, RayCmfError
-from ray_cmf.lineage import Artifact, Context, Execution, Lineage, properties
+from ray_cmf.buffer import MetricBuffer
+from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
+from ray_cmf.errors import MetricsNotFoundError, StoreError
+from ray_cmf.lineage import Artifact, Context, Execution
 from ray_cmf.store import Store
+from ray_cmf.versioning import tree_md5
+from ray_cmf.writer import Binding, SeriesKey, StoreWriter, WriterClient
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,19 +73,55 @@ class Cmf:
         if graph:
             log.warning("ray_cmf.Cmf: graph=True (Neo4j) is not supported; lineage stays in MLMD")
         self.store = store if isinstance(store, Store) else Store(store, mlmd=filepath)
+        self._writer = WriterClient(StoreWriter(self.store))
         self.pipeline_name = check_name("pipeline_name", pipeline_name)
-        self.parent_context: Context = self.store.pipeline(pipeline_name, custom_properties)
+        self.parent_context: Context = self._writer.call(
+            StoreWriter.context, pipeline=pipeline_name, props=custom_properties, store=self.store
+        )
         self.child_context: Context | None = None
         self.execution: Execution | None = None
         self.metrics: dict[str, MetricBuffer] = {}
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self._stage: str | None = None
+        self._binding: Binding | None = None
+        self._keys: dict[str, SeriesKey] = {}
+
+    @classmethod
+    def bound(
+        cls,
+        writer: WriterClient,
+        binding: Binding,
+        *,
+        flush_rows: int = DEFAULT_FLUSH_ROWS,
+        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+    ) -> Cmf:
+        """A Cmf that logs into an existing execution (a Tune trial's) through ``writer``, from any node."""
+        cmf = cls.__new__(cls)
+        cmf.store, cmf._writer, cmf.pipeline_name = binding.store, writer, binding.pipeline
+        cmf.parent_context = writer.call(StoreWriter.context, pipeline=binding.pipeline, store=binding.store)
+        cmf.child_context = writer.call(
+            StoreWriter.context, pipeline=binding.pipeline, stage=binding.stage, store=binding.store
+        )
+        cmf.metrics, cmf._keys = {}, {}
+        cmf.flush_rows, cmf.flush_seconds = flush_rows, flush_seconds
+        cmf._stage, cmf._binding = binding.stage, binding
+        cmf.execution = writer.call(
+            StoreWriter.update_execution, execution_id=binding.execution_id, store=binding.store
+        )
+        return cmf
 
     # -- contexts and executions ---------------------------------------------------------------------
     def create_context(self, pipeline_stage: str, custom_properties: Mapping[str, Any] | None = None) -> Context:
         """Get or create the stage (child) context and make it current."""
-        self.child_context = self.store.stage(self.pipeline_name, pipeline_stage, custom_properties)
+        check_name("pipeline_stage", pipeline_stage)
+        self.child_context = self._writer.call(
+            StoreWriter.context,
+            pipeline=self.pipeline_name,
+            stage=pipeline_stage,
+            props=custom_properties,
+            store=self.store,
+        )
         self._stage = pipeline_stage
         return self.child_context
 
@@ -116,22 +145,32 @@ class Cmf:
             "Pipeline_Type": self.pipeline_name,
             **(custom_properties or {}),
         }
-        self.execution = self.store.execution(self.pipeline_name, self._stage, execution_type, execution_name, props)
+        self._binding, self.execution = self._writer.call(
+            StoreWriter.execution,
+            pipeline=self.pipeline_name,
+            stage=self._stage,
+            type_name=execution_type,
+            name=execution_name,
+            props=props,
+            store=self.store,
+        )
         return self.execution
 
     def update_execution(self, execution_id: int, custom_properties: Mapping[str, Any] | None = None) -> Execution:
         """Merge custom properties into an execution (cmflib's signature)."""
-        updated = self.store.update_execution(execution_id, custom_properties)
+        updated = self._writer.call(
+            StoreWriter.update_execution, execution_id=execution_id, props=custom_properties, store=self.store
+        )
         if self.execution is not None and self.execution.id == execution_id:
             self.execution = updated
         return updated
 
-    def _current_execution(self) -> Execution:
-        """The current execution, created implicitly (as cmflib does) when the user has made none."""
-        if self.execution is None:
+    def _current(self) -> Binding:
+        """The current execution's binding, created implicitly (as cmflib does) when the user has made none."""
+        if self._binding is None:
             self.create_execution("Execution")
-        assert self.execution is not None
-        return self.execution
+        assert self._binding is not None
+        return self._binding
 
     # -- step metrics --------------------------------------------------------------------------------
     def log_metric(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> None:
@@ -143,30 +182,20 @@ class Cmf:
 
     def _new_buffer(self, metrics_name: str) -> MetricBuffer:
         check_name("metrics_name", metrics_name)
-        execution = self._current_execution()
-        assert self._stage is not None
-        manifest = {
-            "metrics_name": metrics_name,
-            "execution_id": execution.id,
-            "dest": str(self._destination(metrics_name)),
-            **spill_owner(),
-        }
-        key = f"{execution.id}-{metrics_name}-{uuid.uuid4().hex[:8]}"
-        buffer = MetricBuffer(
-            self.store.spill_dir(key), flush_rows=self.flush_rows, flush_seconds=self.flush_seconds, manifest=manifest
-        )
+        key = self._keys[metrics_name] = SeriesKey(self._current(), metrics_name, uuid.uuid4().hex[:8])
+        buffer = MetricBuffer(sink=self._writer.sink(key), flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
         self.metrics[metrics_name] = buffer
         return buffer
 
-    def _destination(self, metrics_name: str) -> Path:
-        execution = self._current_execution()
-        assert self._stage is not None
-        return self.store.series_path(self.pipeline_name, self._stage, execution.name, metrics_name)
-
-    def commit_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
+    def commit_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact | None:
         """Write the series to a versioned Parquet file, DVC-track it and record a Step_Metrics artifact.
 
-        Committing the same name again creates a new version holding every row logged so far.
+        Committing the same name again creates a new version holding every row logged so far. A store
+        failure is a warning, not an error (the rows stay spilled for :func:`ray_cmf.recover`), and
+        then None is returned.
+
+        Raises:
+            MetricsNotFoundError: Nothing was logged under ``metrics_name``.
         """
         buffer = self.metrics.get(metrics_name)
         if buffer is None:
@@ -174,32 +203,57 @@ class Cmf:
                 f"Nothing was logged under metrics_name={metrics_name!r}; call log_metric first "
                 f"(logged names: {sorted(self.metrics)})"
             )
-        finished = buffer.finish(self._destination(metrics_name))
         try:
-            return self.store.commit_metrics(self._current_execution().id, metrics_name, finished, custom_properties)
-        except Exception as exc:
-            raise RayCmfError(
-                f"Metrics {metrics_name!r} were written to {finished.path} (md5 {finished.md5}) but could not be "
-                f"registered in the store: {exc}"
-            ) from exc
+            buffer.flush()
+            return self._writer.call(StoreWriter.commit, key=self._keys[metrics_name], custom=custom_properties)
+        except Exception as exc:  # logging never kills training
+            log.warning(
+                "ray_cmf: could not commit %r (%s); its rows stay spilled, and `ray-cmf recover` commits them",
+                metrics_name,
+                exc,
+            )
+            return None
 
     def read_metrics(self, metrics_name: str, commit: str | None = None) -> pd.DataFrame:
         """The latest committed version of a series (or the one with md5 ``commit``), indexed by SequenceNumber."""
-        artifact = find_step_metrics(self.store, self.pipeline_name, metrics_name, commit)
-        table = pq.read_table(self.store.resolve(properties(artifact)["url"]))
+        table = self._writer.call(
+            StoreWriter.read, store=self.store, pipeline=self.pipeline_name, metrics_name=metrics_name, commit=commit
+        )
         return table.to_pandas().set_index(SEQUENCE_COLUMN)
 
     def log_execution_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
         """Record execution-level metrics (e.g. final accuracy) as a Metrics artifact."""
         check_name("metrics_name", metrics_name)
-        return self.store.log_execution_metrics(self._current_execution().id, metrics_name, custom_properties or {})
+        return self._writer.call(
+            StoreWriter.log_execution_metrics,
+            binding=self._current(),
+            metrics_name=metrics_name,
+            values=custom_properties or {},
+        )
 
     # -- datasets and models -------------------------------------------------------------------------
+    def _log_file(
+        self, type_name: str, path: str | os.PathLike[str], event: str, custom: Mapping[str, Any] | None
+    ) -> Artifact:
+        """Hash the file here, where it is, and record it through the writer."""
+        path = os.path.abspath(path)
+        if not os.path.exists(path):
+            raise StoreError(f"Cannot log {type_name} {path!r}: no such file or directory")
+        return self._writer.call(
+            StoreWriter.log_file,
+            binding=self._current(),
+            type_name=type_name,
+            path=path,
+            event=event.lower(),
+            digest=tree_md5(path),
+            custom=custom,
+        )
+
     def log_dataset(
         self, url: str | os.PathLike[str], event: str, custom_properties: Mapping[str, Any] | None = None
     ) -> Artifact:
         """Hash a dataset file, track it with DVC when it lies in the store, and link it to the execution."""
-        return self.store.log_file(self._current_execution().id, DATASET_TYPE, url, event.lower(), custom_properties)
+        return self._log_file(DATASET_TYPE, url, event, custom_properties)
 
     def log_model(
         self,
@@ -217,11 +271,11 @@ class Cmf:
             "model_name": model_name,
             **(custom_properties or {}),
         }
-        return self.store.log_file(self._current_execution().id, MODEL_TYPE, path, event.lower(), props)
+        return self._log_file(MODEL_TYPE, path, event, props)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop every buffer's spill thread; uncommitted rows stay on disk for :func:`ray_cmf.recover`."""
+        """Hand every buffer's rows to the writer's spill; uncommitted rows stay there for :func:`ray_cmf.recover`."""
         for buffer in self.metrics.values():
             buffer.close()
 
@@ -230,19 +284,3 @@ class Cmf:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def find_step_metrics(store: Store, pipeline: str, metrics_name: str, commit: str | None = None) -> Artifact:
-    """The newest Step_Metrics artifact of ``metrics_name`` in ``pipeline`` (or the one whose md5 is ``commit``)."""
-    lineage: Lineage = store.lineage
-    parent = lineage.find_pipeline(pipeline)
-    contexts = [parent, *lineage.stages(parent)] if parent is not None else []
-    matches = [
-        a for a in lineage.artifacts(contexts, STEP_METRICS_TYPE) if properties(a)["metrics_name"] == metrics_name
-    ]
-    if commit is not None:
-        matches = [a for a in matches if properties(a)["Commit"] == commit]
-    if not matches:
-        which = f" with md5 {commit!r}" if commit else ""
-        raise MetricsNotFoundError(f"No committed metrics {metrics_name!r}{which} in pipeline {pipeline!r} of {store}")
-    return matches[-1]

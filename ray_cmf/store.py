@@ -1,9 +1,9 @@
-"""Store: one directory holding the MLMD database, the DVC repo and the artifacts, and its single writer.
+"""Store: one directory holding the MLMD database, the DVC repo and the artifacts.
 
-Every write to MLMD and DVC goes through one :class:`Store` object. Its methods take and return plain,
-picklable values (names, ids, protos, :class:`FinishedFile`), so the same object can run in-process,
-in a driver thread or inside a Ray actor without change. :class:`StoreWriter` is that single writer for
-a whole Ray job: the integrations host it in a Ray actor, and call it in-process without Ray.
+Every write to MLMD and DVC goes through one :class:`Store` object, owned by the store's single writer
+(:mod:`ray_cmf.writer`). Its methods take and return plain, picklable values (names, ids, protos,
+:class:`FinishedFile`). A Store pickles to its location only, so it also serves as the store's name in
+requests to the writer: nothing is opened until a method needs it.
 """
 
 from __future__ import annotations
@@ -12,26 +12,22 @@ import os
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import FinishedFile, MetricBuffer, spill_owner
+from ray_cmf.buffer import FinishedFile
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
-    DATASET_TYPE,
     DEFAULT_STORE,
     ENV_STORE,
     EXECUTION_METRICS_TYPE,
     MLMD_FILE,
-    RUN_EXECUTION_TYPE,
     SPILL_DIR,
     STEP_METRICS_TYPE,
-    TRIAL_EXECUTION_TYPE,
 )
-from ray_cmf.errors import StoreError
-from ray_cmf.lineage import Artifact, Context, Execution, Lineage
+from ray_cmf.errors import MetricsNotFoundError, StoreError
+from ray_cmf.lineage import Artifact, Context, Execution, Lineage, properties
 from ray_cmf.versioning import DvcRepo, tree_md5
 
 
@@ -78,6 +74,12 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Store) and (self.root, self.mlmd) == (other.root, other.mlmd)
+
+    def __hash__(self) -> int:
+        return hash((self.root, self.mlmd))
 
     # -- lazily opened parts -------------------------------------------------------------------------
     def _ensure_root(self) -> None:
@@ -192,15 +194,23 @@ class Store:
         path: str | os.PathLike[str],
         event: str,
         custom: Mapping[str, Any] | None = None,
+        *,
+        digest: tuple[str, int] | None = None,
     ) -> Artifact:
-        """Hash a dataset or model (file or directory) and record it in MLMD; DVC-track files inside the store."""
+        """Record a dataset or model (file or directory) in MLMD; DVC-track files inside the store.
+
+        ``digest`` is the (md5, size) that the caller computed where the file is (another node's file);
+        without it the file is hashed here.
+        """
         path = Path(path).absolute()
-        if not path.exists():
-            raise StoreError(f"Cannot log {type_name} {str(path)!r}: no such file or directory")
         if event not in ("input", "output"):
             raise ValueError(f"event must be 'input' or 'output', got {event!r}")
+        if digest is None:
+            if not path.exists():
+                raise StoreError(f"Cannot log {type_name} {str(path)!r}: no such file or directory")
+            digest = tree_md5(path)
+        md5, size = digest
         with self._lock:
-            md5, size = tree_md5(path)
             tracked = path.is_file() and path.is_relative_to(self.root)
             if tracked:
                 self.dvc.track(path, md5, size)
@@ -223,121 +233,22 @@ class Store:
                 execution_id, EXECUTION_METRICS_TYPE, name, "", {"metrics_name": metrics_name}, values
             )
 
-
-EXECUTION_TYPES = {"trial": TRIAL_EXECUTION_TYPE, "run": RUN_EXECUTION_TYPE}
-
-
-@dataclass(frozen=True)
-class Binding:
-    """Where a trial's or run's metadata lives: enough for any process to build its Cmf."""
-
-    root: str
-    mlmd: str
-    pipeline: str
-    stage: str
-    name: str
-    execution_id: int
-
-
-class StoreWriter:
-    """The single writer (hosted in a Ray actor): every MLMD and DVC write of every store goes here.
-
-    Tune trials (``kind="trial"``) and Train runs (``kind="run"``) are bound to executions by name, so
-    a restored trial, a restarted worker and the Train callback all reach the same execution.
-    """
-
-    def __init__(self) -> None:
-        self._stores: dict[tuple[str, str], Store] = {}
-        self._bindings: dict[tuple[str, str], Binding] = {}
-        self._series: dict[tuple[str, str, str], MetricBuffer] = {}
-
-    def _store(self, root: str, mlmd: str) -> Store:
-        key = (root, mlmd)
-        if key not in self._stores:
-            self._stores[key] = Store(root, mlmd=mlmd)
-        return self._stores[key]
-
-    def call(self, root: str, mlmd: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run one Store write method (``RemoteStore`` forwards here)."""
-        return getattr(self._store(root, mlmd), method)(*args, **kwargs)
-
-    def start(
-        self,
-        kind: str,
-        root: str,
-        mlmd: str,
-        pipeline: str,
-        stage: str,
-        name: str,
-        props: Mapping[str, Any],
-        data_dir: str | None = None,
-    ) -> Binding:
-        """Get (on restore/restart) or create the execution, mark it RUNNING and log its input data once."""
-        store = self._store(root, mlmd)
-        execution = store.execution(pipeline, stage, EXECUTION_TYPES[kind], name, props)
-        store.update_execution(execution.id, props, "RUNNING")
-        binding = Binding(root, mlmd, pipeline, stage, name, execution.id)
-        first_start = (kind, name) not in self._bindings
-        self._bindings[(kind, name)] = binding
-        if data_dir is not None and first_start:
-            store.log_file(execution.id, DATASET_TYPE, data_dir, "input")
-        return binding
-
-    def binding(self, kind: str, name: str) -> Binding | None:
-        return self._bindings.get((kind, name))
-
-    def log_file(self, kind: str, name: str, type_name: str, path: str, event: str) -> Artifact:
-        b = self._bindings[(kind, name)]
-        return self._store(b.root, b.mlmd).log_file(b.execution_id, type_name, path, event)
-
-    def end(
-        self,
-        kind: str,
-        name: str,
-        props: Mapping[str, Any],
-        state: str | None,
-        commit: tuple[str, FinishedFile] | None = None,
-        link_trial: str | None = None,
-    ) -> Artifact | None:
-        """Record a Parquet file (if any; also as an output of ``link_trial``) and final properties and state."""
-        b = self._bindings[(kind, name)]
-        store = self._store(b.root, b.mlmd)
-        artifact = store.commit_metrics(b.execution_id, commit[0], commit[1]) if commit else None
-        if artifact is not None and link_trial is not None:
-            trial = self._bindings[("trial", link_trial)]
-            store.link_output(trial.execution_id, artifact.id)
-        store.update_execution(b.execution_id, props, state)
-        return artifact
-
-    def append_rows(self, kind: str, name: str, metrics_name: str, rows: list[dict[str, Any]]) -> None:
-        """Append rows to a series this writer holds for a caller that must not do I/O (the Train controller)."""
-        key = (kind, name, metrics_name)
-        if key not in self._series:
-            b = self._bindings[(kind, name)]
-            spill = self._store(b.root, b.mlmd).spill_dir(f"{kind}-{name}-{metrics_name}")
-            manifest = {
-                "metrics_name": metrics_name,
-                "execution_id": b.execution_id,
-                "dest": str(self._dest(key)),
-                **spill_owner(),
-            }
-            self._series[key] = MetricBuffer.resume(spill, manifest=manifest)
-        for row in rows:
-            self._series[key].append(row)
-
-    def _dest(self, key: tuple[str, str, str]) -> Path:
-        kind, name, metrics_name = key
-        b = self._bindings[(kind, name)]
-        return self._store(b.root, b.mlmd).series_path(b.pipeline, b.stage, name, metrics_name)
-
-    def commit_rows(
-        self, kind: str, name: str, metrics_name: str, props: Mapping[str, Any], state: str | None
-    ) -> Artifact | None:
-        """Commit a held series (a new version each time) and set the execution's properties and state."""
-        key = (kind, name, metrics_name)
-        buffer = self._series.get(key)
-        commit = (metrics_name, buffer.finish(self._dest(key))) if buffer is not None and buffer.rows else None
-        return self.end(kind, name, props, state, commit)
-
-    def ping(self) -> bool:
-        return True
+    # -- reads ---------------------------------------------------------------------------------------
+    def find_series(self, pipeline: str, metrics_name: str, commit: str | None = None) -> str:
+        """The url of the newest committed version of ``metrics_name`` in ``pipeline`` (or of version ``commit``)."""
+        lineage = self.lineage
+        parent = lineage.find_pipeline(pipeline)
+        contexts = [parent, *lineage.stages(parent)] if parent is not None else []
+        matches = [
+            properties(a)
+            for a in lineage.artifacts(contexts, STEP_METRICS_TYPE)
+            if properties(a)["metrics_name"] == metrics_name
+        ]
+        if commit is not None:
+            matches = [p for p in matches if p["Commit"] == commit]
+        if not matches:
+            which = f" with md5 {commit!r}" if commit else ""
+            raise MetricsNotFoundError(
+                f"No committed metrics {metrics_name!r}{which} in pipeline {pipeline!r} of {self}"
+            )
+        return str(matches[-1]["url"])

@@ -13,20 +13,24 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.train import UserCallback
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import MetricBuffer, spill_owner
+from ray_cmf.buffer import MetricBuffer
 from ray_cmf.constants import ATTEMPT_COLUMN, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, RUN_EXECUTION_TYPE
+from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
-from ray_cmf.store import Store, StoreWriter, resolve_root
-from ray_cmf.tune import result_row, writer_actor
+from ray_cmf.store import Store
+from ray_cmf.tune import result_row
+from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, ray_driver, start_writer
 
 log = logging.getLogger(__name__)
 
@@ -48,34 +52,13 @@ def _train_context() -> Any:
         return None
 
 
-class _Call:
-    """A writer call in flight (or, without Ray, already done)."""
-
-    def __init__(self, ref: Any = None, value: Any = None) -> None:
-        self._ref, self._value = ref, value
-
-    def done(self) -> bool:
-        return self._ref is None or bool(ray.wait([self._ref], timeout=0)[0])
-
-    def result(self) -> Any:
-        """Wait for the call; its value, or its error raised here."""
-        return self._value if self._ref is None else ray.get(self._ref)
-
-
-class _Writer:
-    """Calls the single writer: the Ray actor when Ray runs, an in-process StoreWriter otherwise."""
-
-    def __init__(self) -> None:
-        self._local = None if ray.is_initialized() else StoreWriter()
-
-    def submit(self, method: str, *args: Any) -> _Call:
-        """Start a call without waiting (calls from one process run in the order submitted)."""
-        if self._local is not None:
-            return _Call(value=getattr(self._local, method)(*args))
-        return _Call(ref=getattr(writer_actor(), method).remote(*args))
-
-    def __call__(self, method: str, *args: Any) -> Any:
-        return self.submit(method, *args).result()
+def _store_name(store: str | os.PathLike[str] | None) -> Store | None:
+    """The store a Train object names: resolved here on a driver or without Ray (argument, else
+    ``$RAY_CMF_STORE``, else ``./cmf_store``); in a Ray worker, the argument as a path on the driver's
+    node, or None for the store the driver named."""
+    if store is None and ray.is_initialized() and not ray_driver():
+        return None
+    return Store(store)
 
 
 class StepLogger:
@@ -87,8 +70,10 @@ class StepLogger:
         report_every: Also pass the synced row to ``ray.train.report`` every this many syncs (for
             schedulers). All ranks call it, as Ray Train requires.
         metrics_name: Name of the run's step series.
-        pipeline_name, pipeline_stage, store: Where to record (ignored inside a Tune trial, whose
-            pipeline, stage and store are used).
+        pipeline_name, pipeline_stage: Where to record (ignored inside a Tune trial, whose pipeline and
+            stage are used).
+        store: The store, a path on the driver's node; default: the store that the driver named
+            (``CmfRayLogger`` / ``CmfTrainCallback``), or ``$RAY_CMF_STORE`` / ``./cmf_store`` without Ray.
         trial_id: The Tune trial that runs this TorchTrainer (pass it through ``train_loop_config``);
             the run's file is then linked to the trial's execution and context too.
         run_name: The Train run (default: Ray Train's experiment name).
@@ -139,59 +124,43 @@ class StepLogger:
         self._samples = 0
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
-        self._started: _Call | None = None  # the run's registration, until it is known to have succeeded
         self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
-        self._writer = _Writer()
         if self.rank == 0:
-            root, mlmd, pipeline, stage = self._bind(pipeline_name, pipeline_stage, store)
-            paths = Store(root, mlmd=mlmd)
-            self._destination = paths.series_path(pipeline, stage, self.run_name, self.metrics_name)
-            manifest = {
-                "metrics_name": self.metrics_name,
-                "pipeline": pipeline,
-                "stage": stage,
-                "execution_type": RUN_EXECUTION_TYPE,
-                "execution_name": self.run_name,
-                "dest": str(self._destination),
-                **spill_owner(),
-            }
-            self._buffer = MetricBuffer.resume(
-                paths.spill_dir(f"train-{self.run_name}-{self.metrics_name}"),
-                flush_rows=flush_rows,
-                flush_seconds=flush_seconds,
-                manifest=manifest,
+            self._writer = connect(_store_name(store))
+            self._run = self._bind(pipeline_name, pipeline_stage, _store_name(store))
+            run = self._run
+            self._key = lambda: SeriesKey(run.result(), self.metrics_name)
+            self._buffer = MetricBuffer(
+                sink=self._writer.sink(self._key), flush_rows=flush_rows, flush_seconds=flush_seconds
             )
 
-    def _bind(self, pipeline: str, stage: str | None, store: str | os.PathLike[str] | None) -> tuple[str, ...]:
+    def _bind(self, pipeline: str, stage: str | None, store: Store | None) -> Reply:
         """Rank 0: register the run's execution (in the trial's pipeline and stage inside a Tune trial).
 
-        The registration is not waited for (the first call may start the writer actor and create the store):
-        a failure surfaces at the next sync after it completes, or at ``finish``. Returns the run's root,
-        MLMD location, pipeline and stage.
+        The registration is not waited for: the series' chunks wait for it on the spill thread, and a
+        failure is warned about there and at ``finish``.
         """
-        root = str(resolve_root(store))
-        mlmd = Store(root).mlmd
         if self.trial_id is not None:
-            trial = self._writer("binding", "trial", self.trial_id)
+            trial = self._writer.call(StoreWriter.binding, kind="trial", name=self.trial_id)
             if trial is None:
                 raise ValueError(f"trial_id={self.trial_id!r} is not a trial of a sweep running CmfRayLogger")
-            root, mlmd, pipeline, stage = trial.root, trial.mlmd, trial.pipeline, trial.stage
-        pipeline = check_name("pipeline_name", pipeline)
-        stage = check_name("pipeline_stage", stage or self.run_name)
+            pipeline, stage, store = trial.pipeline, trial.stage, trial.store
         props = {
             "run_name": self.run_name,
             "world_size": world_size(self.group),
             "sync_every": self.sync_every,
             **({"tune_trial_id": self.trial_id} if self.trial_id else {}),
         }
-        self._started = self._writer.submit("start", "run", root, mlmd, pipeline, stage, self.run_name, props)
-        return root, mlmd, pipeline, stage
-
-    def _check_started(self, wait: bool) -> None:
-        """Raise the run registration's error, if any, once it has completed (or now, when ``wait``)."""
-        if self._started is not None and (wait or self._started.done()):
-            started, self._started = self._started, None
-            started.result()
+        return self._writer.send(
+            StoreWriter.bind,
+            kind="run",
+            name=self.run_name,
+            pipeline=check_name("pipeline_name", pipeline),
+            stage=check_name("pipeline_stage", stage or self.run_name),
+            type_name=RUN_EXECUTION_TYPE,
+            props=props,
+            store=store,
+        )
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
         """Count one training step (and its samples); every ``sync_every`` steps, start a sync of the interval.
@@ -239,7 +208,6 @@ class StepLogger:
             row["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
         if self._buffer is not None:
             self._buffer.append(row)
-            self._check_started(wait=False)
         self._syncs += 1
         if self.report_every is not None and self._context is not None and self._syncs % self.report_every == 0:
             ray.train.report(row)
@@ -249,7 +217,10 @@ class StepLogger:
         """Checkpointable state: the step, the attempt and the global metric state. Makes rows so far durable."""
         self._drain()
         if self._buffer is not None:
-            self._buffer.flush()
+            try:
+                self._buffer.flush()
+            except RayCmfError as exc:  # logging never kills training
+                log.warning("ray_cmf: rows before this checkpoint may not be durable: %s", exc)
         return {"step": self.steps_done, "attempt": self.attempt, "metrics": self.metrics.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -262,41 +233,60 @@ class StepLogger:
         """Rank 0 commits the run's Parquet (linked to the Train run and, inside a trial, to the trial).
 
         Inside Ray Train every rank then makes one last ``ray.train.report`` flagged as final, which tells
-        ``CmfTrainCallback`` that the run completed.
+        ``CmfTrainCallback`` that the run completed. A store failure is a warning (and None is returned).
         """
         self._drain()
         if self.steps_done % self.sync_every:
             self.sync()
         artifact = None
         if self._buffer is not None:
-            self._check_started(wait=True)
-            finished = self._buffer.finish(self._destination)
+            try:
+                self._buffer.flush()
+                artifact = self._writer.call(
+                    StoreWriter.commit,
+                    key=self._key(),
+                    props={"steps": self.steps_done},
+                    state="COMPLETE",
+                    link_trial=self.trial_id,
+                )
+            except Exception as exc:  # logging never kills training
+                log.warning(
+                    "ray_cmf: could not commit run %r: %s; `ray-cmf recover` commits its rows", self.run_name, exc
+                )
             self._buffer.close()
-            artifact = self._writer(
-                "end",
-                "run",
-                self.run_name,
-                {"steps": self.steps_done},
-                "COMPLETE",
-                (self.metrics_name, finished),
-                self.trial_id,
-            )
         if self._context is not None:
             ray.train.report({FINAL_FLAG: True, "step": self.steps_done})
         return artifact
 
 
+@dataclass
+class _CallbackRuntime:
+    """The callback's live parts in the controller: the writer, the run's registration and its report series."""
+
+    writer: WriterClient
+    run: str
+    binding: Reply
+    buffer: MetricBuffer
+    commits: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
+    )
+    reports: int = 0
+
+
 class CmfTrainCallback(UserCallback):
     """Train callback (runs in the controller actor): every rank's reports in the run's report series.
 
-    ``after_report`` sends one row per rank (with a ``rank`` column) to the single writer, fire-and-forget:
-    nothing blocks the controller. A report with a checkpoint commits a version of the series;
-    ``after_exception`` commits what exists and marks the run FAILED; the final report of
-    :class:`StepLogger` commits again and marks it COMPLETE. (Ray Train gives user callbacks no
-    end-of-run hook, so a run without StepLogger is committed at its checkpoints and errors only.)
+    Built on the driver, it starts the store's single writer there (:func:`ray_cmf.start_writer`), so
+    every worker on any node logs into the driver's store. ``after_report`` appends one row per rank
+    (with a ``rank`` column); nothing blocks the controller. A report with a checkpoint commits a version
+    of the series; ``after_exception`` commits what exists (the workers' step series too) and marks the
+    run FAILED; the final report of :class:`StepLogger` commits again and marks it COMPLETE. (Ray Train
+    gives user callbacks no end-of-run hook, so a run without StepLogger is committed at its
+    checkpoints and errors only.)
 
     Args:
-        pipeline_name, pipeline_stage, store: Where to record (stage default: the run's name).
+        pipeline_name, pipeline_stage: Where to record (stage default: the run's name).
+        store: The store (default ``$RAY_CMF_STORE`` or ``./cmf_store``, read on the driver).
         metrics_name: Name of the report series.
     """
 
@@ -310,46 +300,64 @@ class CmfTrainCallback(UserCallback):
         self.pipeline_name = check_name("pipeline_name", pipeline_name)
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
         self.metrics_name = check_name("metrics_name", metrics_name)
-        self.root = str(resolve_root(store))
-        self._runtime: dict[str, Any] | None = None
+        self.store = _store_name(store)
+        self._runtime: _CallbackRuntime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
+        """Train ships the callback to its controller: on the driver, start the writer first."""
+        if ray_driver():
+            start_writer(self.store)
         return {**self.__dict__, "_runtime": None}
 
-    def _rt(self, run_context: Any) -> dict[str, Any]:
+    def _rt(self, run_context: Any) -> _CallbackRuntime:
         """Bind the run on first use: fire-and-forget, so the controller never waits."""
         if self._runtime is None:
             run_name = run_context.get_run_config().name
-            writer = writer_actor()
-            writer.start.remote(
-                "run",
-                self.root,
-                Store(self.root).mlmd,
-                self.pipeline_name,
-                self.pipeline_stage or run_name,
-                run_name,
-                {"run_name": run_name},
+            writer = connect()
+            binding = writer.send(
+                StoreWriter.bind,
+                kind="run",
+                name=run_name,
+                pipeline=self.pipeline_name,
+                stage=self.pipeline_stage or run_name,
+                type_name=RUN_EXECUTION_TYPE,
+                props={"run_name": run_name},
+                store=self.store,
             )
-            self._runtime = {"run": run_name, "writer": writer, "reports": 0}
+            sink = writer.sink(lambda: SeriesKey(binding.result(), self.metrics_name))
+            self._runtime = _CallbackRuntime(writer, run_name, binding, MetricBuffer(sink=sink))
         return self._runtime
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         rt = self._rt(run_context)
-        rt["reports"] += 1
-        rows = []
+        rt.reports += 1
         for rank, reported in enumerate(metrics):
             row = result_row({k: v for k, v in reported.items() if k != FINAL_FLAG}, attempt=1)
             row.pop(ATTEMPT_COLUMN)
-            rows.append({"report": rt["reports"], "rank": rank, **row, "checkpointed": checkpoint is not None})
-        rt["writer"].append_rows.remote("run", rt["run"], self.metrics_name, rows)
+            rt.buffer.append({"report": rt.reports, "rank": rank, **row, "checkpointed": checkpoint is not None})
         if any(m.get(FINAL_FLAG) for m in metrics):
-            rt["writer"].commit_rows.remote("run", rt["run"], self.metrics_name, {"status": "COMPLETE"}, "COMPLETE")
+            self._commit(rt, {"status": "COMPLETE"}, "COMPLETE")
         elif checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
-            rt["writer"].commit_rows.remote("run", rt["run"], self.metrics_name, {}, None)
+            self._commit(rt, {}, None)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         rt = self._rt(run_context)
         errors = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(worker_exceptions.items()))
-        rt["writer"].commit_rows.remote(
-            "run", rt["run"], self.metrics_name, {"status": "FAILED", "error": errors[:2000]}, "FAILED"
-        )
+        self._commit(rt, {"status": "FAILED", "error": errors[:2000]}, "FAILED", end=True)
+
+    def _commit(self, rt: _CallbackRuntime, props: dict[str, Any], state: str | None, end: bool = False) -> None:
+        """On the commit thread: hand the rows to the writer, commit a version, then set props and state
+        (``end``: also commit what the run's workers left uncommitted)."""
+
+        def commit() -> None:
+            try:
+                rt.buffer.flush()
+                key = SeriesKey(rt.binding.result(), self.metrics_name)
+                rt.writer.call(StoreWriter.commit, key=key, props=None if end else props, state=None if end else state)
+                if end:
+                    rt.writer.call(StoreWriter.end, kind="run", name=rt.run, props=props, state=state)
+            except Exception as exc:  # logging never kills training
+                log.warning("ray_cmf: committing the reports of run %r failed: %s", rt.run, exc)
+
+        rt.buffer.seal()
+        rt.commits.submit(commit)

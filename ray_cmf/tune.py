@@ -1,8 +1,9 @@
-"""Ray Tune integration: ``CmfRayLogger`` (the callback), the single writer as a Ray actor, the in-trial Cmf.
+"""Ray Tune integration: ``CmfRayLogger`` (the callback) and the in-trial Cmf.
 
-Concurrency: one named Ray actor (0 CPUs, on the driver's node) is the only process that writes MLMD
-and DVC. Tune's hooks only append to in-memory buffers or send the actor fire-and-forget calls; Parquet
-files are finished on a driver thread, off Tune's event loop. Trials reach the same actor by name.
+Concurrency: ``CmfRayLogger.setup`` starts the store's single writer on the driver's node
+(:mod:`ray_cmf.writer`); it is the only process that touches the store. Tune's hooks only append to
+in-memory buffers or send the writer fire-and-forget requests; commits wait for the writer on a driver
+thread, off Tune's event loop. Trials, on any node, reach the same writer through Ray.
 """
 
 from __future__ import annotations
@@ -11,18 +12,15 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import ray
 from ray import tune
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_cmf._names import check_name
-from ray_cmf.buffer import FinishedFile, MetricBuffer, spill_owner
+from ray_cmf.buffer import MetricBuffer
 from ray_cmf.cmf import Cmf
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
@@ -32,8 +30,9 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.errors import RayCmfError, SchemaError
-from ray_cmf.lineage import Artifact, Context, Execution, Lineage, config_properties
-from ray_cmf.store import Binding, Store, StoreWriter, resolve_root
+from ray_cmf.lineage import config_properties
+from ray_cmf.store import Store
+from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, start_writer
 
 log = logging.getLogger(__name__)
 
@@ -59,101 +58,28 @@ _BOOKKEEPING = frozenset(
 _MODES = ("min", "max")
 
 
-def writer_actor() -> Any:
-    """The session's writer actor: created on first use, on this node, with 0 CPUs; found by name after."""
-    try:
-        return ray.get_actor(WRITER_NAME, namespace=WRITER_NAMESPACE)
-    except ValueError:
-        node = ray.get_runtime_context().get_node_id()
-        actor_cls = ray.remote(num_cpus=0, max_restarts=0)(StoreWriter)
-        # Detached in a fixed namespace: whichever process creates it first (driver, Train controller or
-        # worker), one writer outlives it and serves the cluster; ray.shutdown() of a local cluster ends it.
-        return actor_cls.options(
-            name=WRITER_NAME,
-            namespace=WRITER_NAMESPACE,
-            get_if_exists=True,
-            lifetime="detached",
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
-        ).remote()
-
-
-class RemoteStore(Store):
-    """A Store whose writes go to the writer actor; reads open MLMD read-only in this process."""
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return ray.get(writer_actor().call.remote(str(self.root), self.mlmd, method, *args, **kwargs))
-
-    @property
-    def lineage(self) -> Lineage:  # type: ignore[override]
-        if self._lineage is None:
-            self._lineage = Lineage(self.mlmd, readonly=True)
-        return self._lineage
-
-    def pipeline(self, name: str, props: Mapping[str, Any] | None = None) -> Context:
-        return self._call("pipeline", name, props)
-
-    def stage(self, pipeline: str, stage: str, props: Mapping[str, Any] | None = None) -> Context:
-        return self._call("stage", pipeline, stage, props)
-
-    def execution(
-        self, pipeline: str, stage: str, type_name: str, name: str, props: Mapping[str, Any] | None = None
-    ) -> Execution:
-        return self._call("execution", pipeline, stage, type_name, name, props)
-
-    def update_execution(
-        self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
-    ) -> Execution:
-        return self._call("update_execution", execution_id, props, state)
-
-    def commit_metrics(
-        self, execution_id: int, metrics_name: str, finished: FinishedFile, custom: Mapping[str, Any] | None = None
-    ) -> Artifact:
-        return self._call("commit_metrics", execution_id, metrics_name, finished, custom)
-
-    def log_file(
-        self,
-        execution_id: int,
-        type_name: str,
-        path: str | os.PathLike[str],
-        event: str,
-        custom: Mapping[str, Any] | None = None,
-    ) -> Artifact:
-        return self._call("log_file", execution_id, type_name, os.fspath(path), event, custom)
-
-    def log_execution_metrics(self, execution_id: int, metrics_name: str, values: Mapping[str, Any]) -> Artifact:
-        return self._call("log_execution_metrics", execution_id, metrics_name, values)
-
-
 _TRIAL_CMFS: dict[str, Cmf] = {}
 
 
 def trial_cmf(trial_id: str, *, timeout: float = 60.0) -> Cmf:
     """The Cmf of a trial (cached per process), bound to the execution that CmfRayLogger created for it.
 
-    Works in the trial's own process and on the driver. Waits up to ``timeout`` seconds for the
-    callback to register the trial (it may start before Tune calls ``on_trial_start``).
+    Works in the trial's own process, on any node, and on the driver. Waits up to ``timeout`` seconds for
+    the callback to register the trial (it may start before Tune calls ``on_trial_start``).
     """
     if trial_id in _TRIAL_CMFS:
         return _TRIAL_CMFS[trial_id]
+    writer = connect()
     deadline = time.monotonic() + timeout
-    binding: Binding | None = None
-    while binding is None:
-        try:
-            binding = ray.get(writer_actor().binding.remote("trial", trial_id))
-        except ValueError:
-            binding = None
-        if binding is None:
-            if time.monotonic() > deadline:
-                raise RayCmfError(
-                    f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
-                    "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
-                )
-            time.sleep(0.05)
-    cmf = Cmf(pipeline_name=binding.pipeline, store=RemoteStore(binding.root, mlmd=binding.mlmd))
-    cmf.create_context(binding.stage)
-    cmf.execution = cmf.store.execution(binding.pipeline, binding.stage, TRIAL_EXECUTION_TYPE, binding.name)
-    _TRIAL_CMFS[trial_id] = cmf
-    return cmf
+    while (binding := writer.call(StoreWriter.binding, kind="trial", name=trial_id)) is None:
+        if time.monotonic() > deadline:
+            raise RayCmfError(
+                f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
+                "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
+            )
+        time.sleep(0.05)
+    _TRIAL_CMFS[trial_id] = Cmf.bound(writer, binding)
+    return _TRIAL_CMFS[trial_id]
 
 
 def get_cmf(*, timeout: float = 60.0) -> Cmf:
@@ -192,12 +118,25 @@ class _TrialState:
     attempt: int = 0
     best: float | None = None
     committed: bool = False
-    spill_dir: str = ""
+    binding: Reply | None = None  # the trial's registration with the writer
     buffer: MetricBuffer | None = None
+    key: Callable[[], SeriesKey] | None = None  # the results series, once the registration is done
     models: set[str] = field(default_factory=set)
 
     def persisted(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "best": self.best, "committed": self.committed, "spill_dir": self.spill_dir}
+        return {"attempt": self.attempt, "best": self.best, "committed": self.committed}
+
+
+@dataclass
+class _Runtime:
+    """The logger's live parts, made in ``setup`` on the driver and never pickled."""
+
+    writer: WriterClient
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
+    )
+    futures: list[Future[None]] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
 
 
 def result_row(result: Mapping[str, Any], attempt: int) -> dict[str, Any]:
@@ -277,13 +216,13 @@ class CmfRayLogger(tune.Callback):
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage is not None else None
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.metric, self.mode, self.top_n = metric, mode or "min", top_n
-        self.root = str(resolve_root(store))
-        self.mlmd = Store(self.root, mlmd=file_path).mlmd
+        self.store = Store(store, mlmd=file_path)  # resolved here, on the driver; a name only, never opened here
+        self.root, self.mlmd = str(self.store.root), self.store.mlmd
         self.data_dir = os.path.abspath(data_dir) if data_dir is not None else None
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
         self.cmf_obj = TrialCmfs(self)
         self._trials: dict[str, _TrialState] = {}
-        self._runtime: dict[str, Any] | None = None  # writer, executor, futures: never pickled
+        self._runtime: _Runtime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles callbacks with the Tuner: keep configuration and persisted trial state only."""
@@ -294,29 +233,24 @@ class CmfRayLogger(tune.Callback):
 
     # -- runtime pieces (lazy: the object stays picklable until the sweep starts) --------------------
     @property
-    def _rt(self) -> dict[str, Any]:
+    def _rt(self) -> _Runtime:
         if self._runtime is None:
-            self._runtime = {
-                "writer": writer_actor(),
-                "executor": ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit"),
-                "futures": [],
-                "refs": [],
-                "store": Store(self.root, mlmd=self.mlmd),  # paths only: this process never writes MLMD/DVC
-            }
+            self._runtime = _Runtime(start_writer(self.store))
         return self._runtime
 
-    def _send(self, ref: Any) -> None:
-        refs = self._rt["refs"]
-        refs.append(ref)
-        if len(refs) > 256:  # drop finished calls without blocking
-            done, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
-            self._check(done)
-            self._rt["refs"] = pending
+    def _send(self, request: Any, **kwargs: Any) -> None:
+        """A fire-and-forget request; failures are reported later as warnings."""
+        replies = self._rt.replies
+        replies.append(self._rt.writer.send(request, **kwargs))
+        if len(replies) > 256:  # drop finished requests without blocking
+            self._check([r for r in replies if r.done()])
+            self._rt.replies = [r for r in replies if not r.done()]
 
-    def _check(self, refs: list[Any]) -> None:
-        for ref in refs:
+    @staticmethod
+    def _check(replies: list[Reply]) -> None:
+        for reply in replies:
             try:
-                ray.get(ref)
+                reply.result()
             except Exception as exc:  # logging never kills training
                 log.warning("ray_cmf: a store write failed: %s", exc)
 
@@ -324,56 +258,46 @@ class CmfRayLogger(tune.Callback):
         return self.pipeline_stage or getattr(trial, "experiment_dir_name", None) or "tune"
 
     def _state(self, trial: Any) -> _TrialState:
+        """The trial's state, registered with the writer (once per driver) and with an open buffer."""
         state = self._trials.setdefault(trial.trial_id, _TrialState())
-        if state.buffer is None:
-            store: Store = self._rt["store"]
-            if not state.spill_dir:
-                state.spill_dir = str(store.spill_dir(f"tune-{trial.trial_id}-{self.metrics_name}"))
-            manifest = {
-                "metrics_name": self.metrics_name,
-                "pipeline": self.pipeline_name,
-                "stage": self._stage(trial),
-                "execution_type": TRIAL_EXECUTION_TYPE,
-                "execution_name": trial.trial_id,
-                "dest": str(self._destination(trial)),
-                **spill_owner(),
-            }
-            state.buffer = MetricBuffer.resume(
-                state.spill_dir, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds, manifest=manifest
+        if state.binding is None:
+            state.binding = self._rt.writer.send(
+                StoreWriter.bind,
+                kind="trial",
+                name=trial.trial_id,
+                pipeline=self.pipeline_name,
+                stage=self._stage(trial),
+                type_name=TRIAL_EXECUTION_TYPE,
+                props=self._props(trial, state),
+                store=self.store,
+                data_dir=self.data_dir,
             )
+        if state.buffer is None:
+            binding = state.binding
+            state.key = lambda: SeriesKey(binding.result(), self.metrics_name)
+            sink = self._rt.writer.sink(state.key)
+            state.buffer = MetricBuffer(sink=sink, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
         return state
 
-    def _destination(self, trial: Any) -> Path:
-        store: Store = self._rt["store"]
-        return store.series_path(self.pipeline_name, self._stage(trial), trial.trial_id, self.metrics_name)
-
-    # -- Tune hooks ----------------------------------------------------------------------------------
-    def setup(self, **info: Any) -> None:
-        self._rt  # start the writer before the first trial
-
-    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        state = self._state(trial)
-        state.attempt += 1
-        state.committed = False
-        props = {
+    def _props(self, trial: Any, state: _TrialState) -> dict[str, Any]:
+        return {
             **config_properties(trial.config),
             "trial_id": trial.trial_id,
             "status": "RUNNING",
             "experiment": self._stage(trial),
             "attempt": state.attempt,
         }
-        self._send(
-            self._rt["writer"].start.remote(
-                "trial",
-                self.root,
-                self.mlmd,
-                self.pipeline_name,
-                self._stage(trial),
-                trial.trial_id,
-                props,
-                self.data_dir,
-            )
-        )
+
+    # -- Tune hooks ----------------------------------------------------------------------------------
+    def setup(self, **info: Any) -> None:
+        self._rt  # start the writer on the driver before the first trial
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        state = self._trials.setdefault(trial.trial_id, _TrialState())
+        state.attempt += 1
+        state.committed = False
+        state.binding = None  # (re)register: marks the execution RUNNING with this attempt
+        self._state(trial)
 
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
@@ -391,7 +315,8 @@ class CmfRayLogger(tune.Callback):
         model_path = result.get("model_path")
         if isinstance(model_path, str) and model_path not in state.models and os.path.exists(model_path):
             state.models.add(model_path)
-            self._send(self._rt["writer"].log_file.remote("trial", trial.trial_id, MODEL_TYPE, model_path, "output"))
+            binding = state.binding.result()  # type: ignore[union-attr]  # done long before a result
+            self._send(StoreWriter.log_file, binding=binding, type_name=MODEL_TYPE, path=model_path, event="output")
 
     def _track_best(self, state: _TrialState, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
@@ -409,7 +334,7 @@ class CmfRayLogger(tune.Callback):
         self._end(trial, "FAILED")
 
     def _end(self, trial: Any, status: str) -> None:
-        """Finish the trial's Parquet on the commit thread and hand it to the writer."""
+        """Commit the trial's results, and what its in-trial series left uncommitted, on the commit thread."""
         state = self._state(trial)
         if state.committed:
             return
@@ -417,19 +342,17 @@ class CmfRayLogger(tune.Callback):
         props: dict[str, Any] = {"status": status}
         if self.metric is not None:
             props[f"best_{self.metric}"] = state.best if state.best is not None else math.nan
-        buffer, state.buffer, state.spill_dir = state.buffer, None, ""
-        dest = self._destination(trial)
-        self._rt["futures"].append(
-            self._rt["executor"].submit(self._commit, trial.trial_id, buffer, dest, props, status)
-        )
+        buffer, key, state.buffer = state.buffer, state.key, None
+        self._rt.futures.append(self._rt.executor.submit(self._commit, trial.trial_id, buffer, key, props, status))
 
-    def _commit(self, trial_id: str, buffer: MetricBuffer, dest: Path, props: dict[str, Any], status: str) -> None:
+    def _commit(
+        self, trial_id: str, buffer: MetricBuffer, key: Callable[[], SeriesKey], props: dict[str, Any], status: str
+    ) -> None:
         """Runs on the commit thread: never on Tune's event loop."""
-        commit = None
+        buffer.close()  # every row is with the writer now
         if buffer.rows:
-            commit = (self.metrics_name, buffer.finish(dest))
-        buffer.close()
-        ray.get(self._rt["writer"].end.remote("trial", trial_id, props, status, commit))
+            self._rt.writer.call(StoreWriter.commit, key=key())
+        self._rt.writer.call(StoreWriter.end, kind="trial", name=trial_id, props=props, state=status)
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
         """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain."""
@@ -439,16 +362,15 @@ class CmfRayLogger(tune.Callback):
                     trial,
                     "FAILED" if trial.status == "ERROR" else "COMPLETE" if trial.status == "TERMINATED" else "CANCELED",
                 )
-        futures: list[Future[None]] = self._rt["futures"]
-        for future in futures:
+        for future in self._rt.futures:
             try:
                 future.result()
             except Exception as exc:
                 log.warning("ray_cmf: committing a trial failed: %s", exc)
         if self.top_n is not None:
             self._mark_top_n(trials)
-        self._check(self._rt["refs"])
-        self._rt["executor"].shutdown(wait=True)
+        self._check(self._rt.replies)
+        self._rt.executor.shutdown(wait=True)
         self._runtime = None
 
     def _mark_top_n(self, trials: list[Any]) -> None:
@@ -458,20 +380,14 @@ class CmfRayLogger(tune.Callback):
             reverse=self.mode == "max",
         )
         top = {t.trial_id: rank for rank, t in enumerate(ranked[: self.top_n], start=1)}
-        writer = self._rt["writer"]
-        self._check(
-            [
-                writer.end.remote(
-                    "trial", t.trial_id, {"in_top_n": t.trial_id in top, "top_rank": top.get(t.trial_id, 0)}, None
-                )
-                for t in trials
-                if t.trial_id in self._trials
-            ]
-        )
+        for trial in trials:
+            if trial.trial_id in self._trials:
+                props = {"in_top_n": trial.trial_id in top, "top_rank": top.get(trial.trial_id, 0)}
+                self._send(StoreWriter.end, kind="trial", name=trial.trial_id, props=props)
 
     # -- Tune experiment checkpoints -----------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        """Persisted per-trial state; seals open buffers so a restore finds their rows on disk."""
+        """Persisted per-trial state; seals open buffers so a restore finds their rows in the store."""
         for state in self._trials.values():
             if state.buffer is not None:
                 state.buffer.seal()

@@ -1,0 +1,530 @@
+"""The store's single writer: every spill, Parquet, DVC and MLMD write of a store happens here.
+
+Inside a Ray job the writer is one Ray actor that the driver starts (:func:`start_writer`, called by
+``CmfRayLogger`` and ``CmfTrainCallback``), pinned to the driver's node, where the store lives, and
+living as long as the driver. Trials, Train workers and the Train controller reach it through
+:class:`WriterClient` and never open a path of the store, so a cluster needs no shared filesystem.
+Without Ray the same :class:`StoreWriter` runs in-process.
+
+Requests are :class:`StoreWriter` methods called with keyword arguments, in-process or on the actor.
+Sealed chunks of a series travel as Arrow IPC bytes with a bound on bytes in flight; the writer appends
+them to the series' crash-safe spill, and a commit turns the spill into a versioned Parquet file.
+
+ray is imported on use only, so ``import ray_cmf`` stays light.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ray_cmf._names import check_name
+from ray_cmf.buffer import Spill, SpillManifest
+from ray_cmf.constants import DATASET_TYPE, SEQUENCE_COLUMN
+from ray_cmf.errors import RayCmfError, StoreError
+from ray_cmf.lineage import Artifact, Context, Execution
+from ray_cmf.store import Store
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+WRITER_NAME = "ray_cmf_writer"
+MAX_INFLIGHT_BYTES = 64 << 20  # per sink: sending waits beyond this (back-pressure)
+MAX_RETAINED_BYTES = 256 << 20  # per sink: rows kept in memory while the writer cannot be reached
+_RETRY_SECONDS = (0.2, 1.0, 5.0)
+_WRITER_THREADS = 8
+
+
+@dataclass(frozen=True)
+class Binding:
+    """An execution and the store it lives in: all that any process needs to log into it."""
+
+    store: Store
+    pipeline: str
+    stage: str
+    name: str
+    execution_id: int
+
+
+@dataclass(frozen=True)
+class SeriesKey:
+    """One metric series of an execution at the writer.
+
+    ``instance`` separates loggers whose rows must not continue one another (each ``Cmf`` object); it is
+    empty for series that a restarted process continues (a trial's results, a run's steps).
+    """
+
+    binding: Binding
+    metrics_name: str
+    instance: str = ""
+
+    @property
+    def spill_name(self) -> str:
+        parts = [str(self.binding.execution_id), check_name("metrics_name", self.metrics_name)]
+        return "-".join(parts + ([self.instance] if self.instance else []))
+
+
+class _Session:
+    """One client's rows in a series: chunks are put back in order (a threaded actor may reorder calls)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset  # rows the series held when this client started: its numbering continues them
+        self.next_row = 1
+        self.parked: dict[int, pa.RecordBatch] = {}
+
+
+class _Series:
+    def __init__(self, spill: Spill, dest: Path) -> None:
+        self.spill = spill
+        self.dest = dest
+        self.lock = threading.Lock()
+        self.sessions: dict[str, _Session] = {}
+
+    def append(self, session: str, first_row: int, batch: pa.RecordBatch) -> None:
+        current = self.sessions.get(session)
+        if current is None:
+            current = self.sessions[session] = _Session(self.spill.rows)
+        current.parked[first_row] = batch
+        while current.next_row in current.parked:
+            ready = current.parked.pop(current.next_row)
+            current.next_row += ready.num_rows
+            if current.offset:
+                index = ready.schema.get_field_index(SEQUENCE_COLUMN)
+                ready = ready.set_column(index, SEQUENCE_COLUMN, pc.add(ready.column(index), current.offset))
+            self.spill.write(ready)
+
+
+class StoreWriter:
+    """The single writer of every store a job uses. Thread-safe: MLMD and DVC writes hold the store's lock,
+    spill and Parquet work holds only its series' lock, so one trial's large commit does not stall another
+    trial's small request.
+
+    Tune trials (``kind="trial"``) and Train runs (``kind="run"``) are bound to executions by name, so a
+    restored trial, a restarted worker and the Train callback all reach the same execution.
+
+    Args:
+        store: The default store: the one the driver named, used when a request names none.
+    """
+
+    def __init__(self, store: Store | None = None) -> None:
+        self._default = store
+        self._stores: dict[Store, Store] = {}
+        self._bindings: dict[tuple[str, str], Binding] = {}
+        self._series: dict[tuple[Store, str], _Series] = {}
+        self._lock = threading.Lock()  # guards the dicts above, never held during I/O
+        if store is not None:
+            self._stores[store] = store
+
+    # -- stores and bindings -------------------------------------------------------------------------
+    def configure(self, store: Store) -> Store:
+        """Name the default store (the driver does, once); returns the default in force."""
+        with self._lock:
+            if self._default is None:
+                self._default = store
+            return self._default
+
+    def _open(self, store: Store | None) -> Store:
+        """The live Store for a reference (the default when None)."""
+        store = store if store is not None else self._default
+        if store is None:
+            raise StoreError("This ray_cmf writer has no store; name one on the driver (start_writer(store=...))")
+        with self._lock:
+            return self._stores.setdefault(store, store)
+
+    def bind(
+        self,
+        *,
+        kind: str,
+        name: str,
+        pipeline: str,
+        stage: str,
+        type_name: str,
+        props: Mapping[str, Any] | None = None,
+        store: Store | None = None,
+        data_dir: str | None = None,
+    ) -> Binding:
+        """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data once."""
+        live = self._open(store)
+        execution = live.execution(pipeline, stage, type_name, name, props)
+        live.update_execution(execution.id, props, "RUNNING")
+        binding = Binding(live, pipeline, stage, name, execution.id)
+        with self._lock:
+            first = (kind, name) not in self._bindings
+            self._bindings[(kind, name)] = binding
+        if data_dir is not None and first:
+            live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+        return binding
+
+    def binding(self, *, kind: str, name: str) -> Binding | None:
+        """The binding of a trial or run, or None when none was made yet."""
+        with self._lock:
+            return self._bindings.get((kind, name))
+
+    # -- metadata (the Cmf facade) -------------------------------------------------------------------
+    def context(
+        self, *, pipeline: str, stage: str | None = None, props: Mapping[str, Any] | None = None, store: Store | None
+    ) -> Context:
+        """Get or create the pipeline context, or the stage context under it."""
+        live = self._open(store)
+        return live.stage(pipeline, stage, props) if stage is not None else live.pipeline(pipeline, props)
+
+    def execution(
+        self,
+        *,
+        pipeline: str,
+        stage: str,
+        type_name: str,
+        name: str,
+        props: Mapping[str, Any] | None = None,
+        store: Store | None = None,
+    ) -> tuple[Binding, Execution]:
+        """Get or create an execution; returns its binding and its MLMD record."""
+        live = self._open(store)
+        execution = live.execution(pipeline, stage, type_name, name, props)
+        return Binding(live, pipeline, stage, name, execution.id), execution
+
+    def update_execution(
+        self,
+        *,
+        execution_id: int,
+        props: Mapping[str, Any] | None = None,
+        state: str | None = None,
+        store: Store | None = None,
+    ) -> Execution:
+        """Merge properties into an execution and optionally set its state."""
+        return self._open(store).update_execution(execution_id, props, state)
+
+    def log_file(
+        self,
+        *,
+        binding: Binding,
+        type_name: str,
+        path: str,
+        event: str,
+        digest: tuple[str, int] | None = None,
+        custom: Mapping[str, Any] | None = None,
+    ) -> Artifact:
+        """Record a dataset or model (DVC-tracked when in the store); ``digest`` is the (md5, size) that the
+        caller computed where the file is, else the writer hashes it on its own node."""
+        live = self._open(binding.store)
+        return live.log_file(binding.execution_id, type_name, path, event, custom, digest=digest)
+
+    def log_execution_metrics(self, *, binding: Binding, metrics_name: str, values: Mapping[str, Any]) -> Artifact:
+        """Record execution-level metrics (no file) as a ``Metrics`` artifact."""
+        return self._open(binding.store).log_execution_metrics(binding.execution_id, metrics_name, values)
+
+    def read(self, *, store: Store | None, pipeline: str, metrics_name: str, commit: str | None = None) -> pa.Table:
+        """A committed series (the latest, or the version whose md5 is ``commit``), read where the store is."""
+        live = self._open(store)
+        return pq.read_table(live.resolve(live.find_series(pipeline, metrics_name, commit)))
+
+    # -- series --------------------------------------------------------------------------------------
+    def _series_of(self, key: SeriesKey) -> _Series:
+        live = self._open(key.binding.store)
+        with self._lock:
+            series = self._series.get((live, key.spill_name))
+            if series is None:
+                b = key.binding
+                dest = live.series_path(b.pipeline, b.stage, b.name, key.metrics_name)
+                manifest = SpillManifest(key.metrics_name, b.execution_id, str(dest))
+                series = _Series(Spill(live.spill_dir(key.spill_name), manifest), dest)
+                self._series[(live, key.spill_name)] = series
+            return series
+
+    def append(self, *, key: SeriesKey, session: str, first_row: int, data: bytes | pa.RecordBatch) -> None:
+        """Append one sealed chunk (Arrow IPC bytes, or a batch in-process) to the series' spill."""
+        batch = data if isinstance(data, pa.RecordBatch) else pa.ipc.open_stream(data).read_next_batch()
+        series = self._series_of(key)
+        with series.lock:
+            series.append(session, first_row, batch)
+
+    def commit(
+        self,
+        *,
+        key: SeriesKey,
+        custom: Mapping[str, Any] | None = None,
+        props: Mapping[str, Any] | None = None,
+        state: str | None = None,
+        link_trial: str | None = None,
+    ) -> Artifact | None:
+        """Write the series' next version (every row so far) as Parquet, track it with DVC and register it in
+        one MLMD transaction (also as an output of ``link_trial``); then set the execution's props and state.
+
+        Returns None when the series has no rows.
+        """
+        series = self._series_of(key)
+        with series.lock:
+            finished = series.spill.finish(series.dest) if series.spill.rows else None
+        live = self._open(key.binding.store)
+        artifact = None
+        if finished is not None:
+            artifact = live.commit_metrics(key.binding.execution_id, key.metrics_name, finished, custom)
+            trial = self.binding(kind="trial", name=link_trial) if link_trial is not None else None
+            if trial is not None:
+                live.link_output(trial.execution_id, artifact.id)
+        if props or state:
+            live.update_execution(key.binding.execution_id, props, state)
+        return artifact
+
+    def end(self, *, kind: str, name: str, props: Mapping[str, Any] | None = None, state: str | None = None) -> None:
+        """A trial or run ended: commit what its series received but nobody committed, then set props and state."""
+        binding = self.binding(kind=kind, name=name)
+        if binding is None:
+            raise StoreError(f"No {kind} {name!r} was started with this writer")
+        live = self._open(binding.store)
+        with self._lock:
+            dangling = [
+                (spill_name, s)
+                for (store, spill_name), s in self._series.items()
+                if store == live and s.spill.manifest and s.spill.manifest.execution_id == binding.execution_id
+            ]
+        for spill_name, series in dangling:
+            with series.lock:
+                if not series.spill.pending:
+                    continue
+                finished = series.spill.finish(series.dest)
+            assert series.spill.manifest is not None
+            live.commit_metrics(binding.execution_id, series.spill.manifest.metrics_name, finished, {"at_end": True})
+            log.warning(
+                "ray_cmf: committed %d rows of %s that its %s %r never committed", finished.rows, spill_name, kind, name
+            )
+        if props or state:
+            live.update_execution(binding.execution_id, props, state)
+
+    def ping(self) -> bool:
+        return True
+
+
+def _to_ipc(batch: pa.RecordBatch) -> bytes:
+    """One batch as an Arrow IPC stream (schema, then the batch): what travels to the writer."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as stream:
+        stream.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+# -- the client ----------------------------------------------------------------------------------------
+class Reply:
+    """A request in flight (or, in-process, done): ``result()`` waits and raises the writer's error here."""
+
+    def __init__(self, ref: Any = None, value: Any = None, error: BaseException | None = None) -> None:
+        self._ref, self._value, self._error = ref, value, error
+
+    def done(self) -> bool:
+        if self._ref is None:
+            return True
+        import ray
+
+        return bool(ray.wait([self._ref], timeout=0)[0])
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._ref is not None:
+            import ray
+
+            return ray.get(self._ref, timeout=timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class WriterClient:
+    """The one way to reach the writer: an in-process :class:`StoreWriter`, or the job's writer actor.
+
+    Requests are :class:`StoreWriter` methods with keyword arguments, e.g.
+    ``client.call(StoreWriter.bind, kind="trial", name=trial_id, ...)``.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self.local = isinstance(target, StoreWriter)
+
+    def send(self, request: Callable[..., T], **kwargs: Any) -> Reply:
+        """Start a request without waiting; it never raises here (see :meth:`Reply.result`)."""
+        if self.local:
+            try:
+                return Reply(value=request(self._target, **kwargs))
+            except Exception as exc:
+                return Reply(error=exc)
+        return Reply(ref=getattr(self._target, request.__name__).remote(**kwargs))
+
+    def call(self, request: Callable[..., T], **kwargs: Any) -> T:
+        """Run a request and return its result (its error is raised here)."""
+        return self.send(request, **kwargs).result()
+
+    def sink(self, key: SeriesKey | Callable[[], SeriesKey]) -> WriterSink:
+        """A buffer sink that sends the series' sealed chunks here (``key`` may be resolved on first use)."""
+        return WriterSink(self, key)
+
+
+class WriterSink:
+    """Sends a buffer's sealed chunks to the writer (runs on the buffer's spill thread).
+
+    At most :data:`MAX_INFLIGHT_BYTES` are in flight: beyond that, sending waits for the writer. A chunk
+    the writer could not take is kept (up to :data:`MAX_RETAINED_BYTES`, then the oldest are dropped with
+    a warning) and sent again later; a failure never reaches the training loop.
+    """
+
+    def __init__(self, client: WriterClient, key: SeriesKey | Callable[[], SeriesKey]) -> None:
+        self.client = client
+        self._key = key
+        self.session = uuid.uuid4().hex
+        self._inflight: collections.deque[tuple[Reply, int, Any, int]] = collections.deque()
+        self._inflight_bytes = 0
+        self._retained: collections.deque[tuple[int, Any, int]] = collections.deque()
+        self._retained_bytes = 0
+        self.dropped_rows = 0
+
+    @property
+    def key(self) -> SeriesKey:
+        """The series, resolved on first use (e.g. once the trial's registration has completed)."""
+        if not isinstance(self._key, SeriesKey):
+            self._key = self._key()
+        return self._key
+
+    def __repr__(self) -> str:
+        return "the ray_cmf writer"
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        first_row = batch.column(0)[0].as_py()
+        payload = batch if self.client.local else _to_ipc(batch)
+        self._retry()
+        self._send(first_row, payload, batch.nbytes)
+        while self._inflight_bytes > MAX_INFLIGHT_BYTES:
+            self._settle_oldest()
+
+    def _send(self, first_row: int, payload: Any, nbytes: int) -> None:
+        reply = self.client.send(
+            StoreWriter.append, key=self.key, session=self.session, first_row=first_row, data=payload
+        )
+        self._inflight.append((reply, first_row, payload, nbytes))
+        self._inflight_bytes += nbytes
+
+    def _settle_oldest(self) -> None:
+        reply, first_row, payload, nbytes = self._inflight.popleft()
+        self._inflight_bytes -= nbytes
+        try:
+            reply.result()
+        except Exception as exc:
+            self._retain(first_row, payload, nbytes, exc)
+
+    def _retain(self, first_row: int, payload: Any, nbytes: int, exc: BaseException) -> None:
+        if not self._retained:
+            log.warning("ray_cmf: could not send rows to the writer (%s); keeping them in memory and retrying", exc)
+        self._retained.append((first_row, payload, nbytes))
+        self._retained_bytes += nbytes
+        while self._retained_bytes > MAX_RETAINED_BYTES and len(self._retained) > 1:
+            _, dropped, size = self._retained.popleft()
+            self._retained_bytes -= size
+            rows = dropped.num_rows if isinstance(dropped, pa.RecordBatch) else 0
+            self.dropped_rows += rows
+            log.warning("ray_cmf: dropped %d unsent rows of %s (the writer is unreachable)", rows, self.key.spill_name)
+
+    def _retry(self) -> None:
+        """Send the kept chunks again, oldest first."""
+        while self._retained:
+            first_row, payload, nbytes = self._retained.popleft()
+            self._retained_bytes -= nbytes
+            self._send(first_row, payload, nbytes)
+
+    def flush(self) -> None:
+        """Wait until the writer has every chunk; retry kept ones a few times; raise if some still failed."""
+        for pause in (*_RETRY_SECONDS, None):
+            while self._inflight:
+                self._settle_oldest()
+            if not self._retained or pause is None:
+                break
+            time.sleep(pause)
+            self._retry()
+        if self._retained:
+            raise StoreError(
+                f"The ray_cmf writer did not take {len(self._retained)} chunks of {self.key.spill_name}; "
+                "they stay in memory and are sent again at the next flush"
+            )
+
+    def close(self) -> None:
+        """Hand every chunk to the writer (best effort: what still fails is warned about and dropped)."""
+        try:
+            self.flush()
+        except StoreError as exc:
+            log.warning("ray_cmf: %s; closing drops them", exc)
+
+
+# -- the actor -----------------------------------------------------------------------------------------
+_DRIVER_WRITER: dict[str, Any] = {}  # job id -> the actor handle; the actor lives as long as this driver
+
+
+def ray_driver() -> bool:
+    """Whether this process is a Ray driver (not a trial, a Train worker or the Train controller)."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.SCRIPT_MODE
+
+
+def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: str | None = None) -> WriterClient:
+    """On the driver: start this job's writer (or find it) on this node, and name its default store.
+
+    ``CmfRayLogger`` and ``CmfTrainCallback`` call it; call it yourself before starting trials that log
+    with ``ray_cmf`` when you use neither. The store is resolved here, on the driver (argument, else
+    ``$RAY_CMF_STORE``, else ``./cmf_store``); trials and workers learn it from the writer.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        ray.init()
+    if not ray_driver():
+        raise RayCmfError("start_writer() runs on the Ray driver only; trials and workers find the driver's writer")
+    store = store if isinstance(store, Store) else Store(store, mlmd=mlmd)
+    job = ray.get_runtime_context().get_job_id()
+    if job not in _DRIVER_WRITER:
+        node = ray.get_runtime_context().get_node_id()
+        _DRIVER_WRITER.clear()
+        _DRIVER_WRITER[job] = (
+            ray.remote(StoreWriter)
+            .options(
+                name=WRITER_NAME,
+                get_if_exists=True,
+                num_cpus=0,
+                max_concurrency=_WRITER_THREADS,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+            )
+            .remote()
+        )
+    client = WriterClient(_DRIVER_WRITER[job])
+    client.call(StoreWriter.configure, store=store)
+    return client
+
+
+def connect(store: str | os.PathLike[str] | Store | None = None) -> WriterClient:
+    """The writer for this process: the job's actor inside Ray (started here on the driver), else in-process.
+
+    Raises:
+        RayCmfError: In a trial or worker of a job whose driver started no writer.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return WriterClient(StoreWriter(store if isinstance(store, Store) else Store(store)))
+    if ray_driver():
+        return start_writer(store)
+    try:
+        return WriterClient(ray.get_actor(WRITER_NAME))
+    except ValueError:
+        raise RayCmfError(
+            "No ray_cmf writer runs in this Ray job. Start it on the driver: add ray_cmf.CmfRayLogger(...) to "
+            "tune.RunConfig(callbacks=[...]), ray_cmf.CmfTrainCallback(...) to ray.train.RunConfig(callbacks=[...]), "
+            "or call ray_cmf.start_writer(store) before starting trials."
+        ) from None
