@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import fmt_time, print_table  # noqa: E402
 
-from ray_cmf import Cmf, Store  # noqa: E402
+from ray_cmf import Cmf, MetricBuffer, Store  # noqa: E402
 from ray_cmf.versioning import file_md5  # noqa: E402
 
 ROWS = 1_000_000
@@ -34,25 +34,29 @@ def row(i: int) -> dict[str, float]:
 
 
 def ray_cmf_commit(root: Path) -> dict[str, float]:
-    cmf = Cmf(pipeline_name="bench", store=root)
-    cmf.create_execution("Train")
-    cmf.store.dvc  # the one-off repo init is not part of a commit
+    """The writer's commit, phase by phase: the spill finished as Parquet, DVC, one MLMD transaction."""
+    store = Store(root)
+    cmf = Cmf(pipeline_name="bench", store=store)
+    execution = cmf.create_execution("Train")
+    store.dvc  # the one-off repo init is not part of a commit
+    buffer = MetricBuffer(root / "spill", flush_rows=10_000)
     for i in range(ROWS):
-        cmf.log_metric("train", row(i))
+        buffer.append(row(i))
+    buffer.flush()
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
-    finished = cmf.metrics["train"].finish(cmf._destination("train"))
+    finished = buffer.finish(store.series_path("bench", "Train", execution.name, "train"))
     t1 = time.perf_counter()
-    cmf.store.dvc.track(finished.path, finished.md5, finished.size)
+    store.dvc.track(finished.path, finished.md5, finished.size)
     t2 = time.perf_counter()
-    cmf.store.lineage.put_artifact(
-        cmf.execution.id,
+    store.lineage.put_artifact(
+        execution.id,
         "Step_Metrics",
         f"train:{finished.md5}",
         str(finished.path),
         {
             "Commit": finished.md5,
-            "url": cmf.store.url(finished.path),
+            "url": store.url(finished.path),
             "metrics_name": "train",
             "rows": finished.rows,
             "size": finished.size,

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import fmt_time, print_table  # noqa: E402
 
-from ray_cmf import MetricBuffer, Sweep  # noqa: E402
+from ray_cmf import MetricBuffer, Store, Sweep  # noqa: E402
+from ray_cmf.constants import TRIAL_EXECUTION_TYPE  # noqa: E402
 from ray_cmf.lineage import config_properties  # noqa: E402
-from ray_cmf.store import StoreWriter  # noqa: E402
+from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient  # noqa: E402
 
 
 def series(trial: int, steps: int) -> dict[str, np.ndarray]:
@@ -47,22 +48,23 @@ def series(trial: int, steps: int) -> dict[str, np.ndarray]:
 
 
 def generate(root: Path, logs: Path, trials: int, steps: int) -> float:
-    writer = StoreWriter()
+    writer = WriterClient(StoreWriter(Store(root)))
     start = time.perf_counter()
     for t in range(trials):
         data = series(t, steps)
         trial_id = f"t{t:05d}"
         config = {"lr": float(data["lr"][0]), "batch_size": int(2 ** (4 + t % 4)), "optimizer": ["sgd", "adam"][t % 2]}
-        writer.start(
-            "trial",
-            str(root),
-            str(root / "mlmd.sqlite"),
-            "scale",
-            "exp",
-            trial_id,
-            {**config_properties(config), "trial_id": trial_id, "status": "COMPLETE"},
+        binding = writer.call(
+            StoreWriter.bind,
+            kind="trial",
+            name=trial_id,
+            pipeline="scale",
+            stage="exp",
+            type_name=TRIAL_EXECUTION_TYPE,
+            props={**config_properties(config), "trial_id": trial_id, "status": "COMPLETE"},
         )
-        buffer = MetricBuffer(root / "spill" / trial_id)
+        key = SeriesKey(binding, "tune_results")
+        buffer = MetricBuffer(sink=writer.sink(key))
         for i in range(steps):
             buffer.append(
                 {
@@ -73,9 +75,8 @@ def generate(root: Path, logs: Path, trials: int, steps: int) -> float:
                     "attempt": 1,
                 }
             )
-        dest = writer._store(str(root), str(root / "mlmd.sqlite")).artifact_dir("scale", "exp", trial_id)
-        finished = buffer.finish(dest / "tune_results-{md5}.parquet")
-        writer.end("trial", trial_id, {"status": "COMPLETE"}, "COMPLETE", ("tune_results", finished))
+        buffer.close()
+        writer.call(StoreWriter.commit, key=key, props={"status": "COMPLETE"}, state="COMPLETE")
         write_ray_logs(logs / trial_id, data, config)
     return time.perf_counter() - start
 

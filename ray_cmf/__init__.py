@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ray_cmf.compare import Sweep
     from ray_cmf.train import CmfTrainCallback, StepLogger
     from ray_cmf.tune import CmfRayLogger
+    from ray_cmf.writer import start_writer
 
 # Integrations load ray on first use only: ``import ray_cmf`` stays light.
 _LAZY = {
@@ -32,6 +33,7 @@ _LAZY = {
     "CmfTrainCallback": "ray_cmf.train",
     "StepLogger": "ray_cmf.train",
     "Sweep": "ray_cmf.compare",
+    "start_writer": "ray_cmf.writer",
 }
 
 
@@ -57,5 +59,6 @@ __all__ = [
     "StoreError",
     "Sweep",
     "recover",
+    "start_writer",
 ]
 __version__ = "0.1.0"

@@ -13,6 +13,7 @@ hashing it with md5 as it is written.
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -196,9 +197,13 @@ class Spill:
             self._count += 1
             self._stream = pa.ipc.new_stream(self._file, batch.schema)
             self._schema = batch.schema
-        self._stream.write_batch(batch)
-        assert self._file is not None
-        self._file.flush()
+        try:
+            self._stream.write_batch(batch)
+            assert self._file is not None
+            self._file.flush()
+        except BaseException:
+            self._abandon_segment()  # a torn tail ends this segment; the next write starts a new one
+            raise
         self.rows += batch.num_rows
         self.pending += batch.num_rows
 
@@ -223,6 +228,14 @@ class Spill:
 
     def __repr__(self) -> str:
         return f"Spill({str(self.directory)!r})"
+
+    def _abandon_segment(self) -> None:
+        """Drop the open segment after a failed write without writing anything more to it."""
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+        self._stream = self._file = None
+        self._schema = None
 
     def _close_segment(self) -> None:
         if self._stream is not None:

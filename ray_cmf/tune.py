@@ -61,11 +61,12 @@ _MODES = ("min", "max")
 _TRIAL_CMFS: dict[str, Cmf] = {}
 
 
-def trial_cmf(trial_id: str, *, timeout: float = 60.0) -> Cmf:
+def trial_cmf(trial_id: str, *, timeout: float = 60.0, **buffer_options: Any) -> Cmf:
     """The Cmf of a trial (cached per process), bound to the execution that CmfRayLogger created for it.
 
     Works in the trial's own process, on any node, and on the driver. Waits up to ``timeout`` seconds for
     the callback to register the trial (it may start before Tune calls ``on_trial_start``).
+    ``buffer_options`` (``flush_rows``, ``flush_seconds``) apply to the series it logs.
     """
     if trial_id in _TRIAL_CMFS:
         return _TRIAL_CMFS[trial_id]
@@ -78,12 +79,20 @@ def trial_cmf(trial_id: str, *, timeout: float = 60.0) -> Cmf:
                 "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
             )
         time.sleep(0.05)
-    _TRIAL_CMFS[trial_id] = Cmf.bound(writer, binding)
+    _TRIAL_CMFS[trial_id] = Cmf.bound(writer, binding, **buffer_options)
     return _TRIAL_CMFS[trial_id]
 
 
-def get_cmf(*, timeout: float = 60.0) -> Cmf:
+def get_cmf(
+    *,
+    timeout: float = 60.0,
+    flush_rows: int = DEFAULT_FLUSH_ROWS,
+    flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+) -> Cmf:
     """Inside a Tune trainable: this trial's Cmf, for per-step ``log_metric`` and ``commit_metrics``.
+
+    It works on any node of the cluster: rows travel to the driver's writer through Ray, every
+    ``flush_rows`` rows or ``flush_seconds`` seconds.
 
     Example:
         >>> def trainable(config):  # doctest: +SKIP
@@ -92,7 +101,8 @@ def get_cmf(*, timeout: float = 60.0) -> Cmf:
         ...         cmf.log_metric("steps", {"step": step, "loss": loss})
         ...     cmf.commit_metrics("steps")
     """
-    return trial_cmf(tune.get_context().get_trial_id(), timeout=timeout)
+    trial_id = tune.get_context().get_trial_id()
+    return trial_cmf(trial_id, timeout=timeout, flush_rows=flush_rows, flush_seconds=flush_seconds)
 
 
 class TrialCmfs(Mapping[str, Cmf]):

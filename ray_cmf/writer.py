@@ -98,12 +98,12 @@ class _Series:
             current = self.sessions[session] = _Session(self.spill.rows)
         current.parked[first_row] = batch
         while current.next_row in current.parked:
-            ready = current.parked.pop(current.next_row)
-            current.next_row += ready.num_rows
+            ready = current.parked[current.next_row]
             if current.offset:
                 index = ready.schema.get_field_index(SEQUENCE_COLUMN)
                 ready = ready.set_column(index, SEQUENCE_COLUMN, pc.add(ready.column(index), current.offset))
-            self.spill.write(ready)
+            self.spill.write(ready)  # on failure the chunk stays parked, and the client sends it again
+            current.next_row += current.parked.pop(current.next_row).num_rows
 
 
 class StoreWriter:
@@ -303,8 +303,9 @@ class StoreWriter:
         if props or state:
             live.update_execution(binding.execution_id, props, state)
 
-    def ping(self) -> bool:
-        return True
+    def pid(self) -> int:
+        """The writer's process id (to watch its memory)."""
+        return os.getpid()
 
 
 def _to_ipc(batch: pa.RecordBatch) -> bytes:

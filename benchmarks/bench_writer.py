@@ -1,0 +1,166 @@
+"""The writer under load: ingest from 16 concurrent senders, and 100 trials committing at once.
+
+Ingest: 16 Ray actors each log 4-float rows with ``MetricBuffer.append`` as fast as they can for 10 s;
+every sealed chunk (``flush_rows``) travels to the driver's writer actor as Arrow IPC bytes and is
+appended to the store's spill. Reported: rows/s that reached the spill (counted from the spill files),
+and the writer process's peak RSS, sampled every 50 ms. Side by side, the same senders spill to local
+files in their own processes (the single-machine design, which needs a shared filesystem on a cluster).
+
+Commit rate: 100 series of 10 000 rows are in the writer's spill; 100 commit requests are sent at once
+(Parquet + DVC + one MLMD transaction each, SQLite MLMD). Side by side, the same 100 commits in-process
+with no Ray, one after another.
+
+Run: ``.venv/bin/python benchmarks/bench_writer.py [--seconds 10 --senders 16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import ray
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import print_table  # noqa: E402
+
+from ray_cmf import MetricBuffer, Store  # noqa: E402
+from ray_cmf.buffer import read_segments  # noqa: E402
+from ray_cmf.constants import RUN_EXECUTION_TYPE, SPILL_DIR  # noqa: E402
+from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient, connect, start_writer  # noqa: E402
+
+FLUSH_ROWS = 10_000
+
+
+@ray.remote(num_cpus=0)
+class Sender:
+    """Logs rows as fast as it can into a buffer whose sink is the writer (or a local spill directory)."""
+
+    def run(self, key: SeriesKey | None, spill_dir: str | None, seconds: float, start_at: float) -> int:
+        sink = connect().sink(key) if key is not None else None
+        buffer = MetricBuffer(spill_dir, sink=sink, flush_rows=FLUSH_ROWS)
+        while time.time() < start_at:
+            time.sleep(0.001)
+        deadline = time.perf_counter() + seconds
+        rows = 0
+        while time.perf_counter() < deadline:
+            for i in range(1000):
+                buffer.append({"a": 0.5, "b": 1.5, "c": 2.5, "d": float(i)})
+            rows += 1000
+        buffer.close()  # every row handed over: spilled, or acknowledged by the writer
+        return rows
+
+
+def spilled_rows(root: Path) -> int:
+    return sum(b.num_rows for d in (root / SPILL_DIR).iterdir() for b in read_segments(d))
+
+
+def watch_rss(pid: int, stop: threading.Event, peak: list[int]) -> None:
+    process = psutil.Process(pid)
+    while not stop.is_set():
+        peak[0] = max(peak[0], process.memory_info().rss)
+        time.sleep(0.05)
+
+
+def ingest(writer: WriterClient, root: Path, senders: int, seconds: float, through_writer: bool) -> tuple[float, int]:
+    """Rows/s that reached the spill, and the writer's peak RSS during the run."""
+    actors = [Sender.remote() for _ in range(senders)]
+    ray.get([a.__ray_ready__.remote() for a in actors])
+    keys = []
+    for i in range(senders):
+        binding = writer.call(
+            StoreWriter.bind,
+            kind="run",
+            name=f"sender-{through_writer}-{i}",
+            pipeline="bench",
+            stage="ingest",
+            type_name=RUN_EXECUTION_TYPE,
+        )
+        keys.append(SeriesKey(binding, "rows"))
+    stop, peak = threading.Event(), [0]
+    watcher = threading.Thread(target=watch_rss, args=(writer.call(StoreWriter.pid), stop, peak))
+    watcher.start()
+    start_at = time.time() + 1.0
+    local = root / "local"
+    refs = [
+        a.run.remote(keys[i], None, seconds, start_at)
+        if through_writer
+        else a.run.remote(None, str(local / SPILL_DIR / f"s{i}"), seconds, start_at)
+        for i, a in enumerate(actors)
+    ]
+    logged = sum(ray.get(refs))
+    elapsed = time.time() - start_at
+    stop.set()
+    watcher.join()
+    landed = spilled_rows(root if through_writer else local)
+    assert landed == logged, (landed, logged)
+    for a in actors:
+        ray.kill(a)
+    return landed / elapsed, peak[0]
+
+
+def commits(writer: WriterClient, series: int, rows: int, tag: str) -> float:
+    """Commits/s for ``series`` series of ``rows`` rows, all commit requests sent at once."""
+    keys = []
+    for i in range(series):
+        binding = writer.call(
+            StoreWriter.bind,
+            kind="trial",
+            name=f"{tag}-{i}",
+            pipeline="bench",
+            stage="commit",
+            type_name=RUN_EXECUTION_TYPE,
+        )
+        key = SeriesKey(binding, "tune_results")
+        buffer = MetricBuffer(sink=writer.sink(key), flush_rows=rows)
+        for step in range(rows):
+            buffer.append({"step": step, "loss": 1.0 / (step + 1), "acc": 0.5, "lr": 0.1})
+        buffer.close()
+        keys.append(key)
+    start = time.perf_counter()
+    replies = [writer.send(StoreWriter.commit, key=key) for key in keys]
+    artifacts = [reply.result() for reply in replies]
+    elapsed = time.perf_counter() - start
+    assert all(a is not None for a in artifacts)
+    return series / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--senders", type=int, default=16)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--rows", type=int, default=10_000)
+    args = parser.parse_args()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    tmp = Path(tempfile.mkdtemp())
+    writer = start_writer(tmp / "store")
+    writer.call(StoreWriter.context, pipeline="bench", store=None)  # the store exists before timing
+
+    print(f"## Writer ingest: {args.senders} senders x {args.seconds:g} s, 4-float rows, flush_rows={FLUSH_ROWS}\n")
+    rows = []
+    for label, through in (("ray_cmf writer (Arrow IPC through Ray)", True), ("local spill per process", False)):
+        rate, peak = ingest(writer, tmp / "store", args.senders, args.seconds, through)
+        rows.append([label, f"{rate / 1e6:.2f}M", f"{peak / 2**20:.0f} MiB"])
+    print_table(["path", "rows/s reaching the spill", "writer peak RSS"], rows)
+
+    print(f"\n## Commit rate: {args.trials} trials x {args.rows:,} rows committing at once (SQLite MLMD)\n")
+    through = commits(writer, args.trials, args.rows, "actor")
+    in_process = commits(WriterClient(StoreWriter(Store(tmp / "local_store"))), args.trials, args.rows, "local")
+    print_table(
+        ["path", "commits/s"],
+        [
+            ["ray_cmf writer actor, 100 requests at once", f"{through:.0f}"],
+            ["in-process, sequential", f"{in_process:.0f}"],
+        ],
+    )
+    print(f"\nwriter actor / in-process: {through / in_process:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

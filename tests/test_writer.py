@@ -1,0 +1,118 @@
+"""The single writer and its client: ordered appends, continued series, and a writer that cannot be reached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ray_cmf import Cmf, Store
+from ray_cmf import writer as writer_module
+from ray_cmf.buffer import SpillManifest, read_segments
+from ray_cmf.constants import RUN_EXECUTION_TYPE, SEQUENCE_COLUMN, SPILL_DIR
+from ray_cmf.lineage import properties
+from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient, _to_ipc
+
+
+def _writer(store_dir: Path) -> tuple[WriterClient, SeriesKey]:
+    client = WriterClient(StoreWriter(Store(store_dir)))
+    binding = client.call(StoreWriter.bind, kind="run", name="r", pipeline="p", stage="s", type_name=RUN_EXECUTION_TYPE)
+    return client, SeriesKey(binding, "steps")
+
+
+def _batch(first: int, n: int) -> pa.RecordBatch:
+    rows = list(range(first, first + n))
+    return pa.RecordBatch.from_pydict({SEQUENCE_COLUMN: rows, "x": [float(r) for r in rows]})
+
+
+def test_chunks_arriving_out_of_order_are_spilled_in_order(store_dir: Path) -> None:
+    client, key = _writer(store_dir)
+    for first in (4, 1, 7):  # a threaded actor may run calls out of order; IPC bytes as over Ray
+        client.call(StoreWriter.append, key=key, session="a", first_row=first, data=_to_ipc(_batch(first, 3)))
+    artifact = client.call(StoreWriter.commit, key=key)
+    table = pq.read_table(Store(store_dir).resolve(properties(artifact)["url"]))
+    assert table.column(SEQUENCE_COLUMN).to_pylist() == list(range(1, 10))
+    assert table.column("x").to_pylist() == [float(r) for r in range(1, 10)]
+
+
+def test_a_restarted_client_continues_the_series(store_dir: Path) -> None:
+    client, key = _writer(store_dir)
+    client.call(StoreWriter.append, key=key, session="first", first_row=1, data=_batch(1, 5))
+    client.call(StoreWriter.commit, key=key)
+    client.call(StoreWriter.append, key=key, session="restarted", first_row=1, data=_batch(1, 2))  # numbers from 1
+    artifact = client.call(StoreWriter.commit, key=key, props={"steps": 7}, state="COMPLETE")
+    table = pq.read_table(Store(store_dir).resolve(properties(artifact)["url"]))
+    assert table.column(SEQUENCE_COLUMN).to_pylist() == list(range(1, 8))  # continued after the first 5
+
+
+def test_a_new_writer_adopts_a_dead_writers_spill(store_dir: Path) -> None:
+    """A Tune restore starts a new writer for the same store: the spilled rows are kept and continued."""
+    client, key = _writer(store_dir)
+    client.call(StoreWriter.append, key=key, session="old", first_row=1, data=_batch(1, 4))
+    [spill] = (store_dir / SPILL_DIR).iterdir()
+    assert SpillManifest.read(spill).execution_id == key.binding.execution_id
+    fresh, same_key = _writer(store_dir)
+    fresh.call(StoreWriter.append, key=same_key, session="new", first_row=1, data=_batch(1, 3))
+    artifact = fresh.call(StoreWriter.commit, key=same_key)
+    assert properties(artifact)["rows"] == 7
+
+
+def test_end_commits_what_a_dead_logger_left(store_dir: Path) -> None:
+    client, key = _writer(store_dir)
+    client.call(StoreWriter.append, key=key, session="dead", first_row=1, data=_batch(1, 6))
+    client.call(StoreWriter.end, kind="run", name="r", props={"status": "FAILED"}, state="FAILED")
+    url = Store(store_dir).find_series("p", "steps")
+    assert pq.read_table(Store(store_dir).resolve(url)).num_rows == 6
+    assert not list((store_dir / SPILL_DIR).iterdir())
+
+
+def _block_spill(store_dir: Path) -> Path:
+    """A real fault: a regular file where the spill directory must go, so every spill write fails."""
+    Store(store_dir).lineage  # the store itself opens fine
+    blocker = store_dir / SPILL_DIR
+    blocker.write_text("not a directory")
+    return blocker
+
+
+def test_an_unreachable_writer_warns_keeps_rows_and_retries(store_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=10)
+    blocker = _block_spill(store_dir)
+    for step in range(25):
+        cmf.log_metric("train", {"step": step})  # never raises
+    cmf.metrics["train"].seal()
+    assert cmf.commit_metrics("train") is None  # the failure is a warning, not an exception
+    assert "could not send rows to the writer" in caplog.text
+    assert "could not commit 'train'" in caplog.text
+    blocker.unlink()  # the fault goes away
+    artifact = cmf.commit_metrics("train")  # the kept rows are sent again
+    assert artifact is not None
+    assert cmf.read_metrics("train")["step"].tolist() == list(range(25))
+
+
+def test_rows_kept_for_an_unreachable_writer_are_bounded(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(writer_module, "MAX_RETAINED_BYTES", 1000)
+    monkeypatch.setattr(writer_module, "_RETRY_SECONDS", ())
+    cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=10)
+    _block_spill(store_dir)
+    for step in range(200):
+        cmf.log_metric("train", {"step": float(step)})
+    cmf.metrics["train"].seal()
+    assert cmf.commit_metrics("train") is None
+    sink = cmf.metrics["train"]._sink
+    assert isinstance(sink, writer_module.WriterSink)
+    assert sink.dropped_rows >= 100 and sink._retained_bytes <= 1000 + 10 * 16
+    assert "dropped" in caplog.text
+
+
+def test_local_cmf_spills_through_the_in_process_writer(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=4)
+    for step in range(10):
+        cmf.log_metric("train", {"step": step})
+    cmf.metrics["train"].flush()
+    [spill] = (store_dir / SPILL_DIR).iterdir()
+    assert sum(b.num_rows for b in read_segments(spill)) == 10  # flush() sealed the last 2 rows too
+    assert SpillManifest.read(spill).execution_id == cmf.execution.id
