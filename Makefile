@@ -2,6 +2,9 @@
 # TORCH_SPEC installs the small CPU wheel first; a GPU user overrides it, e.g.
 #   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
 PYTHON ?= python3.11
+# The tests, the demo and the benchmarks run one-node Ray instances: keep them on 127.0.0.1 (Ray otherwise
+# binds its services to the machine's outward address). tests/_cluster.py turns it back on for its nodes.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python

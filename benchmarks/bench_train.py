@@ -12,7 +12,7 @@ Measurement design: on a 2-core machine Ray's own actors share the cores with th
 run's wall time varies by about 10% between identical runs. The variants therefore run interleaved in
 blocks of 50 steps (one logging interval), in a rotating order, inside one run: every variant sees the same
 machine noise. Each variant's time is the sum of its blocks. ray_cmf's one-off costs, building its
-``StepLogger`` (in the first run this starts the store's writer actor and creates the store) and ``finish()``
+``StepLogger`` (in the first run this creates the store's database) and ``finish()``
 (committing the Parquet and the lineage), are timed apart and shown both apart and included.
 Each round is one TorchTrainer run; the table gives the median over rounds. "paired blocks" estimates the same
 overhead from the individual blocks: the median, over every rotation of every run, of a variant's block time
@@ -43,6 +43,8 @@ from ray.train.torch import TorchTrainer
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import print_table  # noqa: E402
+
+from ray_cmf import start_writer  # noqa: E402
 
 SYNC_EVERY = 50
 BATCH = 64
@@ -191,6 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_writer(tmp / "store")  # the driver starts the store's writer (CmfTrainCallback would do it)
     rounds = [run(args.steps, tmp, r) for r in range(args.rounds)]
     steps = args.steps // SYNC_EVERY * SYNC_EVERY
     base = [r["times"]["no logging"] for r in rounds]

@@ -5,10 +5,15 @@ The head node (0 CPUs) runs beside the driver. The worker node runs in its own m
 empty there, as on a cluster without a shared filesystem. Trials and Train workers are pinned to it
 with the ``far`` resource. Each node is a ``ray start --block`` child process in its own process group,
 stopped by that pid (never a machine-wide ``ray stop``, which would end the test session's Ray too).
+
+The nodes and the drivers share a network namespace of their own that has only a loopback interface:
+Ray resolves "127.0.0.1" to the machine's outward address for multi-node clusters, and inside that
+namespace there is none, so all of the cluster's traffic stays on loopback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,9 +24,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 RAY = str(Path(sys.executable).with_name("ray"))
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+ENV = {
+    **os.environ,
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",  # worker nodes may join (the Makefile turns this off elsewhere)
+}
 ENV.pop("RAY_CMF_STORE", None)  # the store is named on the driver only
 _PORT_OPTIONS = (
     "--node-manager-port",
@@ -38,9 +50,9 @@ def unshare_skip_reason() -> str | None:
     """Why a node with a private mount namespace cannot be made here, or None when it can."""
     if shutil.which("unshare") is None:
         return "unshare(1) is not installed"
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
+    probe = subprocess.run(["unshare", "-m", "-n", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        return f"unshare -m is not permitted here (needs root): {probe.stderr.strip()}"
+        return f"unshare -m -n is not permitted here (needs root): {probe.stderr.strip()}"
     return None
 
 
@@ -59,10 +71,15 @@ class TwoNodeCluster:
 
     def __init__(self, hidden: Path, far_cpus: int = 2) -> None:
         self.hidden = hidden
+        self.netns = subprocess.Popen(
+            ["unshare", "-n", "bash", "-c", "ip link set lo up && exec sleep infinity"], start_new_session=True
+        )
+        self.enter = ["nsenter", f"--net=/proc/{self.netns.pid}/ns/net"]
         self.temp = Path(tempfile.mkdtemp(prefix="rcmf", dir="/tmp"))  # short: Ray's socket paths must fit
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={self.temp}"]
+        time.sleep(0.2)  # the namespace's loopback is up
         self.head = self._spawn(
             [RAY, "start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false"]
             + common
@@ -82,17 +99,16 @@ class TwoNodeCluster:
         self.far = self._spawn(["unshare", "-m", "bash", "-c", script])
         self._wait_for_nodes(2)
 
-    @staticmethod
-    def _spawn(command: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, command: list[str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            command, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self.enter + command, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
     def _wait_for_nodes(self, count: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = subprocess.run(
-                [RAY, "status", f"--address={self.address}"], env=ENV, capture_output=True, text=True
+                self.enter + [RAY, "status", f"--address={self.address}"], env=ENV, capture_output=True, text=True
             )
             if status.returncode == 0 and status.stdout.count("node_") >= count:
                 return
@@ -103,26 +119,36 @@ class TwoNodeCluster:
         raise TimeoutError(f"the cluster at {self.address} did not reach {count} nodes in {timeout} s")
 
     def stop_far(self) -> None:
-        """Kill the worker node for real: its raylet, its workers and everything else in its process group."""
+        """Kill the worker node for real: every process in its mount namespace (raylet, workers, agents)."""
+        if self.far.poll() is None:
+            namespace = os.readlink(f"/proc/{self.far.pid}/ns/mnt")
+            for pid in _pids_in_namespace(namespace):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         _kill_group(self.far)
 
     def close(self) -> None:
-        _kill_group(self.far)
+        self.stop_far()
         _kill_group(self.head)
+        _kill_group(self.netns)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+    def driver(self, script: str, *args: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[str]:
+        """Start a driver script against the cluster (in the cluster's network namespace)."""
+        return subprocess.Popen(
+            [*self.enter, sys.executable, "-c", script, self.address, *args],
+            env={**ENV, **(env or {})},
+            text=True,
+            **popen,
+        )
 
     def run_driver(self, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 400) -> str:
         """Run a driver script against the cluster; return its stdout (raise with its stderr on failure)."""
-        done = subprocess.run(
-            [sys.executable, "-c", script, self.address, *args],
-            env={**ENV, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if done.returncode != 0:
-            raise AssertionError(f"driver failed ({done.returncode}):\n{done.stderr[-6000:]}")
-        return done.stdout
+        process = self.driver(script, *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout, stderr = process.communicate(timeout=timeout)
+        if process.returncode != 0:
+            raise AssertionError(f"driver failed ({process.returncode}):\n{stderr[-6000:]}")
+        return stdout
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -132,6 +158,17 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         except ProcessLookupError:
             pass
     process.wait()
+
+
+def _pids_in_namespace(namespace: str) -> list[int]:
+    """The processes whose mount namespace is ``namespace`` (as ``readlink /proc/PID/ns/mnt`` prints it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "mnt") == namespace:
+                    pids.append(int(entry.name))
+    return pids
 
 
 def _quote(arg: str) -> str:
