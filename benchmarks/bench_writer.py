@@ -1,10 +1,12 @@
 """The writer under load: ingest from 16 concurrent senders, and 100 trials committing at once.
 
 Ingest: 16 Ray actors each log 4-float rows with ``MetricBuffer.append`` as fast as they can for 10 s;
-every sealed chunk (``flush_rows``) travels to the driver's writer actor as Arrow IPC bytes and is
+every sealed chunk (``flush_rows``) travels to the driver's writer actor as an Arrow record batch and is
 appended to the store's spill. Reported: rows/s that reached the spill (counted from the spill files),
-and the writer process's peak RSS, sampled every 50 ms. Side by side, the same senders spill to local
-files in their own processes (the single-machine design, which needs a shared filesystem on a cluster).
+and the writer process's peak RSS, sampled every 50 ms. Side by side, in alternating rounds: the same
+senders spilling to local files in their own processes (the single-machine design, which needs a shared
+filesystem on a cluster), and the same senders discarding their sealed chunks (the ceiling that the
+senders' own ``append`` calls leave on this machine).
 
 Commit rate: 100 series of 10 000 rows are in the writer's spill; 100 commit requests are sent at once
 (Parquet + DVC + one MLMD transaction each, SQLite MLMD). Side by side, the same 100 commits in-process
@@ -16,6 +18,7 @@ Run: ``.venv/bin/python benchmarks/bench_writer.py [--seconds 10 --senders 16]``
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import threading
@@ -37,12 +40,25 @@ from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient, connect, start_
 FLUSH_ROWS = 10_000
 
 
+class Discard:
+    """A sink that drops sealed chunks: what remains is the cost of logging itself."""
+
+    def write(self, batch: object) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 @ray.remote(num_cpus=0)
 class Sender:
-    """Logs rows as fast as it can into a buffer whose sink is the writer (or a local spill directory)."""
+    """Logs rows as fast as it can into a buffer whose sink is the writer, a local spill, or nothing."""
 
     def run(self, key: SeriesKey | None, spill_dir: str | None, seconds: float, start_at: float) -> int:
-        sink = connect().sink(key) if key is not None else None
+        sink = connect().sink(key) if key is not None else None if spill_dir else Discard()
         buffer = MetricBuffer(spill_dir, sink=sink, flush_rows=FLUSH_ROWS)
         while time.time() < start_at:
             time.sleep(0.001)
@@ -56,8 +72,8 @@ class Sender:
         return rows
 
 
-def spilled_rows(root: Path) -> int:
-    return sum(b.num_rows for d in (root / SPILL_DIR).iterdir() for b in read_segments(d))
+def spilled_rows(spills: Path) -> int:
+    return sum(b.num_rows for d in spills.iterdir() for b in read_segments(d))
 
 
 def watch_rss(pid: int, stop: threading.Event, peak: list[int]) -> None:
@@ -67,61 +83,66 @@ def watch_rss(pid: int, stop: threading.Event, peak: list[int]) -> None:
         time.sleep(0.05)
 
 
-def ingest(writer: WriterClient, root: Path, senders: int, seconds: float, through_writer: bool) -> tuple[float, int]:
-    """Rows/s that reached the spill, and the writer's peak RSS during the run."""
+def ingest(writer: WriterClient, root: Path, senders: int, seconds: float, path: str, tag: str) -> tuple[float, int]:
+    """Rows/s that reached the spill (``path``: writer, local or discard), and the writer's peak RSS."""
     actors = [Sender.remote() for _ in range(senders)]
     ray.get([a.__ray_ready__.remote() for a in actors])
-    keys = []
+    spills = root / tag
+    keys: list[SeriesKey | None] = [None] * senders
+    dirs: list[str | None] = [None] * senders
     for i in range(senders):
-        binding = writer.call(
-            StoreWriter.bind,
-            kind="run",
-            name=f"sender-{through_writer}-{i}",
-            pipeline="bench",
-            stage="ingest",
-            type_name=RUN_EXECUTION_TYPE,
-        )
-        keys.append(SeriesKey(binding, "rows"))
+        if path == "writer":
+            binding = writer.call(
+                StoreWriter.bind,
+                kind="run",
+                name=f"{tag}-{i}",
+                pipeline="bench",
+                stage="ingest",
+                type_name=RUN_EXECUTION_TYPE,
+            )
+            keys[i] = SeriesKey(binding, "rows")
+        elif path == "local":
+            dirs[i] = str(spills / f"s{i}")
     stop, peak = threading.Event(), [0]
-    watcher = threading.Thread(target=watch_rss, args=(writer.call(StoreWriter.pid), stop, peak))
+    writer_process = psutil.Process(writer.call(StoreWriter.pid))
+    cpu_before = sum(writer_process.cpu_times()[:2])
+    watcher = threading.Thread(target=watch_rss, args=(writer_process.pid, stop, peak))
     watcher.start()
     start_at = time.time() + 1.0
-    local = root / "local"
-    refs = [
-        a.run.remote(keys[i], None, seconds, start_at)
-        if through_writer
-        else a.run.remote(None, str(local / SPILL_DIR / f"s{i}"), seconds, start_at)
-        for i, a in enumerate(actors)
-    ]
-    logged = sum(ray.get(refs))
+    logged = sum(ray.get([a.run.remote(keys[i], dirs[i], seconds, start_at) for i, a in enumerate(actors)]))
     elapsed = time.time() - start_at
+    writer_cpu = sum(writer_process.cpu_times()[:2]) - cpu_before
     stop.set()
     watcher.join()
-    landed = spilled_rows(root if through_writer else local)
-    assert landed == logged, (landed, logged)
+    if path == "writer":
+        spill = root / "store" / SPILL_DIR
+        landed = sum(b.num_rows for key in keys if key for b in read_segments(spill / key.spill_name))
+        assert landed == logged, (landed, logged)
+    elif path == "local":
+        assert spilled_rows(spills) == logged
     for a in actors:
         ray.kill(a)
-    return landed / elapsed, peak[0]
+    print(f"  {tag}: {logged / 1e6:.2f}M rows in {elapsed:.1f} s, writer CPU {writer_cpu:.2f} s", flush=True)
+    return logged / elapsed, peak[0]
+
+
+def fill(writer: WriterClient, name: str, rows: int) -> SeriesKey:
+    """A trial whose series of ``rows`` rows is in the writer's spill, ready to commit."""
+    binding = writer.call(
+        StoreWriter.bind, kind="trial", name=name, pipeline="bench", stage="commit", type_name=RUN_EXECUTION_TYPE
+    )
+    key = SeriesKey(binding, "tune_results")
+    buffer = MetricBuffer(sink=writer.sink(key), flush_rows=rows)
+    for step in range(rows):
+        buffer.append({"step": step, "loss": 1.0 / (step + 1), "acc": 0.5, "lr": 0.1})
+    buffer.close()
+    return key
 
 
 def commits(writer: WriterClient, series: int, rows: int, tag: str) -> float:
     """Commits/s for ``series`` series of ``rows`` rows, all commit requests sent at once."""
-    keys = []
-    for i in range(series):
-        binding = writer.call(
-            StoreWriter.bind,
-            kind="trial",
-            name=f"{tag}-{i}",
-            pipeline="bench",
-            stage="commit",
-            type_name=RUN_EXECUTION_TYPE,
-        )
-        key = SeriesKey(binding, "tune_results")
-        buffer = MetricBuffer(sink=writer.sink(key), flush_rows=rows)
-        for step in range(rows):
-            buffer.append({"step": step, "loss": 1.0 / (step + 1), "acc": 0.5, "lr": 0.1})
-        buffer.close()
-        keys.append(key)
+    writer.call(StoreWriter.commit, key=fill(writer, f"{tag}-warm-up", 10))  # creates the DVC repo: not timed
+    keys = [fill(writer, f"{tag}-{i}", rows) for i in range(series)]
     start = time.perf_counter()
     replies = [writer.send(StoreWriter.commit, key=key) for key in keys]
     artifacts = [reply.result() for reply in replies]
@@ -136,6 +157,7 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=16)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp())
@@ -143,11 +165,27 @@ def main() -> None:
     writer.call(StoreWriter.context, pipeline="bench", store=None)  # the store exists before timing
 
     print(f"## Writer ingest: {args.senders} senders x {args.seconds:g} s, 4-float rows, flush_rows={FLUSH_ROWS}\n")
-    rows = []
-    for label, through in (("ray_cmf writer (Arrow IPC through Ray)", True), ("local spill per process", False)):
-        rate, peak = ingest(writer, tmp / "store", args.senders, args.seconds, through)
-        rows.append([label, f"{rate / 1e6:.2f}M", f"{peak / 2**20:.0f} MiB"])
-    print_table(["path", "rows/s reaching the spill", "writer peak RSS"], rows)
+    labels = {
+        "writer": "ray_cmf writer (record batches through Ray)",
+        "local": "local spill in each sender's process",
+        "discard": "no spill (the senders' own logging cost)",
+    }
+    rates: dict[str, list[float]] = {path: [] for path in labels}
+    peaks: list[int] = []
+    for round_ in range(args.rounds):
+        for path in labels:
+            rate, peak = ingest(writer, tmp, args.senders, args.seconds, path, f"{path}{round_}")
+            rates[path].append(rate)
+            if path == "writer":
+                peaks.append(peak)
+            print(f"round {round_}: {path} {rate / 1e6:.2f}M rows/s", flush=True)
+    medians = {path: statistics.median(values) for path, values in rates.items()}
+    print()
+    print_table(
+        ["path", "rows/s (median)", "vs no spill"],
+        [[labels[p], f"{medians[p] / 1e6:.2f}M", f"{medians[p] / medians['discard']:.0%}"] for p in labels],
+    )
+    print(f"\nwriter peak RSS over the writer rounds: {max(peaks) / 2**20:.0f} MiB ({[p >> 20 for p in peaks]} MiB)")
 
     print(f"\n## Commit rate: {args.trials} trials x {args.rows:,} rows committing at once (SQLite MLMD)\n")
     through = commits(writer, args.trials, args.rows, "actor")

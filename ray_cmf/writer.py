@@ -7,8 +7,9 @@ living as long as the driver. Trials, Train workers and the Train controller rea
 Without Ray the same :class:`StoreWriter` runs in-process.
 
 Requests are :class:`StoreWriter` methods called with keyword arguments, in-process or on the actor.
-Sealed chunks of a series travel as Arrow IPC bytes with a bound on bytes in flight; the writer appends
-them to the series' crash-safe spill, and a commit turns the spill into a versioned Parquet file.
+Sealed chunks of a series travel as Arrow record batches (Ray moves their buffers through its object
+store without pickling the values) with a bound on bytes in flight; the writer appends them to the
+series' crash-safe spill, and a commit turns the spill into a versioned Parquet file.
 
 ray is imported on use only, so ``import ray_cmf`` stays light.
 """
@@ -243,9 +244,8 @@ class StoreWriter:
                 self._series[(live, key.spill_name)] = series
             return series
 
-    def append(self, *, key: SeriesKey, session: str, first_row: int, data: bytes | pa.RecordBatch) -> None:
-        """Append one sealed chunk (Arrow IPC bytes, or a batch in-process) to the series' spill."""
-        batch = data if isinstance(data, pa.RecordBatch) else pa.ipc.open_stream(data).read_next_batch()
+    def append(self, *, key: SeriesKey, session: str, first_row: int, batch: pa.RecordBatch) -> None:
+        """Append one sealed chunk of a client's rows to the series' spill (in the client's order)."""
         series = self._series_of(key)
         with series.lock:
             series.append(session, first_row, batch)
@@ -306,14 +306,6 @@ class StoreWriter:
     def pid(self) -> int:
         """The writer's process id (to watch its memory)."""
         return os.getpid()
-
-
-def _to_ipc(batch: pa.RecordBatch) -> bytes:
-    """One batch as an Arrow IPC stream (schema, then the batch): what travels to the writer."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as stream:
-        stream.write_batch(batch)
-    return sink.getvalue().to_pybytes()
 
 
 # -- the client ----------------------------------------------------------------------------------------
@@ -399,17 +391,16 @@ class WriterSink:
 
     def write(self, batch: pa.RecordBatch) -> None:
         first_row = batch.column(0)[0].as_py()
-        payload = batch if self.client.local else _to_ipc(batch)
         self._retry()
-        self._send(first_row, payload, batch.nbytes)
+        self._send(first_row, batch, batch.nbytes)
         while self._inflight_bytes > MAX_INFLIGHT_BYTES:
             self._settle_oldest()
 
-    def _send(self, first_row: int, payload: Any, nbytes: int) -> None:
+    def _send(self, first_row: int, batch: pa.RecordBatch, nbytes: int) -> None:
         reply = self.client.send(
-            StoreWriter.append, key=self.key, session=self.session, first_row=first_row, data=payload
+            StoreWriter.append, key=self.key, session=self.session, first_row=first_row, batch=batch
         )
-        self._inflight.append((reply, first_row, payload, nbytes))
+        self._inflight.append((reply, first_row, batch, nbytes))
         self._inflight_bytes += nbytes
 
     def _settle_oldest(self) -> None:
@@ -428,7 +419,7 @@ class WriterSink:
         while self._retained_bytes > MAX_RETAINED_BYTES and len(self._retained) > 1:
             _, dropped, size = self._retained.popleft()
             self._retained_bytes -= size
-            rows = dropped.num_rows if isinstance(dropped, pa.RecordBatch) else 0
+            rows = dropped.num_rows
             self.dropped_rows += rows
             log.warning("ray_cmf: dropped %d unsent rows of %s (the writer is unreachable)", rows, self.key.spill_name)
 

@@ -13,7 +13,7 @@ from ray_cmf import writer as writer_module
 from ray_cmf.buffer import SpillManifest, read_segments
 from ray_cmf.constants import RUN_EXECUTION_TYPE, SEQUENCE_COLUMN, SPILL_DIR
 from ray_cmf.lineage import properties
-from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient, _to_ipc
+from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient
 
 
 def _writer(store_dir: Path) -> tuple[WriterClient, SeriesKey]:
@@ -29,8 +29,8 @@ def _batch(first: int, n: int) -> pa.RecordBatch:
 
 def test_chunks_arriving_out_of_order_are_spilled_in_order(store_dir: Path) -> None:
     client, key = _writer(store_dir)
-    for first in (4, 1, 7):  # a threaded actor may run calls out of order; IPC bytes as over Ray
-        client.call(StoreWriter.append, key=key, session="a", first_row=first, data=_to_ipc(_batch(first, 3)))
+    for first in (4, 1, 7):  # a threaded actor may run calls out of order
+        client.call(StoreWriter.append, key=key, session="a", first_row=first, batch=_batch(first, 3))
     artifact = client.call(StoreWriter.commit, key=key)
     table = pq.read_table(Store(store_dir).resolve(properties(artifact)["url"]))
     assert table.column(SEQUENCE_COLUMN).to_pylist() == list(range(1, 10))
@@ -39,9 +39,9 @@ def test_chunks_arriving_out_of_order_are_spilled_in_order(store_dir: Path) -> N
 
 def test_a_restarted_client_continues_the_series(store_dir: Path) -> None:
     client, key = _writer(store_dir)
-    client.call(StoreWriter.append, key=key, session="first", first_row=1, data=_batch(1, 5))
+    client.call(StoreWriter.append, key=key, session="first", first_row=1, batch=_batch(1, 5))
     client.call(StoreWriter.commit, key=key)
-    client.call(StoreWriter.append, key=key, session="restarted", first_row=1, data=_batch(1, 2))  # numbers from 1
+    client.call(StoreWriter.append, key=key, session="restarted", first_row=1, batch=_batch(1, 2))  # numbers from 1
     artifact = client.call(StoreWriter.commit, key=key, props={"steps": 7}, state="COMPLETE")
     table = pq.read_table(Store(store_dir).resolve(properties(artifact)["url"]))
     assert table.column(SEQUENCE_COLUMN).to_pylist() == list(range(1, 8))  # continued after the first 5
@@ -50,18 +50,18 @@ def test_a_restarted_client_continues_the_series(store_dir: Path) -> None:
 def test_a_new_writer_adopts_a_dead_writers_spill(store_dir: Path) -> None:
     """A Tune restore starts a new writer for the same store: the spilled rows are kept and continued."""
     client, key = _writer(store_dir)
-    client.call(StoreWriter.append, key=key, session="old", first_row=1, data=_batch(1, 4))
+    client.call(StoreWriter.append, key=key, session="old", first_row=1, batch=_batch(1, 4))
     [spill] = (store_dir / SPILL_DIR).iterdir()
     assert SpillManifest.read(spill).execution_id == key.binding.execution_id
     fresh, same_key = _writer(store_dir)
-    fresh.call(StoreWriter.append, key=same_key, session="new", first_row=1, data=_batch(1, 3))
+    fresh.call(StoreWriter.append, key=same_key, session="new", first_row=1, batch=_batch(1, 3))
     artifact = fresh.call(StoreWriter.commit, key=same_key)
     assert properties(artifact)["rows"] == 7
 
 
 def test_end_commits_what_a_dead_logger_left(store_dir: Path) -> None:
     client, key = _writer(store_dir)
-    client.call(StoreWriter.append, key=key, session="dead", first_row=1, data=_batch(1, 6))
+    client.call(StoreWriter.append, key=key, session="dead", first_row=1, batch=_batch(1, 6))
     client.call(StoreWriter.end, kind="run", name="r", props={"status": "FAILED"}, state="FAILED")
     url = Store(store_dir).find_series("p", "steps")
     assert pq.read_table(Store(store_dir).resolve(url)).num_rows == 6
