@@ -13,8 +13,10 @@ hashing it with md5 as it is written.
 from __future__ import annotations
 
 import array
+import atexit
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -22,9 +24,11 @@ import logging
 import numbers
 import os
 import queue
+import signal
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -102,18 +106,25 @@ class _Column:
         self.values = array.array("d", self.values)
 
     def to_arrow(self) -> pa.Array:
-        arrow_type = _KINDS[self.kind][3]
-        if self.kind == "str":
-            data: Any = self.values
-        elif self.kind == "bool":
-            data = np.frombuffer(self.values, dtype=np.int8).astype(bool)
-        else:
-            data = np.frombuffer(self.values, dtype=np.float64 if self.kind == "float" else np.int64)
-        mask = None
+        """The column as an Arrow array, built from its buffers (``pa.array`` would import pandas, which
+        must not happen on a spill thread: it holds the GIL for a long import, and fails at exit)."""
+        n = len(self.values)
+        validity = None
         if self.nulls:
-            mask = np.zeros(len(self.values), dtype=bool)
-            mask[self.nulls] = True
-        return pa.array(data, type=arrow_type, mask=mask)
+            valid = np.ones(n, dtype=bool)
+            valid[self.nulls] = False
+            validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        if self.kind == "str":
+            encoded = [value.encode() for value in self.values]
+            offsets = np.zeros(n + 1, dtype=np.int32)
+            np.cumsum([len(e) for e in encoded], out=offsets[1:])
+            buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        elif self.kind == "bool":
+            bits = np.packbits(np.frombuffer(self.values, dtype=np.int8).astype(bool), bitorder="little")
+            buffers = [validity, pa.py_buffer(bits)]
+        else:
+            buffers = [validity, pa.py_buffer(self.values)]
+        return pa.Array.from_buffers(_KINDS[self.kind][3], n, buffers, null_count=len(self.nulls))
 
 
 def _classify(key: str, value: Any) -> tuple[str, Any]:
@@ -135,7 +146,7 @@ def _classify(key: str, value: Any) -> tuple[str, Any]:
 
 def _chunk_to_batch(columns: dict[str, _Column], first_row: int, n: int) -> pa.RecordBatch:
     """Build the record batch of one sealed chunk (runs on the spill thread)."""
-    arrays = [pa.array(np.arange(first_row, first_row + n, dtype=np.int64))]
+    arrays = [pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(first_row, first_row + n))])]
     names = [SEQUENCE_COLUMN]
     for name, column in columns.items():
         names.append(name)
@@ -427,6 +438,7 @@ class MetricBuffer:
         self._last_spill = time.monotonic()
         self._spiller: _SpillThread | None = None
         self._closed = False
+        _track(self)
 
     @property
     def rows(self) -> int:
@@ -547,6 +559,43 @@ class MetricBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_LIVE: weakref.WeakSet[MetricBuffer] = weakref.WeakSet()
+_hooks_installed = False
+
+
+def _track(buffer: MetricBuffer) -> None:
+    """Remember a live buffer so that every exit path hands its rows over (see :func:`close_all`)."""
+    global _hooks_installed
+    _LIVE.add(buffer)
+    if not _hooks_installed:
+        _hooks_installed = True
+        atexit.register(close_all)  # normal exit, an uncaught exception, SIGINT, and Ray's own SIGTERM exit
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
+
+
+def close_all() -> None:
+    """Hand every live buffer's rows to its sink (the spill, or the store's writer) and stop its thread.
+
+    Runs at interpreter exit and on SIGTERM, so no exit path but SIGKILL drops logged rows.
+    """
+    for buffer in list(_LIVE):
+        try:
+            buffer.close()
+        except Exception as exc:  # one broken sink must not keep the others' rows
+            log.warning("ray_cmf: at exit, could not hand over the rows of %s: %s", buffer._sink, exc)
+
+
+def _on_sigterm(previous: Any, signum: int, frame: Any) -> None:
+    """Close every buffer, then do what SIGTERM did before: the previous handler, or the default exit."""
+    close_all()
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def discard_spill(directory: Path) -> None:

@@ -70,6 +70,8 @@ def trial_cmf(trial_id: str, *, timeout: float = 60.0, **buffer_options: Any) ->
     """
     if trial_id in _TRIAL_CMFS:
         return _TRIAL_CMFS[trial_id]
+    for ended in list(_TRIAL_CMFS):  # this process now runs another trial (Tune reuses actors): hand over
+        _TRIAL_CMFS.pop(ended).close()
     writer = connect()
     deadline = time.monotonic() + timeout
     while (binding := writer.call(StoreWriter.binding, kind="trial", name=trial_id)) is None:

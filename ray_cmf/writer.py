@@ -124,6 +124,7 @@ class StoreWriter:
         self._stores: dict[Store, Store] = {}
         self._bindings: dict[tuple[str, str], Binding] = {}
         self._series: dict[tuple[Store, str], _Series] = {}
+        self._ended: set[tuple[Store, int]] = set()  # executions whose trial or run has ended
         self._lock = threading.Lock()  # guards the dicts above, never held during I/O
         if store is not None:
             self._stores[store] = store
@@ -164,6 +165,7 @@ class StoreWriter:
         with self._lock:
             first = (kind, name) not in self._bindings
             self._bindings[(kind, name)] = binding
+            self._ended.discard((live, execution.id))
         if data_dir is not None and first:
             live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
         return binding
@@ -245,10 +247,19 @@ class StoreWriter:
             return series
 
     def append(self, *, key: SeriesKey, session: str, first_row: int, batch: pa.RecordBatch) -> None:
-        """Append one sealed chunk of a client's rows to the series' spill (in the client's order)."""
+        """Append one sealed chunk of a client's rows to the series' spill (in the client's order).
+
+        A chunk that arrives after its trial or run ended (a process handing over its last rows as it
+        exits) is committed at once.
+        """
         series = self._series_of(key)
         with series.lock:
             series.append(session, first_row, batch)
+        live = self._open(key.binding.store)
+        with self._lock:
+            late = (live, key.binding.execution_id) in self._ended
+        if late:
+            self._commit_dangling(live, key.binding.execution_id, key.spill_name, series)
 
     def commit(
         self,
@@ -279,29 +290,35 @@ class StoreWriter:
         return artifact
 
     def end(self, *, kind: str, name: str, props: Mapping[str, Any] | None = None, state: str | None = None) -> None:
-        """A trial or run ended: commit what its series received but nobody committed, then set props and state."""
+        """A trial or run ended: commit what its series received but nobody committed, then set props and state.
+
+        Rows that its processes hand over later are committed as they arrive.
+        """
         binding = self.binding(kind=kind, name=name)
         if binding is None:
             raise StoreError(f"No {kind} {name!r} was started with this writer")
         live = self._open(binding.store)
         with self._lock:
+            self._ended.add((live, binding.execution_id))
             dangling = [
                 (spill_name, s)
                 for (store, spill_name), s in self._series.items()
                 if store == live and s.spill.manifest and s.spill.manifest.execution_id == binding.execution_id
             ]
         for spill_name, series in dangling:
-            with series.lock:
-                if not series.spill.pending:
-                    continue
-                finished = series.spill.finish(series.dest)
-            assert series.spill.manifest is not None
-            live.commit_metrics(binding.execution_id, series.spill.manifest.metrics_name, finished, {"at_end": True})
-            log.warning(
-                "ray_cmf: committed %d rows of %s that its %s %r never committed", finished.rows, spill_name, kind, name
-            )
+            self._commit_dangling(live, binding.execution_id, spill_name, series)
         if props or state:
             live.update_execution(binding.execution_id, props, state)
+
+    def _commit_dangling(self, live: Store, execution_id: int, spill_name: str, series: _Series) -> None:
+        """Commit a series' uncommitted rows on its logger's behalf (marked ``at_end``)."""
+        with series.lock:
+            if not series.spill.pending:
+                return
+            finished = series.spill.finish(series.dest)
+        assert series.spill.manifest is not None
+        live.commit_metrics(execution_id, series.spill.manifest.metrics_name, finished, {"at_end": True})
+        log.warning("ray_cmf: committed %d rows of %s that their logger never committed", finished.rows, spill_name)
 
     def pid(self) -> int:
         """The writer's process id (to watch its memory)."""
@@ -430,9 +447,10 @@ class WriterSink:
             self._retained_bytes -= nbytes
             self._send(first_row, payload, nbytes)
 
-    def flush(self) -> None:
-        """Wait until the writer has every chunk; retry kept ones a few times; raise if some still failed."""
-        for pause in (*_RETRY_SECONDS, None):
+    def flush(self, retries: tuple[float, ...] | None = None) -> None:
+        """Wait until the writer has every chunk; retry kept ones (after each pause of ``retries``, by default
+        :data:`_RETRY_SECONDS`); raise if some still failed."""
+        for pause in (*(_RETRY_SECONDS if retries is None else retries), None):
             while self._inflight:
                 self._settle_oldest()
             if not self._retained or pause is None:
@@ -446,9 +464,11 @@ class WriterSink:
             )
 
     def close(self) -> None:
-        """Hand every chunk to the writer (best effort: what still fails is warned about and dropped)."""
+        """Hand every chunk to the writer, trying kept ones once more (at exit there is no time to wait);
+        what still fails is warned about and dropped."""
         try:
-            self.flush()
+            self._retry()
+            self.flush(retries=())
         except StoreError as exc:
             log.warning("ray_cmf: %s; closing drops them", exc)
 

@@ -1,0 +1,95 @@
+"""Exit paths: a process that logged rows and never committed keeps every row, however it ends (but SIGKILL).
+
+Each case is a real child process: it exits normally, raises, or is sent SIGTERM or SIGINT for real. Then
+``recover`` must commit every logged row.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from ray_cmf import Store, recover
+from ray_cmf.lineage import properties
+
+ROWS = 195_000  # 19 full chunks of 10 000 and a partial one: most rows wait in memory or in the spill queue
+
+CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    from pathlib import Path
+    store, how = sys.argv[1], sys.argv[2]
+    if how == "chained-sigterm":  # the process had its own SIGTERM handler before ray_cmf came
+        def handler(signum, frame):
+            Path(store, "handler-ran").write_text("yes")
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, handler)
+    from ray_cmf import Cmf
+    cmf = Cmf(pipeline_name="exit", store=store)
+    for i in range(ROWS):
+        cmf.log_metric("train", {"step": i, "loss": i * 0.5})
+    if how == "raise":
+        raise RuntimeError("training blew up")
+    if how != "normal":
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+).replace("ROWS", str(ROWS))
+
+
+def _run(store: Path, how: str, send: signal.Signals | None = None) -> subprocess.CompletedProcess[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(store), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if send is not None:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, send)
+    stdout, stderr = child.communicate(timeout=120)
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+
+def _recovered_steps(store: Path) -> list[int]:
+    [artifact] = recover(Store(store))
+    return pq.read_table(Store(store).resolve(properties(artifact)["url"])).column("step").to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("how", "send", "returncode"),
+    [
+        ("normal", None, 0),
+        ("raise", None, 1),
+        ("wait", signal.SIGTERM, -signal.SIGTERM),
+        ("wait", signal.SIGINT, -signal.SIGINT),  # KeyboardInterrupt, then Python re-raises the signal
+        ("chained-sigterm", signal.SIGTERM, 3),
+    ],
+    ids=["normal-exit", "uncaught-exception", "sigterm", "sigint", "sigterm-chained-to-the-previous-handler"],
+)
+def test_every_exit_path_keeps_every_logged_row(
+    tmp_path: Path, how: str, send: signal.Signals | None, returncode: int
+) -> None:
+    store = tmp_path / "store"
+    done = _run(store, how, send)
+    assert done.returncode == returncode, done.stderr[-3000:]
+    assert "Fatal Python error" not in done.stderr
+    assert _recovered_steps(store) == list(range(ROWS))
+    if how == "chained-sigterm":
+        assert (store / "handler-ran").read_text() == "yes"
+
+
+def test_close_with_fewer_rows_than_a_chunk_spills_them(tmp_path: Path) -> None:
+    from ray_cmf import MetricBuffer
+    from ray_cmf.buffer import read_segments
+
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=1000)
+    for step in range(7):
+        buffer.append({"step": step})
+    buffer.close()
+    assert sum(b.num_rows for b in read_segments(tmp_path / "spill")) == 7
