@@ -214,6 +214,8 @@ class Lineage:
     ) -> Execution:
         """Merge ``props`` into an execution's custom properties and optionally set its state."""
         [execution] = self.store.get_executions_by_id([execution_id])
+        if not props and state is None:
+            return execution  # nothing to change: no write
         _set(execution.custom_properties, props)
         if state is not None:
             execution.last_known_state = _STATES[state]

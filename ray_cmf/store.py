@@ -168,9 +168,12 @@ class Store:
         finished: FinishedFile,
         custom: Mapping[str, Any] | None = None,
     ) -> Artifact:
-        """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction)."""
+        """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction).
+
+        The DVC cache copy runs outside the MLMD lock: a large file does not stall other requests.
+        """
+        self.dvc.track(finished.path, finished.md5, finished.size)
         with self._lock:
-            self.dvc.track(finished.path, finished.md5, finished.size)
             url = self.url(finished.path)
             typed = {
                 "Commit": finished.md5,

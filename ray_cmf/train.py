@@ -72,8 +72,9 @@ class StepLogger:
         metrics_name: Name of the run's step series.
         pipeline_name, pipeline_stage: Where to record (ignored inside a Tune trial, whose pipeline and
             stage are used).
-        store: The store, a path on the driver's node; default: the store that the driver named
-            (``CmfRayLogger`` / ``CmfTrainCallback``), or ``$RAY_CMF_STORE`` / ``./cmf_store`` without Ray.
+        store: The store, a path on the driver's node; default: the store that the driver named last
+            (``CmfRayLogger`` / ``CmfTrainCallback`` / ``start_writer``), or ``$RAY_CMF_STORE`` /
+            ``./cmf_store`` without Ray.
         trial_id: The Tune trial that runs this TorchTrainer (pass it through ``train_loop_config``);
             the run's file is then linked to the trial's execution and context too.
         run_name: The Train run (default: Ray Train's experiment name).
@@ -126,9 +127,9 @@ class StepLogger:
         self._buffer: MetricBuffer | None = None
         self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
         if self.rank == 0:
-            self._writer = connect(_store_name(store))
-            self._run = self._bind(pipeline_name, pipeline_stage, _store_name(store))
-            run = self._run
+            named = _store_name(store)
+            self._writer = connect(named)
+            run = self._bind(pipeline_name, pipeline_stage, named)
             self._key = lambda: SeriesKey(run.result(), self.metrics_name)
             self._buffer = MetricBuffer(
                 sink=self._writer.sink(self._key), flush_rows=flush_rows, flush_seconds=flush_seconds

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from ray_cmf.errors import StoreError
@@ -100,7 +101,7 @@ class DvcRepo:
         obj = self.cache_path(md5)
         if not obj.exists():
             obj.parent.mkdir(parents=True, exist_ok=True)
-            tmp = obj.with_name(obj.name + ".tmp")
+            tmp = obj.with_name(f"{obj.name}.{uuid.uuid4().hex}.tmp")  # two writer threads may track one md5
             shutil.copyfile(path, tmp)
             os.chmod(tmp, 0o444)
             os.replace(tmp, obj)

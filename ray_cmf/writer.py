@@ -131,11 +131,10 @@ class StoreWriter:
 
     # -- stores and bindings -------------------------------------------------------------------------
     def configure(self, store: Store) -> Store:
-        """Name the default store (the driver does, once); returns the default in force."""
+        """Name the default store: the one the driver named last (for workers that name none)."""
         with self._lock:
-            if self._default is None:
-                self._default = store
-            return self._default
+            self._default = store
+            return store
 
     def _open(self, store: Store | None) -> Store:
         """The live Store for a reference (the default when None)."""
