@@ -5,8 +5,9 @@ every sealed chunk (``flush_rows``) travels to the driver's writer actor as an A
 appended to the store's spill. Reported: rows/s that reached the spill (counted from the spill files),
 and the writer process's peak RSS, sampled every 50 ms. Side by side, in alternating rounds: the same
 senders spilling to local files in their own processes (the single-machine design, which needs a shared
-filesystem on a cluster), and the same senders discarding their sealed chunks (the ceiling that the
-senders' own ``append`` calls leave on this machine).
+filesystem on a cluster), and the same senders discarding their sealed chunks (what the senders' own
+``append`` calls cost on this machine). The order of the three paths rotates from round to round, and
+each round's written pages are synced before the next starts.
 
 Commit rate: 100 series of 10 000 rows are in the writer's spill; 100 commit requests are sent at once
 (Parquet + DVC + one MLMD transaction each, SQLite MLMD). Side by side, the same 100 commits in-process
@@ -18,6 +19,8 @@ Run: ``.venv/bin/python benchmarks/bench_writer.py [--seconds 10 --senders 16]``
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -122,6 +125,8 @@ def ingest(writer: WriterClient, root: Path, senders: int, seconds: float, path:
         assert spilled_rows(spills) == logged
     for a in actors:
         ray.kill(a)
+    shutil.rmtree(spills, ignore_errors=True)
+    os.sync()  # the next round must not pay for writing back this round's pages
     print(f"  {tag}: {logged / 1e6:.2f}M rows in {elapsed:.1f} s, writer CPU {writer_cpu:.2f} s", flush=True)
     return logged / elapsed, peak[0]
 
@@ -173,7 +178,8 @@ def main() -> None:
     rates: dict[str, list[float]] = {path: [] for path in labels}
     peaks: list[int] = []
     for round_ in range(args.rounds):
-        for path in labels:
+        order = list(labels)[round_ % 3 :] + list(labels)[: round_ % 3]  # each path runs first, second and last
+        for path in order:
             rate, peak = ingest(writer, tmp, args.senders, args.seconds, path, f"{path}{round_}")
             rates[path].append(rate)
             if path == "writer":

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 from ray_cmf.errors import InvalidNameError
+
+_UNSAFE = re.compile(r"[/\\\x00]|\.\.|^\.$|^[A-Za-z]:")  # separators, NUL, "..", ".", a drive letter
 
 
 def check_name(what: str, name: object) -> str:
-    """Return ``name`` if it is safe as one path component, else raise InvalidNameError."""
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or ".." in name:
+    """Return ``name`` if it is safe as one path component inside the store, else raise InvalidNameError.
+
+    Refused: non-strings, the empty string, "." and anything with "..", a path separator, a NUL byte or
+    a leading drive letter, so no name can reach outside the store's directory.
+    """
+    if not isinstance(name, str) or not name or _UNSAFE.search(name):
         raise InvalidNameError(what, name)
     return name

@@ -20,7 +20,7 @@ class Finding:
 
     url: str
     md5: str
-    status: str  # ok | missing | modified | dvc-mismatch | cache-missing
+    status: str  # ok | missing | modified | dvc-mismatch | cache-missing | symlink-out
 
     @property
     def ok(self) -> bool:
@@ -45,7 +45,9 @@ def audit(store: Store) -> Iterator[Finding]:
             props = properties(artifact)
             url, md5 = str(props.get("url", artifact.uri)), str(props.get("Commit", ""))
             path = store.resolve(url)
-            if md5.endswith(".dir") or not path.is_relative_to(store.root):
+            if store.escapes(path):
+                status = "symlink-out"  # never followed out of the store
+            elif md5.endswith(".dir") or not path.is_relative_to(store.root):
                 status = "ok" if path.exists() else "missing"  # outside the store: existence only
             elif not path.is_file():
                 status = "missing"

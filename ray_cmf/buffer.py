@@ -47,13 +47,14 @@ from ray_cmf.constants import (
     SPILL_MANIFEST,
     SUMMARY_KEY,
 )
-from ray_cmf.errors import InvalidValueError, RayCmfError, SchemaError
+from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, RayCmfError, SchemaError
 
 log = logging.getLogger(__name__)
 
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_EXACT_FLOAT_INT = 2**53  # float64 holds every integer up to here, and not all beyond
 
 # kind -> (python type on the fast path, array typecode or None for a list, placeholder, arrow type)
 _KINDS: dict[str, tuple[type, str | None, Any, pa.DataType]] = {
@@ -132,16 +133,18 @@ def _classify(key: str, value: Any) -> tuple[str, Any]:
     if isinstance(value, bool | np.bool_):
         return "bool", bool(value)
     if isinstance(value, numbers.Integral):
-        as_int = int(value)
-        if _INT64_MIN <= as_int <= _INT64_MAX:
-            return "int", as_int
-        return "float", float(as_int)
+        return "int", int(value)
     if isinstance(value, numbers.Real):
         return "float", float(value)
     if isinstance(value, str):
         return "str", value
     hint = "Call .item() on a tensor, or use ray_cmf.metrics for device tensors." if hasattr(value, "item") else ""
     raise InvalidValueError(key, value, hint)
+
+
+def _magnitude(values: np.ndarray) -> int:
+    """The largest absolute value of an int64 array, as a Python int (no overflow at -2**63)."""
+    return max(abs(int(values.min())), abs(int(values.max()))) if len(values) else 0
 
 
 def _chunk_to_batch(columns: dict[str, _Column], first_row: int, n: int) -> pa.RecordBatch:
@@ -432,6 +435,9 @@ class MetricBuffer:
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self._kinds: dict[str, str] = {}
+        self._sealed_ints: dict[str, int] = {}  # per int column: the largest magnitude in sealed chunks
+        self._row_keys: list[tuple[int, str]] = []  # (row, key) of the columns that recent rows added
+        self._skipped = 0  # keys of the current row that stored nothing
         self._columns: dict[str, _Column] = {}
         self._n = 0  # rows in the current chunk
         self._first_row = 1 + (self._sink.rows if isinstance(self._sink, Spill) else 0)
@@ -463,10 +469,17 @@ class MetricBuffer:
                     column.values.append(value)
                 else:
                     self._append_slow(key, value, n)
-        except BaseException:
+        except BaseException as exc:
+            self._skipped = 0
             self._rollback(n)
+            if isinstance(exc, OverflowError):  # an int beyond int64 into an int column, on the fast path
+                key = next(k for k, v in row.items() if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX)
+                raise PrecisionError(key, self._first_row + n, row[key], "does not fit in int64") from exc
             raise
-        if len(row) != len(columns):
+        skipped = self._skipped  # None under a key with no column yet: stored nowhere
+        if skipped:
+            self._skipped = 0
+        if len(row) - skipped != len(columns):
             for column in columns.values():
                 if len(column.values) == n:
                     column.append_null(n)
@@ -483,22 +496,47 @@ class MetricBuffer:
         if value is None:
             if column is not None:
                 column.append_null(n)
+            else:
+                self._skipped += 1
             return
         kind, value = _classify(key, value)
-        known = self._kinds.setdefault(key, kind)
+        row = self._first_row + n
+        if kind == "int" and not _INT64_MIN <= value <= _INT64_MAX:
+            raise PrecisionError(key, row, value, "does not fit in int64")
+        known = self._kinds.get(key)
+        if known is None:
+            if key == SEQUENCE_COLUMN:
+                raise InvalidNameError("metric name", key, "ray_cmf numbers the rows in that column itself")
+            self._row_keys.append((row, key))  # a column this row adds: a rejected row takes it back
+            known = kind
         if known != kind:
             if {known, kind} != {"int", "float"}:
-                raise SchemaError(key, self._first_row + n, known, kind)
-            self._kinds[key] = known = "float"
-            value = float(value)
+                raise SchemaError(key, row, known, kind)
+            ints = value if kind == "int" else self._int_extent(key)
+            if abs(ints) > _EXACT_FLOAT_INT:
+                raise PrecisionError(key, row, ints, "is an int beyond 2**53 in a column that also holds floats")
+            known, value = "float", float(value)
+        self._kinds[key] = known
         if column is None:
             column = self._columns[key] = _Column(known, n)
         elif column.kind != known:
             column.widen_to_float()
         column.values.append(value)
 
+    def _int_extent(self, key: str) -> int:
+        """The largest magnitude of the ints logged under ``key`` so far (sealed chunks and this one)."""
+        column = self._columns.get(key)
+        current = _magnitude(np.frombuffer(column.values, dtype=np.int64)) if column is not None else 0
+        return max(self._sealed_ints.get(key, 0), current)
+
     def _rollback(self, n: int) -> None:
         """Drop the partial row at chunk index ``n`` so a rejected row leaves no trace."""
+        row = self._first_row + n
+        for added, key in self._row_keys:
+            if added == row:
+                self._kinds.pop(key, None)
+                self._columns.pop(key, None)
+        self._row_keys.clear()
         for column in self._columns.values():
             del column.values[n:]
             while column.nulls and column.nulls[-1] >= n:
@@ -510,8 +548,13 @@ class MetricBuffer:
             if self._spiller is None:
                 self._spiller = _SpillThread(self._sink, str(id(self)))
                 self._spiller.start()
+            for key, column in self._columns.items():
+                if column.kind == "int":  # what a later int -> float widening must check
+                    extent = _magnitude(np.frombuffer(column.values, dtype=np.int64))
+                    self._sealed_ints[key] = max(self._sealed_ints.get(key, 0), extent)
             self._spiller.queue.put((self._columns, self._first_row, self._n))
             self._columns = {}
+            self._row_keys.clear()
             self._first_row += self._n
             self._n = 0
         self._last_spill = time.monotonic()

@@ -33,6 +33,7 @@ from ray_cmf.writer import Binding, SeriesKey, StoreWriter, WriterClient
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -215,11 +216,16 @@ class Cmf:
             return None
 
     def read_metrics(self, metrics_name: str, commit: str | None = None) -> pd.DataFrame:
-        """The latest committed version of a series (or the one with md5 ``commit``), indexed by SequenceNumber."""
+        """The latest committed version of a series (or the one with md5 ``commit``), indexed by SequenceNumber.
+
+        Values come back exactly as logged: a column without nulls has its NumPy dtype; one with nulls
+        (a key missing from some rows, or None) is Arrow-backed (``pd.ArrowDtype``), so its ints stay
+        ints and a null stays distinct from a NaN.
+        """
         table = self._writer.call(
             StoreWriter.read, store=self.store, pipeline=self.pipeline_name, metrics_name=metrics_name, commit=commit
         )
-        return table.to_pandas().set_index(SEQUENCE_COLUMN)
+        return exact_frame(table).set_index(SEQUENCE_COLUMN)
 
     def log_execution_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
         """Record execution-level metrics (e.g. final accuracy) as a Metrics artifact."""
@@ -284,3 +290,15 @@ class Cmf:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def exact_frame(table: pa.Table) -> pd.DataFrame:
+    """A table as pandas without losing a value: columns with nulls become Arrow-backed."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            name: column.to_pandas(types_mapper=pd.ArrowDtype) if column.null_count else column.to_pandas()
+            for name, column in zip(table.column_names, table.columns, strict=True)
+        }
+    )

@@ -134,11 +134,11 @@ class Sweep:
             for execution, stage in self.executions():
                 if execution.id in latest:
                     props = properties(latest[execution.id])
-                    self._files.append(
-                        TrialFile(
-                            _trial_id(execution), execution, stage, self.store.resolve(props["url"]), props["Commit"]
-                        )
-                    )
+                    path = self.store.resolve(props["url"])
+                    if self.store.escapes(path):
+                        log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
+                        continue
+                    self._files.append(TrialFile(_trial_id(execution), execution, stage, path, props["Commit"]))
         return self._files
 
     # -- frames --------------------------------------------------------------------------------------

@@ -12,8 +12,13 @@ class RayCmfError(Exception):
 class InvalidNameError(RayCmfError, ValueError):
     """A metrics, pipeline, stage or column name that cannot be used as a path component."""
 
-    def __init__(self, what: str, name: Any) -> None:
-        super().__init__(f"Invalid {what} {name!r}: names must be non-empty strings without '/', '\\' or '..'.")
+    def __init__(
+        self,
+        what: str,
+        name: Any,
+        why: str = "names must be non-empty strings without '/', '\\', '..', NUL or a drive letter, and not '.'",
+    ) -> None:
+        super().__init__(f"Invalid {what} {name!r}: {why}.")
         self.what = what
         self.name = name
 
@@ -42,6 +47,19 @@ class SchemaError(RayCmfError, ValueError):
         self.row = row
         self.old = old
         self.new = new
+
+
+class PrecisionError(RayCmfError, ValueError):
+    """A number that its column cannot hold exactly (an int beyond int64, or beyond 2**53 among floats)."""
+
+    def __init__(self, key: str, row: int, value: Any, why: str) -> None:
+        super().__init__(
+            f"Metric {key!r} at row {row}: {value!r} {why}, so it would not come back exactly. "
+            "Log float(value) yourself, or log it under another name."
+        )
+        self.key = key
+        self.row = row
+        self.value = value
 
 
 class StoreError(RayCmfError):

@@ -114,7 +114,8 @@ class Store:
     # -- paths ---------------------------------------------------------------------------------------
     def artifact_dir(self, pipeline: str, stage: str, run: str) -> Path:
         """``artifacts/<pipeline>/<stage>/<run>``: where one execution's files live."""
-        return self.root / ARTIFACTS_DIR / check_name("pipeline", pipeline) / check_name("stage", stage) / run
+        names = (check_name("pipeline", pipeline), check_name("stage", stage), check_name("execution name", run))
+        return self.root.joinpath(ARTIFACTS_DIR, *names)
 
     def series_path(self, pipeline: str, stage: str, run: str, metrics_name: str) -> Path:
         """Where a series' next version goes; ``{md5}`` becomes the content hash when it is written."""
@@ -134,6 +135,10 @@ class Store:
         path = Path(url)
         return path if path.is_absolute() else self.root / path
 
+    def escapes(self, path: Path) -> bool:
+        """Whether a path that names a place in the store really leads out of it (through a symlink)."""
+        return path.is_relative_to(self.root) and not path.resolve().is_relative_to(self.root.resolve())
+
     # -- writes (the single writer) ------------------------------------------------------------------
     def pipeline(self, name: str, props: Mapping[str, Any] | None = None) -> Context:
         """Get or create the pipeline context ``name``."""
@@ -150,6 +155,7 @@ class Store:
         self, pipeline: str, stage: str, type_name: str, name: str, props: Mapping[str, Any] | None = None
     ) -> Execution:
         """Get (on restore) or create the execution ``name`` in the stage context."""
+        check_name("execution name", name)
         with self._lock:
             ctx = self.stage(pipeline, stage)
             return self.lineage.execution(ctx, check_name("execution type", type_name), name, props)

@@ -154,6 +154,20 @@ def test_error_paths_commit_what_exists_and_mark_failed(sweep: dict[str, Any]) -
     assert math.isnan(properties(early)["best_loss"])
 
 
+def test_a_series_the_trainable_never_committed_is_committed_when_its_trial_ends(sweep: dict[str, Any]) -> None:
+    """The failing trial logged 4 x 5 "fine" rows and raised before commit_metrics: no row is lost.
+
+    Its process hands the rows to the writer as it exits (after Tune has ended the trial), and the
+    writer commits them on arrival, so the artifact may appear shortly after ``fit()`` returns.
+    """
+    deadline = time.monotonic() + 60
+    while "fine" not in (arts := _artifacts(sweep, sweep["by_lr"][FAIL_LATE])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    fine = _frame(sweep, arts["fine"])
+    assert fine["it"].tolist() == [it for it in range(4) for _ in range(5)]
+    assert properties(arts["fine"])["at_end"] is True
+
+
 def test_odd_result_values_are_handled_as_documented(sweep: dict[str, Any]) -> None:
     results = _frame(sweep, _artifacts(sweep, sweep["by_lr"][0.1])["tune_results"])
     assert "note" not in results.columns and "config/lr" not in results.columns  # strings, config dropped

@@ -1,0 +1,119 @@
+"""Property-based round trip: log_metric -> commit_metrics -> read_metrics gives back every value exactly.
+
+Names are unicode, long or reserved; values are ints near the int64 bounds (and beyond), floats with NaN,
+infinities, -0.0 and subnormals, bools and None; column sets change from row to row and commits are
+interleaved with logging. A row is either kept exactly (floats bit for bit) or refused with a clear
+error that names its key, and a refused row leaves no trace.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import struct
+import tempfile
+from typing import Any
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ray_cmf import Cmf, InvalidNameError, InvalidValueError, PrecisionError, SchemaError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+REFUSALS = (InvalidNameError, InvalidValueError, PrecisionError, SchemaError)
+
+names = st.one_of(
+    st.text(min_size=1, max_size=40),
+    st.text(min_size=200, max_size=300),
+    st.sampled_from(["SequenceNumber", "step", "None", "null", "index", "attempt", "__index_level_0__", "é ü 字"]),
+)
+ints = st.one_of(
+    st.integers(INT64_MIN, INT64_MAX),
+    st.sampled_from([INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1, 2**53, 2**53 + 1, -(2**53) - 1, 0]),
+    st.sampled_from([INT64_MAX + 1, INT64_MIN - 1, 2**100]),  # beyond int64: refused
+)
+floats = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
+    st.sampled_from([math.nan, -math.nan, math.inf, -math.inf, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308]),
+)
+values = st.one_of(ints, floats, st.booleans(), st.none())
+
+
+def _bits(value: float) -> bytes:
+    return struct.pack("<d", value)
+
+
+def _same(logged: Any, read: Any) -> bool:
+    if logged is None or read is None:
+        return logged is None and read is None
+    if isinstance(logged, float) or isinstance(read, float):
+        return isinstance(read, float) and _bits(float(logged)) == _bits(read)
+    return type(logged) is type(read) and logged == read
+
+
+def _column(frame: pd.DataFrame, name: str, rows: int) -> list[Any]:
+    if name not in frame.columns:
+        return [None] * rows  # a key that only ever held None has no column
+    series = frame[name]
+    if isinstance(series.dtype, pd.ArrowDtype):
+        return series.array.__arrow_array__().to_pylist()
+    return series.tolist()
+
+
+def _expected(kept: list[dict[str, Any]], name: str) -> list[Any]:
+    column = [row.get(name) for row in kept]
+    if any(isinstance(v, float) for v in column):  # ints that shared a column with floats widened to float
+        column = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in column]
+    return column
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.dictionaries(st.sampled_from(["a", "b", "c"]) | names, values, max_size=4), max_size=30),
+    commit_after=st.sets(st.integers(0, 30), max_size=3),
+)
+def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, Any]], commit_after: set[int]) -> None:
+    store = tempfile.mkdtemp()
+    try:
+        cmf = Cmf(pipeline_name="prop", store=store, flush_rows=7)  # several chunks: widening across chunks
+        kept: list[dict[str, Any]] = []
+        versions: list[tuple[str, int]] = []
+        for index, row in enumerate(rows):
+            try:
+                cmf.log_metric("series", row)
+                kept.append(row)
+            except REFUSALS as exc:
+                assert any(repr(key) in str(exc) or str(key) in str(exc) for key in row), exc
+            if index in commit_after and kept:
+                artifact = cmf.commit_metrics("series")
+                versions.append((artifact.properties["Commit"].string_value, len(kept)))
+        if not kept:
+            return
+        assert cmf.commit_metrics("series") is not None
+        frame = cmf.read_metrics("series")
+        assert frame.index.tolist() == list(range(1, len(kept) + 1))
+        for name in {key for row in kept for key in row}:
+            expected, read = _expected(kept, name), _column(frame, name, len(kept))
+            assert all(_same(e, r) for e, r in zip(expected, read, strict=True)), (name, expected, read)
+        for md5, count in versions:  # every earlier version still reads back as the prefix it held
+            assert len(cmf.read_metrics("series", commit=md5)) == count
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def test_refused_row_leaves_no_trace(tmp_path: Any) -> None:
+    cmf = Cmf(pipeline_name="prop", store=tmp_path / "store")
+    cmf.log_metric("s", {"x": 1})
+    with pytest.raises(PrecisionError, match="'big'.*does not fit in int64"):
+        cmf.log_metric("s", {"new": 2.5, "big": 2**64})  # "new" is taken back with the row
+    cmf.log_metric("s", {"new": "text"})  # so "new" may still become a str column
+    with pytest.raises(InvalidNameError, match="SequenceNumber"):
+        cmf.log_metric("s", {"SequenceNumber": 3})
+    cmf.log_metric("s", {"x": 2**60})
+    with pytest.raises(PrecisionError, match="beyond 2\\*\\*53"):
+        cmf.log_metric("s", {"x": 0.5})  # widening x to float would round 2**60
+    cmf.commit_metrics("s")
+    frame = cmf.read_metrics("s")
+    assert _column(frame, "x", 3) == [1, None, 2**60] and _column(frame, "new", 3) == [None, "text", None]

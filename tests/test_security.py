@@ -1,0 +1,67 @@
+"""Nothing leaves the store: names that could escape it are refused, and symlinks out of it are not followed."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from ray_cmf import Cmf, InvalidNameError, Store
+from ray_cmf.audit import audit
+from ray_cmf.cli import main
+from ray_cmf.lineage import properties
+
+ESCAPES = ["/etc/passwd", "..", "../outside", "a/b", "a\\b", "nul\x00byte", "C:evil", ".", ""]
+
+
+@pytest.mark.parametrize("bad", ESCAPES, ids=repr)
+def test_names_that_could_leave_the_store_are_refused(tmp_path: Path, bad: str) -> None:
+    store = tmp_path / "store"
+    with pytest.raises(InvalidNameError):
+        Cmf(pipeline_name=bad, store=store)
+    cmf = Cmf(pipeline_name="p", store=store)
+    with pytest.raises(InvalidNameError):
+        cmf.create_context(bad)
+    with pytest.raises(InvalidNameError):
+        cmf.log_metric(bad, {"x": 1})
+    cmf.create_context("stage")
+    with pytest.raises(InvalidNameError):
+        cmf.create_execution("Train", execution_name=bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]  # nothing was created beside the store
+
+
+def _committed(tmp_path: Path) -> tuple[Store, Path]:
+    cmf = Cmf(pipeline_name="p", store=tmp_path / "store")
+    cmf.create_execution("Train")
+    cmf.log_metric("train", {"step": 1})
+    artifact = cmf.commit_metrics("train")
+    return cmf.store, cmf.store.resolve(properties(artifact)["url"])
+
+
+def test_verify_and_compare_do_not_follow_a_symlink_out_of_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, path = _committed(tmp_path)
+    outside = tmp_path / "outside.parquet"
+    outside.write_bytes(path.read_bytes())  # the same bytes: only the link itself is wrong
+    path.unlink()
+    path.symlink_to(outside)
+    assert [f.status for f in audit(store)] == ["symlink-out"]
+    assert main(["verify", "--store", str(store.root), "--json"]) == 1
+    assert "symlink-out" in capsys.readouterr().out
+
+    from ray_cmf.compare import Sweep
+
+    assert Sweep(store, pipeline="p", metrics_name="train").files() == []
+
+
+def test_store_files_follow_the_umask_and_none_is_world_writable(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        store, _ = _committed(tmp_path)
+    finally:
+        os.umask(old)
+    for path in [store.root, *store.root.rglob("*")]:
+        assert not path.lstat().st_mode & stat.S_IWOTH, path
