@@ -310,3 +310,11 @@ def test_killed_worker_node_loses_at_most_one_flush_interval(hidden: Path, tmp_p
     assert sealed >= sent
     assert rows == list(range(1, len(rows) + 1))
     assert len(rows) >= sealed - 50  # at most one flush interval in flight is lost, plus the unsealed rows
+
+
+def test_writer_ends_with_its_job_and_a_trial_without_one_says_what_to_add(
+    cluster: TwoNodeCluster, hidden: Path, tmp_path: Path
+) -> None:
+    out = _driver(cluster, NO_WRITER_DRIVER, hidden, tmp_path)
+    assert out["left"] == []  # the earlier tests' jobs ended, and their writers with them
+    assert "No ray_cmf writer runs in this Ray job" in out["error"] and "CmfRayLogger" in out["error"]
