@@ -29,10 +29,10 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,7 @@ from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, 
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -224,17 +225,28 @@ class Spill:
     def flush(self) -> None:
         """Nothing to wait for: each batch is flushed to the OS as it is written."""
 
-    def finish(self, dest: str | os.PathLike[str]) -> FinishedFile:
-        """Write every row (the previous version's included) to ``dest`` atomically and empty the spill."""
+    def finish(self, dest: str | os.PathLike[str], accept: Callable[[FinishedFile], T]) -> T:
+        """Write every row (the previous version's included) to ``dest`` atomically, hand the file to
+        ``accept`` (which registers it), and only then empty the spill; returns what ``accept`` returns.
+
+        If ``accept`` raises, the new file is removed and the spill stays whole, for a retry or for
+        :func:`ray_cmf.recover`: a file is never left behind that no one has recorded.
+        """
         self._close_segment()
         batches: list[pa.RecordBatch] = []
         if self.base is not None:
             batches.extend(pq.ParquetFile(self.base).iter_batches(batch_size=1 << 20))
         batches.extend(read_segments(self.directory))
         finished = write_parquet(batches, Path(dest))
+        try:
+            accepted = accept(finished)
+        except BaseException:
+            if finished.path != self.base:  # unchanged since the last version: that file is the base
+                finished.path.unlink(missing_ok=True)
+            raise
         discard_spill(self.directory)
         self.base, self._count, self._manifest_written, self.pending = finished.path, 0, False, 0
-        return finished
+        return accepted
 
     def close(self) -> None:
         """Close the open segment; what was written stays on disk for recovery."""
@@ -583,7 +595,7 @@ class MetricBuffer:
         if not isinstance(self._sink, Spill):
             raise RayCmfError(f"This buffer sends its rows to {self._sink}; commit them there, not with finish()")
         self.flush()
-        return self._sink.finish(dest)
+        return self._sink.finish(dest, lambda finished: finished)
 
     def close(self) -> None:
         """Hand every row to the sink and stop the spill thread; spilled rows stay for recovery. Idempotent."""

@@ -192,8 +192,8 @@ class Cmf:
         """Write the series to a versioned Parquet file, DVC-track it and record a Step_Metrics artifact.
 
         Committing the same name again creates a new version holding every row logged so far. A store
-        failure is a warning, not an error (the rows stay spilled for :func:`ray_cmf.recover`), and
-        then None is returned.
+        failure is a warning, not an error (the rows are kept for a later commit or
+        :func:`ray_cmf.recover`), and then None is returned.
 
         Raises:
             MetricsNotFoundError: Nothing was logged under ``metrics_name``.
@@ -209,7 +209,8 @@ class Cmf:
             return self._writer.call(StoreWriter.commit, key=self._keys[metrics_name], custom=custom_properties)
         except Exception as exc:  # logging never kills training
             log.warning(
-                "ray_cmf: could not commit %r (%s); its rows stay spilled, and `ray-cmf recover` commits them",
+                "ray_cmf: could not commit %r (%s). Its rows are kept, spilled or in memory: commit again once "
+                "the store is fixed, or run `ray-cmf recover` after this process ends",
                 metrics_name,
                 exc,
             )

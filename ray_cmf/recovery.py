@@ -47,8 +47,12 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
         if not spill.pending:
             discard_spill(spill.directory)
             continue
-        finished = spill.finish(manifest.dest)
-        artifact = store.commit_metrics(manifest.execution_id, manifest.metrics_name, finished, {"recovered": True})
-        log.warning("ray_cmf.recover: committed %d rows of %r from %s", finished.rows, manifest.metrics_name, spill)
+        artifact = spill.finish(
+            manifest.dest,
+            lambda finished: store.commit_metrics(
+                manifest.execution_id, manifest.metrics_name, finished, {"recovered": True}
+            ),
+        )
+        log.warning("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
         recovered.append(artifact)
     return recovered

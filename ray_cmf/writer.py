@@ -258,7 +258,7 @@ class StoreWriter:
         with self._lock:
             late = (live, key.binding.execution_id) in self._ended
         if late:
-            self._commit_dangling(live, key.binding.execution_id, key.spill_name, series)
+            self._commit_dangling(live, key.spill_name, series)
 
     def commit(
         self,
@@ -275,15 +275,11 @@ class StoreWriter:
         Returns None when the series has no rows.
         """
         series = self._series_of(key)
-        with series.lock:
-            finished = series.spill.finish(series.dest) if series.spill.rows else None
         live = self._open(key.binding.store)
-        artifact = None
-        if finished is not None:
-            artifact = live.commit_metrics(key.binding.execution_id, key.metrics_name, finished, custom)
-            trial = self.binding(kind="trial", name=link_trial) if link_trial is not None else None
-            if trial is not None:
-                live.link_output(trial.execution_id, artifact.id)
+        artifact = self._commit_series(live, series, custom, every=True)
+        trial = self.binding(kind="trial", name=link_trial) if link_trial is not None else None
+        if artifact is not None and trial is not None:
+            live.link_output(trial.execution_id, artifact.id)
         if props or state:
             live.update_execution(key.binding.execution_id, props, state)
         return artifact
@@ -305,19 +301,33 @@ class StoreWriter:
                 if store == live and s.spill.manifest and s.spill.manifest.execution_id == binding.execution_id
             ]
         for spill_name, series in dangling:
-            self._commit_dangling(live, binding.execution_id, spill_name, series)
+            self._commit_dangling(live, spill_name, series)
         if props or state:
             live.update_execution(binding.execution_id, props, state)
 
-    def _commit_dangling(self, live: Store, execution_id: int, spill_name: str, series: _Series) -> None:
-        """Commit a series' uncommitted rows on its logger's behalf (marked ``at_end``)."""
+    def _commit_dangling(self, live: Store, spill_name: str, series: _Series) -> None:
+        """Commit rows that a series' logger never committed (marked ``at_end``)."""
+        artifact = self._commit_series(live, series, {"at_end": True}, every=False)
+        if artifact is not None:
+            log.warning("ray_cmf: committed the rows of %s that their logger never committed", spill_name)
+
+    @staticmethod
+    def _commit_series(live: Store, series: _Series, custom: Mapping[str, Any] | None, every: bool) -> Artifact | None:
+        """Write the series' next version and register it; the spill is emptied only once MLMD has it.
+
+        ``every``: commit whenever the series has rows (a caller's commit makes a version each time);
+        otherwise only when rows arrived since the last version. The series' lock is held throughout, so
+        no chunk lands between the file and its registration.
+        """
+        manifest = series.spill.manifest
+        assert manifest is not None
         with series.lock:
-            if not series.spill.pending:
-                return
-            finished = series.spill.finish(series.dest)
-        assert series.spill.manifest is not None
-        live.commit_metrics(execution_id, series.spill.manifest.metrics_name, finished, {"at_end": True})
-        log.warning("ray_cmf: committed %d rows of %s that their logger never committed", finished.rows, spill_name)
+            if not (series.spill.rows if every else series.spill.pending):
+                return None
+            return series.spill.finish(
+                series.dest,
+                lambda finished: live.commit_metrics(manifest.execution_id, manifest.metrics_name, finished, custom),
+            )
 
     def pid(self) -> int:
         """The writer's process id (to watch its memory)."""
