@@ -6,6 +6,7 @@ ENV_STORE = "RAY_CMF_STORE"
 DEFAULT_STORE = "cmf_store"
 
 MLMD_FILE = "mlmd.sqlite"
+STORE_CONFIG = "ray_cmf.json"  # where the store's MLMD is, when it is not MLMD_FILE in the store
 ARTIFACTS_DIR = "artifacts"
 SPILL_DIR = "spill"
 SPILL_MANIFEST = "manifest.json"

@@ -247,6 +247,8 @@ class Lineage:
         execution = self.get_execution(execution_id)
         contexts = self.contexts_of(execution_id)
         artifact = self.store.get_artifact_by_type_and_name(type_name, name)
+        if artifact is not None and self._has_event(execution_id, artifact.id, event):
+            return artifact  # the same content committed again by the same execution: already recorded
         if artifact is None:  # the same content logged again (e.g. one dataset, many trials) is linked, not copied
             artifact = mlpb.Artifact(type_id=type_id, name=name, uri=uri, state=mlpb.Artifact.LIVE)
             _set(artifact.properties, typed)
@@ -260,6 +262,8 @@ class Lineage:
     def link(self, execution_id: int, artifact_id: int, event: str) -> None:
         """Add an event between an existing execution and artifact (one transaction), attributing the
         artifact to the execution's contexts too."""
+        if self._has_event(execution_id, artifact_id, event):
+            return
         execution = self.get_execution(execution_id)
         [artifact] = self.store.get_artifacts_by_id([artifact_id])
         self.store.put_execution(
@@ -267,6 +271,13 @@ class Lineage:
             [(artifact, mlpb.Event(type=_EVENTS[event]))],
             self.contexts_of(execution_id),
             reuse_context_if_already_exist=True,
+        )
+
+    def _has_event(self, execution_id: int, artifact_id: int, event: str) -> bool:
+        """Whether the execution already has this event with the artifact (MLMD refuses a second one)."""
+        return any(
+            e.execution_id == execution_id and e.type == _EVENTS[event]
+            for e in self.store.get_events_by_artifact_ids([artifact_id])
         )
 
     def artifacts(self, contexts: Iterable[Context], type_name: str) -> list[Artifact]:

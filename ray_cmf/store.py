@@ -8,12 +8,14 @@ requests to the writer: nothing is opened until a method needs it.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ray_cmf._names import check_name
 from ray_cmf.buffer import FinishedFile
@@ -25,6 +27,7 @@ from ray_cmf.constants import (
     MLMD_FILE,
     SPILL_DIR,
     STEP_METRICS_TYPE,
+    STORE_CONFIG,
 )
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, properties
@@ -34,6 +37,21 @@ from ray_cmf.versioning import DvcRepo, tree_md5
 def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
     """The store directory: the argument, else ``$RAY_CMF_STORE``, else ``./cmf_store``."""
     return Path(root if root is not None else os.environ.get(ENV_STORE, DEFAULT_STORE)).absolute()
+
+
+def _location(mlmd: str | os.PathLike[str]) -> str:
+    """An MLMD location as the writer must see it: a URL as given, a SQLite path made absolute."""
+    text = os.fspath(mlmd)
+    return text if "://" in text else str(Path(text).absolute())
+
+
+def _without_password(location: str) -> str:
+    """A location fit to write to disk: a URL's password removed."""
+    url = urlsplit(location)
+    if not url.password:
+        return location
+    netloc = f"{url.username}@{url.hostname}" + (f":{url.port}" if url.port else "")
+    return urlunsplit(url._replace(netloc=netloc))
 
 
 class Store:
@@ -59,7 +77,7 @@ class Store:
         scm: bool = False,
     ) -> None:
         self.root = resolve_root(root)
-        self.mlmd = os.fspath(mlmd) if mlmd is not None else str(self.root / MLMD_FILE)
+        self.mlmd = _location(mlmd) if mlmd is not None else self._configured_mlmd()
         self.scm = scm
         self._lineage: Lineage | None = None
         self._dvc: DvcRepo | None = None
@@ -81,6 +99,24 @@ class Store:
     def __hash__(self) -> int:
         return hash((self.root, self.mlmd))
 
+    # -- the store's config file ----------------------------------------------------------------------
+    def _configured_mlmd(self) -> str:
+        """Where the store's config file says its MLMD is (cmflib's ``filepath``), else ``<root>/mlmd.sqlite``."""
+        config = self.root / STORE_CONFIG
+        if config.is_file():
+            return str(json.loads(config.read_text())["mlmd"])
+        return str(self.root / MLMD_FILE)
+
+    def _record_config(self) -> None:
+        """Record an MLMD kept outside the store in its config file (never a password), so every tool finds
+        it from the store directory alone."""
+        if self.mlmd == str(self.root / MLMD_FILE):
+            return
+        recorded = _without_password(self.mlmd)
+        config = self.root / STORE_CONFIG
+        if not config.is_file() or json.loads(config.read_text()).get("mlmd") != recorded:
+            config.write_text(json.dumps({"mlmd": recorded}, indent=2) + "\n")
+
     # -- lazily opened parts -------------------------------------------------------------------------
     def _ensure_root(self) -> None:
         if self.root.exists() and not self.root.is_dir():
@@ -90,6 +126,7 @@ class Store:
             probe = self.root / f".write-probe-{uuid.uuid4().hex}"
             probe.touch()
             probe.unlink()
+            self._record_config()
         except OSError as exc:
             raise StoreError(f"Store directory {self.root} is not writable: {exc}") from exc
 

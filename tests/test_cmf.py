@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,40 @@ def test_store_is_picklable_before_and_after_use(store: Store) -> None:
     store.pipeline("p")
     clone = pickle.loads(pickle.dumps(store))
     assert clone.root == store.root and clone.pipeline("p").name == "p"
+
+
+def test_a_store_records_an_mlmd_kept_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cmflib's ``Cmf(filepath="mlmd")``: the CLI and recover find that MLMD from the store directory alone."""
+    from ray_cmf import recover
+    from ray_cmf.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cmf = Cmf(filepath="mlmd", pipeline_name="p")  # MLMD at ./mlmd, the store at ./cmf_store
+    cmf.log_metric("m", {"x": 1})
+    cmf.commit_metrics("m")
+    cmf.log_metric("m", {"x": 2})
+    cmf.metrics["m"].flush()  # spilled, not committed
+    assert Store("cmf_store").mlmd == str(tmp_path / "mlmd")
+    capsys.readouterr()
+    assert main(["pipelines", "--store", "cmf_store", "--json"]) == 0
+    assert [row["pipeline"] for row in json.loads(capsys.readouterr().out)] == ["p"]
+    [artifact] = recover(Store("cmf_store"), force=True)  # its execution is found in ./mlmd
+    assert properties(artifact)["rows"] == 2
+
+
+def test_a_password_in_an_mlmd_url_is_never_written(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store", mlmd="mysql://user:s3cret@127.0.0.1:3306/mlmd")
+    store._ensure_root()
+    recorded = (tmp_path / "store" / "ray_cmf.json").read_text()
+    assert "s3cret" not in recorded and "mysql://user@127.0.0.1:3306/mlmd" in recorded
+
+
+def test_committing_again_without_new_rows_records_the_same_version(store_dir: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    cmf.log_metric("m", {"x": 1})
+    cmf.commit_metrics("m")
+    second = cmf.commit_metrics("m")  # rebuilt from the first version: new row groups, new bytes
+    third = cmf.commit_metrics("m")  # the same bytes as the second: MLMD already has its output event
+    assert second is not None and third is not None and third.id == second.id
