@@ -176,7 +176,12 @@ class StoreWriter:
 
     # -- metadata (the Cmf facade) -------------------------------------------------------------------
     def context(
-        self, *, pipeline: str, stage: str | None = None, props: Mapping[str, Any] | None = None, store: Store | None
+        self,
+        *,
+        pipeline: str,
+        stage: str | None = None,
+        props: Mapping[str, Any] | None = None,
+        store: Store | None = None,
     ) -> Context:
         """Get or create the pipeline context, or the stage context under it."""
         live = self._open(store)
