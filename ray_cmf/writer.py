@@ -372,11 +372,11 @@ class WriterClient:
 
     def __init__(self, target: Any) -> None:
         self._target = target
-        self.local = isinstance(target, StoreWriter)
+        self._local = isinstance(target, StoreWriter)
 
     def send(self, request: Callable[..., T], **kwargs: Any) -> Reply:
         """Start a request without waiting; it never raises here (see :meth:`Reply.result`)."""
-        if self.local:
+        if self._local:
             try:
                 return Reply(value=request(self._target, **kwargs))
             except Exception as exc:
@@ -424,8 +424,8 @@ class WriterSink:
         first_row = batch.column(0)[0].as_py()
         self._retry()
         self._send(first_row, batch, batch.nbytes)
-        while self._inflight_bytes > MAX_INFLIGHT_BYTES:
-            self._settle_oldest()
+        while self._inflight and (self._inflight_bytes > MAX_INFLIGHT_BYTES or self._inflight[0][0].done()):
+            self._settle_oldest()  # wait while too much is in flight; drop what the writer has taken
 
     def _send(self, first_row: int, batch: pa.RecordBatch, nbytes: int) -> None:
         reply = self.client.send(
