@@ -289,6 +289,9 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
         timeout=300,
     )
     assert second.returncode == 0, second.stderr[-3000:]
+    from ray_cmf import Store, recover
+
+    recover(Store(store))  # what the killed driver's writer left: adopted by the restore, nothing to redo
     lineage = Lineage(store / "mlmd.sqlite", readonly=True)
     executions = lineage.store.get_executions()
     assert len(executions) == 2  # no second execution per trial
