@@ -73,20 +73,9 @@ class Cmf:
     ) -> None:
         if graph:
             log.warning("ray_cmf.Cmf: graph=True (Neo4j) is not supported; lineage stays in MLMD")
-        self.store = store if isinstance(store, Store) else Store(store, mlmd=filepath)
-        self._writer = WriterClient(StoreWriter(self.store))
-        self.pipeline_name = check_name("pipeline_name", pipeline_name)
-        self.parent_context: Context = self._writer.call(
-            StoreWriter.context, pipeline=pipeline_name, props=custom_properties, store=self.store
-        )
-        self.child_context: Context | None = None
-        self.execution: Execution | None = None
-        self.metrics: dict[str, MetricBuffer] = {}
-        self.flush_rows = flush_rows
-        self.flush_seconds = flush_seconds
-        self._stage: str | None = None
-        self._binding: Binding | None = None
-        self._keys: dict[str, SeriesKey] = {}
+        store = store if isinstance(store, Store) else Store(store, mlmd=filepath)
+        writer = WriterClient(StoreWriter(store))
+        self._attach(writer, store, pipeline_name, custom_properties, flush_rows, flush_seconds)
 
     @classmethod
     def bound(
@@ -99,18 +88,37 @@ class Cmf:
     ) -> Cmf:
         """A Cmf that logs into an existing execution (a Tune trial's) through ``writer``, from any node."""
         cmf = cls.__new__(cls)
-        cmf.store, cmf._writer, cmf.pipeline_name = binding.store, writer, binding.pipeline
-        cmf.parent_context = writer.call(StoreWriter.context, pipeline=binding.pipeline, store=binding.store)
-        cmf.child_context = writer.call(
-            StoreWriter.context, pipeline=binding.pipeline, stage=binding.stage, store=binding.store
-        )
-        cmf.metrics, cmf._keys = {}, {}
-        cmf.flush_rows, cmf.flush_seconds = flush_rows, flush_seconds
-        cmf._stage, cmf._binding = binding.stage, binding
+        cmf._attach(writer, binding.store, binding.pipeline, None, flush_rows, flush_seconds)
+        cmf.create_context(binding.stage)
+        cmf._binding = binding
         cmf.execution = writer.call(
             StoreWriter.update_execution, execution_id=binding.execution_id, store=binding.store
         )
         return cmf
+
+    def _attach(
+        self,
+        writer: WriterClient,
+        store: Store,
+        pipeline_name: str,
+        custom_properties: Mapping[str, Any] | None,
+        flush_rows: int,
+        flush_seconds: float,
+    ) -> None:
+        """Set up a Cmf on ``writer``: its pipeline context, and no stage, execution or series yet."""
+        self.store, self._writer = store, writer
+        self.pipeline_name = check_name("pipeline_name", pipeline_name)
+        self.parent_context: Context = writer.call(
+            StoreWriter.context, pipeline=pipeline_name, props=custom_properties, store=store
+        )
+        self.child_context: Context | None = None
+        self.execution: Execution | None = None
+        self.metrics: dict[str, MetricBuffer] = {}
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self._stage: str | None = None
+        self._binding: Binding | None = None
+        self._keys: dict[str, SeriesKey] = {}
 
     # -- contexts and executions ---------------------------------------------------------------------
     def create_context(self, pipeline_stage: str, custom_properties: Mapping[str, Any] | None = None) -> Context:

@@ -157,10 +157,11 @@ class StoreWriter:
         data_dir: str | None = None,
     ) -> Binding:
         """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data once."""
-        live = self._open(store)
-        execution = live.execution(pipeline, stage, type_name, name, props)
+        binding, execution = self.execution(
+            pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store
+        )
+        live = binding.store
         live.update_execution(execution.id, props, "RUNNING")
-        binding = Binding(live, pipeline, stage, name, execution.id)
         with self._lock:
             first = (kind, name) not in self._bindings
             self._bindings[(kind, name)] = binding
