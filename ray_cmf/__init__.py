@@ -24,6 +24,7 @@ from ray_cmf.store import Store
 
 if TYPE_CHECKING:
     from ray_cmf.compare import Sweep
+    from ray_cmf.system import SystemSampler
     from ray_cmf.train import CmfTrainCallback, StepLogger
     from ray_cmf.tune import CmfRayLogger
     from ray_cmf.writer import start_writer
@@ -34,6 +35,7 @@ _LAZY = {
     "CmfTrainCallback": "ray_cmf.train",
     "StepLogger": "ray_cmf.train",
     "Sweep": "ray_cmf.compare",
+    "SystemSampler": "ray_cmf.system",
     "start_writer": "ray_cmf.writer",
 }
 
@@ -60,6 +62,7 @@ __all__ = [
     "Store",
     "StoreError",
     "Sweep",
+    "SystemSampler",
     "recover",
     "start_writer",
 ]

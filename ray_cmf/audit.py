@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
+from ray_cmf.constants import DATASET_TYPE, ENVIRONMENT_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
 from ray_cmf.lineage import Lineage, properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
 
-_AUDITED_TYPES = (STEP_METRICS_TYPE, DATASET_TYPE, MODEL_TYPE)
+_AUDITED_TYPES = (STEP_METRICS_TYPE, DATASET_TYPE, MODEL_TYPE, ENVIRONMENT_TYPE)
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,8 @@ hashing it with md5 as it is written.
 from __future__ import annotations
 
 import array
-import atexit
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import io
 import json
@@ -24,11 +22,9 @@ import logging
 import numbers
 import os
 import queue
-import signal
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,6 +44,7 @@ from ray_cmf.constants import (
     SUMMARY_KEY,
 )
 from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, RayCmfError, SchemaError
+from ray_cmf.exits import track
 
 log = logging.getLogger(__name__)
 
@@ -456,7 +453,7 @@ class MetricBuffer:
         self._last_spill = time.monotonic()
         self._spiller: _SpillThread | None = None
         self._closed = False
-        _track(self)
+        track(self)
 
     @property
     def rows(self) -> int:
@@ -614,43 +611,6 @@ class MetricBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_LIVE: weakref.WeakSet[MetricBuffer] = weakref.WeakSet()
-_hooks_installed = False
-
-
-def _track(buffer: MetricBuffer) -> None:
-    """Remember a live buffer so that every exit path hands its rows over (see :func:`close_all`)."""
-    global _hooks_installed
-    _LIVE.add(buffer)
-    if not _hooks_installed:
-        _hooks_installed = True
-        atexit.register(close_all)  # normal exit, an uncaught exception, SIGINT, and Ray's own SIGTERM exit
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
-
-
-def close_all() -> None:
-    """Hand every live buffer's rows to its sink (the spill, or the store's writer) and stop its thread.
-
-    Runs at interpreter exit and on SIGTERM, so no exit path but SIGKILL drops logged rows.
-    """
-    for buffer in list(_LIVE):
-        try:
-            buffer.close()
-        except Exception as exc:  # one broken sink must not keep the others' rows
-            log.warning("ray_cmf: at exit, could not hand over the rows of %s: %s", buffer._sink, exc)
-
-
-def _on_sigterm(previous: Any, signum: int, frame: Any) -> None:
-    """Close every buffer, then do what SIGTERM did before: the previous handler, or the default exit."""
-    close_all()
-    if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
 
 
 def discard_spill(directory: Path) -> None:

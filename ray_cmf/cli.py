@@ -136,6 +136,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "stage": stage,
         "execution_id": execution.id,
         "config": {c[len("config/") :]: _clean(row[c]) for c in table.columns if c.startswith("config/")},
+        "environment": sweep.environment(args.trial),
         "files": files,
         "last_rows": [{k: _clean(v) for k, v in r.items()} for r in _frame_rows(last)],
     }
@@ -148,8 +149,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     console = Console()
     console.print(f"[bold]{args.trial}[/bold]  status={payload['status']}  stage={stage}  execution={execution.id}")
     console.print("config:", payload["config"])
+    _emit(args, [{"field": k, "value": v} for k, v in payload["environment"].items()], "environment and seeds")
     _emit(args, files, "lineage: files")
     _emit(args, payload["last_rows"], f"last {args.rows} rows")
+    return EXIT_OK
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    sweep = _sweep(args)
+    diff = sweep.diff(args.trial_a, args.trial_b)
+    rows = [{"field": field, args.trial_a: a, args.trial_b: b} for field, (a, b) in zip(diff.index, diff.values)]
+    _emit(args, rows, f"what differs between {args.trial_a} and {args.trial_b}")
     return EXIT_OK
 
 
@@ -239,10 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("compare", cmd_compare, "the top trials by one metric")
     _add_sweep_options(p, metric_required=True)
     p.add_argument("--top", type=int, default=5)
-    p = command("show", cmd_show, "one trial: config, lineage, files, last rows")
+    p = command("show", cmd_show, "one trial: config, environment, seeds, lineage, files, last rows")
     _add_sweep_options(p)
     p.add_argument("trial")
     p.add_argument("--rows", type=int, default=5, help="how many last rows to show")
+    p = command("diff", cmd_diff, "config, environment, seeds and results that differ between two trials")
+    _add_sweep_options(p)
+    p.add_argument("trial_a")
+    p.add_argument("trial_b")
     p = command("plot", cmd_plot, "learning curves as a PNG")
     _add_sweep_options(p, metric_required=True)
     p.add_argument("-o", "--output", required=True, help="PNG path")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
+from ray_cmf.environment import capture, seed_props, torch_seed
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution
 from ray_cmf.store import Store
@@ -163,7 +164,24 @@ class Cmf:
             props=props,
             store=self.store,
         )
+        self._writer.call(
+            StoreWriter.record_environment,
+            execution_id=self.execution.id,
+            environment=capture(),
+            store=self.store,
+        )
         return self.execution
+
+    def log_seeds(self, **seeds: int) -> None:
+        """Record the seeds the current execution uses (``seed_<name>`` properties; ints), and torch's
+        initial seed when torch is imported. ``Sweep.trials()`` shows them as ``seed/<name>`` columns."""
+        binding = self._current()
+        self._writer.call(
+            StoreWriter.update_execution,
+            execution_id=binding.execution_id,
+            props=torch_seed() | seed_props(seeds),
+            store=binding.store,
+        )
 
     def update_execution(self, execution_id: int, custom_properties: Mapping[str, Any] | None = None) -> Execution:
         """Merge custom properties into an execution (cmflib's signature)."""

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from ray_cmf.constants import ATTEMPT_COLUMN, SEQUENCE_COLUMN, STEP_METRICS_TYPE, SUMMARY_KEY, TRIAL_EXECUTION_TYPE
+from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
 from ray_cmf.store import Store
@@ -197,6 +198,8 @@ class Sweep:
                     "status": props.get("status") or _STATES.get(execution.last_known_state),
                     "stage": stage,
                     **{f"config/{k}": v for k, v in _config(props).items()},
+                    **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
+                    **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
                     "md5": file.md5 if file else None,
                     "url": self.store.url(file.path) if file else None,
                     "verified": (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None,
@@ -276,8 +279,23 @@ class Sweep:
             raise RayCmfError(f"Unknown metric {metric!r}; trials have {sorted(_metric_names(table))}")
         return table.sort_values(column, ascending=mode == "min", na_position="last").head(n).reset_index(drop=True)
 
+    def environment(self, trial_id: str) -> dict[str, Any]:
+        """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
+        for execution, _ in self.executions():
+            if _trial_id(execution) == trial_id:
+                props = properties(execution)
+                return {
+                    f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
+                    for k, v in sorted(props.items())
+                    if k.startswith((ENV_PREFIX, SEED_PREFIX))
+                }
+        raise RayCmfError(f"Unknown trial {trial_id!r}; the sweep has {[_trial_id(e) for e, _ in self.executions()]}")
+
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
-        """Config and metric values that differ between two trials (rows: field; columns: the two trials)."""
+        """Config, environment, seed and metric values that differ between two trials (rows: field;
+        columns: the two trials)."""
+        import pandas as pd
+
         table = self.trials().set_index("trial_id")
         for trial in (trial_a, trial_b):
             if trial not in table.index:
@@ -285,7 +303,10 @@ class Sweep:
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
         fields = [f for f in pair.index if f.startswith("config/") or f.endswith(("_best", "_final")) or f == "steps"]
-        pair = pair.loc[fields]
+        envs = [self.environment(trial_a), self.environment(trial_b)]
+        keys = sorted(set(envs[0]) | set(envs[1]))
+        recorded = pd.DataFrame([[env.get(k) for env in envs] for k in keys], index=keys, columns=pair.columns)
+        pair = pd.concat([pair.loc[fields], recorded])
         differs = pair.apply(lambda r: not _same(r.iloc[0], r.iloc[1]), axis=1)
         return pair[differs]
 

@@ -9,6 +9,7 @@ MLMD_FILE = "mlmd.sqlite"
 STORE_CONFIG = "ray_cmf.json"  # where the store's MLMD is, when it is not MLMD_FILE in the store
 ARTIFACTS_DIR = "artifacts"
 SPILL_DIR = "spill"
+ENVIRONMENTS_DIR = "environments"  # package lists, one file per distinct environment
 SPILL_MANIFEST = "manifest.json"
 SEGMENT_GLOB = "seg-*.arrows"
 
@@ -24,6 +25,9 @@ DATASET_TYPE = "Dataset"
 TRIAL_EXECUTION_TYPE = "Ray_Tune_Trial"
 RUN_EXECUTION_TYPE = "Ray_Train_Run"
 MODEL_TYPE = "Model"
+ENVIRONMENT_TYPE = "Environment"
+SYSTEM_METRICS_NAME = "system_metrics"
+DEFAULT_SYSTEM_METRICS_SECONDS = 10.0
 
 DEFAULT_FLUSH_ROWS = 10_000
 DEFAULT_FLUSH_SECONDS = 30.0

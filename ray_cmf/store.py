@@ -23,12 +23,15 @@ from ray_cmf.constants import (
     ARTIFACTS_DIR,
     DEFAULT_STORE,
     ENV_STORE,
+    ENVIRONMENT_TYPE,
+    ENVIRONMENTS_DIR,
     EXECUTION_METRICS_TYPE,
     MLMD_FILE,
     SPILL_DIR,
     STEP_METRICS_TYPE,
     STORE_CONFIG,
 )
+from ray_cmf.environment import Environment
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, properties
 from ray_cmf.versioning import DvcRepo, tree_md5
@@ -270,6 +273,22 @@ class Store:
                 {"dvc_tracked": tracked, **(custom or {})},
                 event,
             )
+
+    def log_environment(self, execution_id: int, environment: Environment) -> Artifact | None:
+        """Merge an environment's properties into the execution and link its package list (one file per
+        distinct list, ``environments/packages-<md5>.txt``, shared by every execution that has it)."""
+        if environment.props:
+            self.update_execution(execution_id, environment.props)
+        if not environment.packages:
+            return None
+        path = self.root / ENVIRONMENTS_DIR / f"packages-{environment.md5}.txt"
+        data = environment.packages.encode()
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return self.log_file(execution_id, ENVIRONMENT_TYPE, path, "input", digest=(environment.md5, len(data)))
 
     def log_execution_metrics(self, execution_id: int, metrics_name: str, values: Mapping[str, Any]) -> Artifact:
         """Record execution-level metrics (no file) as a ``Metrics`` artifact, as cmflib does."""

@@ -22,13 +22,23 @@ from ray.train import UserCallback
 
 from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer
-from ray_cmf.constants import ATTEMPT_COLUMN, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, RUN_EXECUTION_TYPE
+from ray_cmf.constants import (
+    ATTEMPT_COLUMN,
+    DEFAULT_FLUSH_ROWS,
+    DEFAULT_FLUSH_SECONDS,
+    DEFAULT_SYSTEM_METRICS_SECONDS,
+    RUN_EXECUTION_TYPE,
+    SYSTEM_METRICS_NAME,
+)
+from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import RayCmfError
+from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.store import Store
+from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.tune import result_row
 from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, ray_driver, start_writer
 
@@ -38,6 +48,7 @@ STEPS_METRICS_NAME = "train_steps"
 REPORTS_METRICS_NAME = "train_reports"
 FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
+_BIND_TIMEOUT_S = 60.0  # how long a worker waits for rank 0 to register the run
 
 
 def _train_context() -> Any:
@@ -78,6 +89,8 @@ class StepLogger:
         trial_id: The Tune trial that runs this TorchTrainer (pass it through ``train_loop_config``);
             the run's file is then linked to the trial's execution and context too.
         run_name: The Train run (default: Ray Train's experiment name).
+        system_metrics: Inside Ray Train, every worker samples its process and node into the run's
+            ``system_metrics`` series (one per rank) every this many seconds; None switches it off.
 
     Example:
         >>> def train_loop_per_worker(config):  # doctest: +SKIP
@@ -105,6 +118,7 @@ class StepLogger:
         group: Any = None,
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+        system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
     ) -> None:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
@@ -126,14 +140,45 @@ class StepLogger:
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
         self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
-        if self.rank == 0:
+        self._finished = False
+        self._sampler: SystemSampler | None = None
+        if self.rank == 0 or self._context is not None:
             named = _store_name(store)
             self._writer = connect(named)
+        if self.rank == 0:
             run = self._bind(pipeline_name, pipeline_stage, named)
             self._key = lambda: SeriesKey(run.result(), self.metrics_name)
             self._buffer = MetricBuffer(
                 sink=self._writer.sink(self._key), flush_rows=flush_rows, flush_seconds=flush_seconds
             )
+        if self._context is not None:
+            self._sampler = sample_into(self._writer, self._system_key, system_metrics, {"rank": self.rank})
+            on_thread_end(self._hand_over)
+
+    def _system_key(self) -> SeriesKey:
+        """This worker's ``system_metrics`` series (one per rank), once rank 0 has registered the run."""
+        run = self._writer.wait_binding("run", self.run_name, timeout=_BIND_TIMEOUT_S)
+        if run is None:
+            raise RayCmfError(f"Train run {self.run_name!r} was not registered by rank 0 in {_BIND_TIMEOUT_S} s")
+        return SeriesKey(run, SYSTEM_METRICS_NAME, f"rank{self.rank}")
+
+    def _hand_over(self) -> None:
+        """As the loop's thread ends (returned or raised): this worker's rows reach the writer before Ray can
+        stop it; without ``finish``, rank 0 asks the writer to commit them (``at_end``): Train tells no one else."""
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self._buffer is not None:
+            self._buffer.close()
+            if not self._finished:
+                self._writer.call(StoreWriter.end, kind="run", name=self.run_name)
+
+    def log_seeds(self, **seeds: int) -> None:
+        """Rank 0: record the run's seeds (``seed_<name>`` properties; ints) and torch's initial seed."""
+        if self.rank == 0:
+            run = self._writer.wait_binding("run", self.run_name, timeout=_BIND_TIMEOUT_S)
+            assert run is not None  # rank 0 registered it
+            props = torch_seed() | seed_props(seeds)
+            self._writer.call(StoreWriter.update_execution, execution_id=run.execution_id, props=props, store=run.store)
 
     def _bind(self, pipeline: str, stage: str | None, store: Store | None) -> Reply:
         """Rank 0: register the run's execution (in the trial's pipeline and stage inside a Tune trial).
@@ -161,6 +206,7 @@ class StepLogger:
             type_name=RUN_EXECUTION_TYPE,
             props=props,
             store=store,
+            environment=capture(code=False),
         )
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
@@ -233,12 +279,16 @@ class StepLogger:
     def finish(self) -> Artifact | None:
         """Rank 0 commits the run's Parquet (linked to the Train run and, inside a trial, to the trial).
 
-        Inside Ray Train every rank then makes one last ``ray.train.report`` flagged as final, which tells
-        ``CmfTrainCallback`` that the run completed. A store failure is a warning (and None is returned).
+        Inside Ray Train every rank stops its system-metrics sampler, then makes one last
+        ``ray.train.report`` flagged as final, which tells ``CmfTrainCallback`` that the run completed (it
+        then commits the samplers' series). A store failure is a warning (and None is returned).
         """
         self._drain()
         if self.steps_done % self.sync_every:
             self.sync()
+        self._finished = True
+        if self._sampler is not None:  # its rows reach the writer before this rank's final report
+            self._sampler.stop()
         artifact = None
         if self._buffer is not None:
             try:
@@ -302,12 +352,15 @@ class CmfTrainCallback(UserCallback):
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.store = _store_name(store)
+        self._environment: Environment | None = None  # the driver's code and software, captured there
         self._runtime: _CallbackRuntime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """Train ships the callback to its controller: on the driver, start the writer first."""
+        """Train ships the callback to its controller: on the driver, start the writer and capture the code."""
         if ray_driver():
             start_writer(self.store)
+            if self._environment is None:
+                self._environment = capture(hardware=False)
         return {**self.__dict__, "_runtime": None}
 
     def _rt(self, run_context: Any) -> _CallbackRuntime:
@@ -324,6 +377,7 @@ class CmfTrainCallback(UserCallback):
                 type_name=RUN_EXECUTION_TYPE,
                 props={"run_name": run_name},
                 store=self.store,
+                environment=self._environment,
             )
             sink = writer.sink(lambda: SeriesKey(binding.result(), self.metrics_name))
             self._runtime = _CallbackRuntime(writer, run_name, binding, MetricBuffer(sink=sink))
@@ -336,8 +390,8 @@ class CmfTrainCallback(UserCallback):
             row = result_row({k: v for k, v in reported.items() if k != FINAL_FLAG}, attempt=1)
             row.pop(ATTEMPT_COLUMN)
             rt.buffer.append({"report": rt.reports, "rank": rank, **row, "checkpointed": checkpoint is not None})
-        if any(m.get(FINAL_FLAG) for m in metrics):
-            self._commit(rt, {"status": "COMPLETE"}, "COMPLETE")
+        if any(m.get(FINAL_FLAG) for m in metrics):  # every rank finished: commit what the workers left too
+            self._commit(rt, {"status": "COMPLETE"}, "COMPLETE", end=True)
         elif checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 

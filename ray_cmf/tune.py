@@ -8,10 +8,11 @@ thread, off Tune's event loop. Trials, on any node, reach the same writer throug
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
-import time
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,12 +27,17 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
+    DEFAULT_SYSTEM_METRICS_SECONDS,
     MODEL_TYPE,
+    SYSTEM_METRICS_NAME,
     TRIAL_EXECUTION_TYPE,
 )
+from ray_cmf.environment import Environment, capture
 from ray_cmf.errors import RayCmfError, SchemaError
+from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties
 from ray_cmf.store import Store
+from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, start_writer
 
 log = logging.getLogger(__name__)
@@ -61,28 +67,95 @@ _MODES = ("min", "max")
 _TRIAL_CMFS: dict[str, Cmf] = {}
 
 
-def trial_cmf(trial_id: str, *, timeout: float = 60.0, **buffer_options: Any) -> Cmf:
+def trial_cmf(
+    trial_id: str,
+    *,
+    timeout: float = 60.0,
+    system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
+    **buffer_options: Any,
+) -> Cmf:
     """The Cmf of a trial (cached per process), bound to the execution that CmfRayLogger created for it.
 
     Works in the trial's own process, on any node, and on the driver. Waits up to ``timeout`` seconds for
     the callback to register the trial (it may start before Tune calls ``on_trial_start``).
     ``buffer_options`` (``flush_rows``, ``flush_seconds``) apply to the series it logs.
+
+    Asked for on a thread other than the main one (Tune runs a trainable on a thread of its own), it also
+    records the host's hardware, samples the ``system_metrics`` series every ``system_metrics`` seconds
+    (None: off), and closes when that thread ends: rows the trainable never committed reach the writer,
+    which commits them at the trial's end.
     """
     if trial_id in _TRIAL_CMFS:
         return _TRIAL_CMFS[trial_id]
     for ended in list(_TRIAL_CMFS):  # this process now runs another trial (Tune reuses actors): hand over
         _TRIAL_CMFS.pop(ended).close()
     writer = connect()
-    deadline = time.monotonic() + timeout
-    while (binding := writer.call(StoreWriter.binding, kind="trial", name=trial_id)) is None:
-        if time.monotonic() > deadline:
-            raise RayCmfError(
-                f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
-                "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
-            )
-        time.sleep(0.05)
-    _TRIAL_CMFS[trial_id] = Cmf.bound(writer, binding, **buffer_options)
-    return _TRIAL_CMFS[trial_id]
+    binding = writer.wait_binding("trial", trial_id, timeout)
+    if binding is None:
+        raise RayCmfError(
+            f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
+            "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
+        )
+    cmf = _TRIAL_CMFS[trial_id] = Cmf.bound(writer, binding, **buffer_options)
+    if threading.current_thread() is not threading.main_thread():  # Tune's thread for the trainable
+        here = capture(code=False, software=False)
+        writer.send(
+            StoreWriter.record_environment, execution_id=binding.execution_id, environment=here, store=binding.store
+        )
+        sampler = sample_into(writer, SeriesKey(binding, SYSTEM_METRICS_NAME), system_metrics)
+        hand_over = _HandOver(trial_id, cmf, sampler)
+        _before_return_is_reported(hand_over)
+        on_thread_end(hand_over)
+    return cmf
+
+
+@dataclass
+class _HandOver:
+    """The trainable ended (returned or raised): its rows go to the writer before Tune learns it, and the
+    writer commits them when the driver reports the trial's end. Runs once."""
+
+    trial_id: str
+    cmf: Cmf
+    sampler: SystemSampler | None
+    done: bool = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if _TRIAL_CMFS.get(self.trial_id) is self.cmf:
+            del _TRIAL_CMFS[self.trial_id]
+        if self.sampler is not None:
+            self.sampler.stop()
+        self.cmf.log_seeds()  # torch's seed as the trainable left it
+        self.cmf.close()
+
+
+def _before_return_is_reported(hand_over: Callable[[], None]) -> None:
+    """Run ``hand_over`` when the trainable returns, before Tune hears of it.
+
+    Tune learns of a return from a last report that its wrapper makes on the trainable's thread, then
+    stops the process without waiting for that thread, so the thread's end may come too late. (This
+    wraps the report method of Ray's private session object; without one, the thread's end is the
+    hook, which always precedes an error's report.)
+    """
+    try:
+        from ray.train._internal.session import get_session
+        from ray.tune.result import RESULT_DUPLICATE
+    except ImportError:
+        return
+    session = get_session()
+    report = getattr(session, "report", None)
+    if report is None:
+        return
+
+    @functools.wraps(report)
+    def report_after_hand_over(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if RESULT_DUPLICATE in metrics:
+            hand_over()
+        return report(metrics, *args, **kwargs)
+
+    session.report = report_after_hand_over
 
 
 def get_cmf(
@@ -90,21 +163,30 @@ def get_cmf(
     timeout: float = 60.0,
     flush_rows: int = DEFAULT_FLUSH_ROWS,
     flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+    system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
 ) -> Cmf:
     """Inside a Tune trainable: this trial's Cmf, for per-step ``log_metric`` and ``commit_metrics``.
 
     It works on any node of the cluster: rows travel to the driver's writer through Ray, every
-    ``flush_rows`` rows or ``flush_seconds`` seconds.
+    ``flush_rows`` rows or ``flush_seconds`` seconds. The trial's process is sampled into the
+    ``system_metrics`` series every ``system_metrics`` seconds (None: off); see :func:`trial_cmf`.
 
     Example:
         >>> def trainable(config):  # doctest: +SKIP
         ...     cmf = ray_cmf.tune.get_cmf()
+        ...     cmf.log_seeds(numpy=config["seed"])
         ...     for step in range(10_000):
         ...         cmf.log_metric("steps", {"step": step, "loss": loss})
         ...     cmf.commit_metrics("steps")
     """
     trial_id = tune.get_context().get_trial_id()
-    return trial_cmf(trial_id, timeout=timeout, flush_rows=flush_rows, flush_seconds=flush_seconds)
+    return trial_cmf(
+        trial_id,
+        timeout=timeout,
+        system_metrics=system_metrics,
+        flush_rows=flush_rows,
+        flush_seconds=flush_seconds,
+    )
 
 
 class TrialCmfs(Mapping[str, Cmf]):
@@ -134,6 +216,7 @@ class _TrialState:
     buffer: MetricBuffer | None = None
     key: Callable[[], SeriesKey] | None = None  # the results series, once the registration is done
     models: set[str] = field(default_factory=set)
+    host: str | None = None  # where the trial runs, from its results
 
     def persisted(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "best": self.best, "committed": self.committed}
@@ -144,6 +227,7 @@ class _Runtime:
     """The logger's live parts, made in ``setup`` on the driver and never pickled."""
 
     writer: WriterClient
+    environment: Environment = field(default_factory=lambda: capture(hardware=False))  # the driver's code and software
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
     )
@@ -283,6 +367,7 @@ class CmfRayLogger(tune.Callback):
                 props=self._props(trial, state),
                 store=self.store,
                 data_dir=self.data_dir,
+                environment=self._rt.environment,
             )
         if state.buffer is None:
             binding = state.binding
@@ -324,11 +409,24 @@ class CmfRayLogger(tune.Callback):
                 log.warning("ray_cmf: trial %s: %s; dropping that value", trial.trial_id, exc)
                 row.pop(exc.key)
         self._track_best(state, row.get(self.metric) if self.metric else None)
+        self._record_host(state, result)
         model_path = result.get("model_path")
         if isinstance(model_path, str) and model_path not in state.models and os.path.exists(model_path):
             state.models.add(model_path)
             binding = state.binding.result()  # type: ignore[union-attr]  # done long before a result
             self._send(StoreWriter.log_file, binding=binding, type_name=MODEL_TYPE, path=model_path, event="output")
+
+    def _record_host(self, state: _TrialState, result: Mapping[str, Any]) -> None:
+        """Record the host and node IP that Tune reports with each result, once per trial start (a trial that
+        never asks for its Cmf records no hardware of its own)."""
+        host = result.get("hostname")
+        if isinstance(host, str) and host != state.host:
+            state.host = host
+            props = {"env_host": host, **({"env_node_ip": result["node_ip"]} if "node_ip" in result else {})}
+            binding = state.binding.result()  # type: ignore[union-attr]  # done long before a result
+            self._send(
+                StoreWriter.update_execution, execution_id=binding.execution_id, props=props, store=binding.store
+            )
 
     def _track_best(self, state: _TrialState, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):

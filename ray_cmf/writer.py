@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from ray_cmf._names import check_name
 from ray_cmf.buffer import Spill, SpillManifest
 from ray_cmf.constants import DATASET_TYPE, SEQUENCE_COLUMN
+from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution
 from ray_cmf.store import Store
@@ -155,8 +156,10 @@ class StoreWriter:
         props: Mapping[str, Any] | None = None,
         store: Store | None = None,
         data_dir: str | None = None,
+        environment: Environment | None = None,
     ) -> Binding:
-        """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data once."""
+        """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data
+        once, and merge in what it runs on (``environment``, see :meth:`record_environment`)."""
         binding, execution = self.execution(
             pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store
         )
@@ -168,6 +171,8 @@ class StoreWriter:
             self._ended.discard((live, execution.id))
         if data_dir is not None and first:
             live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+        if environment is not None:  # the callback's and the workers' records complete each other
+            live.log_environment(execution.id, environment)
         return binding
 
     def binding(self, *, kind: str, name: str) -> Binding | None:
@@ -213,6 +218,10 @@ class StoreWriter:
     ) -> Execution:
         """Merge properties into an execution and optionally set its state."""
         return self._open(store).update_execution(execution_id, props, state)
+
+    def record_environment(self, *, execution_id: int, environment: Environment, store: Store | None = None) -> None:
+        """Record what an execution ran on (see :mod:`ray_cmf.environment`); the package list is shared."""
+        self._open(store).log_environment(execution_id, environment)
 
     def log_file(
         self,
@@ -387,6 +396,15 @@ class WriterClient:
     def call(self, request: Callable[..., T], **kwargs: Any) -> T:
         """Run a request and return its result (its error is raised here)."""
         return self.send(request, **kwargs).result()
+
+    def wait_binding(self, kind: str, name: str, timeout: float) -> Binding | None:
+        """The binding of a trial or run, waiting up to ``timeout`` seconds for another process to make it."""
+        deadline = time.monotonic() + timeout
+        while (binding := self.call(StoreWriter.binding, kind=kind, name=name)) is None:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        return binding
 
     def sink(self, key: SeriesKey | Callable[[], SeriesKey]) -> WriterSink:
         """A buffer sink that sends the series' sealed chunks here (``key`` may be resolved on first use)."""

@@ -12,7 +12,7 @@ import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, Store, StoreError
-from ray_cmf.constants import ENV_STORE, PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE, STEP_METRICS_TYPE
+from ray_cmf.constants import ENV_STORE, ENVIRONMENT_TYPE, PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE, STEP_METRICS_TYPE
 from ray_cmf.lineage import properties
 
 
@@ -54,7 +54,8 @@ def test_mlmd_structure_matches_cmflib_model(store_dir: Path) -> None:
     assert child.id == stage.id
     assert [p.id for p in mlmd.get_parent_contexts_by_context(child.id)] == [pipeline.id]
     assert [e.id for e in mlmd.get_executions_by_context(child.id)] == [execution.id]
-    assert [a.id for a in mlmd.get_artifacts_by_context(child.id)] == [artifact.id]
+    kinds = {mlmd.get_artifact_types_by_id([a.type_id])[0].name: a.id for a in mlmd.get_artifacts_by_context(child.id)}
+    assert kinds.keys() == {STEP_METRICS_TYPE, ENVIRONMENT_TYPE} and kinds[STEP_METRICS_TYPE] == artifact.id
     [event] = mlmd.get_events_by_artifact_ids([artifact.id])
     assert event.type == mlpb.Event.OUTPUT and event.execution_id == execution.id
     assert mlmd.get_artifact_type(STEP_METRICS_TYPE).properties.keys() >= {
@@ -132,8 +133,10 @@ def test_log_dataset_and_model(store_dir: Path, tmp_path: Path) -> None:
     model = cmf.log_model(str(model_path), "output", model_framework="torch", model_name="mlp")
     assert properties(model)["dvc_tracked"] is True and properties(model)["model_name"] == "mlp"
     assert "up to date" in _dvc(store_dir, "status")
-    events = {e.artifact_id: e.type for e in cmf.store.lineage.store.get_events_by_execution_ids([cmf.execution.id])}
-    assert events == {dataset.id: mlpb.Event.INPUT, model.id: mlpb.Event.OUTPUT}
+    mlmd = cmf.store.lineage.store
+    [environment] = mlmd.get_artifacts_by_type(ENVIRONMENT_TYPE)
+    events = {e.artifact_id: e.type for e in mlmd.get_events_by_execution_ids([cmf.execution.id])}
+    assert events == {dataset.id: mlpb.Event.INPUT, model.id: mlpb.Event.OUTPUT, environment.id: mlpb.Event.INPUT}
     with pytest.raises(StoreError, match="no such file or directory"):
         cmf.log_dataset(str(tmp_path / "missing.csv"), "input")
 

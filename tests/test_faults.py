@@ -158,10 +158,10 @@ def test_read_only_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     done = _in_namespace("true", store, 3000, fault=fault)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"committed": False, "verify": ["ok"]}  # training went on; the old file is intact
+    assert result["committed"] is False and set(result["verify"]) == {"ok"}  # training went on; old files intact
     assert "Read-only file system" in done.stderr and "could not commit 'after'" in done.stderr
     code, statuses = _verify(store, capsys)
-    assert code == 0 and statuses == {before: "ok"}
+    assert code == 0 and statuses[before] == "ok" and set(statuses.values()) == {"ok"}
 
 
 def test_disk_full_during_spill_and_commit(tmp_path: Path) -> None:
@@ -173,5 +173,5 @@ def test_disk_full_during_spill_and_commit(tmp_path: Path) -> None:
     done = _in_namespace(script, store, 60_000)  # about 4 MB of rows for a 3 MB disk
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["committed"] is False and result["verify"] == ["ok"]  # the earlier commit survives
+    assert result["committed"] is False and set(result["verify"]) == {"ok"}  # the earlier commits survive
     assert "No space left on device" in done.stderr

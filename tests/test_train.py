@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from ml_metadata.proto import metadata_store_pb2 as mlpb
@@ -47,7 +50,9 @@ def loop(config: dict[str, Any]) -> None:
         store=config["store"],
         pipeline_name="train_test",
         trial_id=config.get("trial_id"),
+        system_metrics=config.get("system_metrics"),
     )
+    steps.log_seeds(loader=1234)
     start = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -61,6 +66,7 @@ def loop(config: dict[str, Any]) -> None:
         metrics["top"].update(torch.tensor(_value(step, rank)))
         metrics["seen"].update(torch.tensor(1.0))
         before = sum(counts.values())
+        time.sleep(config.get("step_sleep", 0))
         steps.step(samples=4)
         if sum(counts.values()) > before:  # a sync started in this call
             per_sync.append(sum(counts.values()) - before)
@@ -73,7 +79,8 @@ def loop(config: dict[str, Any]) -> None:
             with tempfile.TemporaryDirectory() as d:
                 torch.save(state, Path(d) / "state.pt")
                 ray.train.report({"step": step}, checkpoint=ray.train.Checkpoint.from_directory(d))
-    steps.finish()
+    if config.get("finish", True):
+        steps.finish()
     if rank == 0:
         (Path(config["store"]) / f"collectives-{context.get_experiment_name()}.json").write_text(json.dumps(per_sync))
 
@@ -111,7 +118,7 @@ def _closed_form(step: int, world: int) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def two_workers(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("train")
-    _fit(tmp, "plain", report_every=2)
+    _fit(tmp, "plain", report_every=2, system_metrics=0.1, step_sleep=0.02)
     return tmp
 
 
@@ -139,11 +146,27 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
     artifacts = lineage.store.get_artifacts_by_id(
         [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
     )
-    names = {properties(a)["metrics_name"] for a in artifacts}
-    assert names == {"train_steps", "train_reports"}
+    names = {properties(a).get("metrics_name") for a in artifacts}
+    assert names == {"train_steps", "train_reports", "system_metrics", None}  # None: the package list
     reports = _series(two_workers, "train_reports").steps(["rank", "loss"])
     assert sorted(set(reports["rank"])) == [0, 1]  # every rank, not only rank 0
     assert len(reports[reports["loss"].notna()]) == 2 * (STEPS // SYNC_EVERY // 2)
+
+
+def test_every_worker_samples_system_metrics_and_the_run_records_its_environment(two_workers: Path) -> None:
+    lineage = Lineage(two_workers / "store" / MLMD_FILE, readonly=True)
+    [execution] = lineage.store.get_executions()
+    props = properties(execution)
+    assert props["env_host"] == socket.gethostname() and props["env_torch"] == torch.__version__
+    assert props["env_python"] and props["seed_loader"] == 1234 and "seed_torch" in props
+    artifacts = lineage.store.get_artifacts_by_id(
+        [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
+    )
+    system = [a for a in artifacts if properties(a).get("metrics_name") == "system_metrics"]
+    rows = [r for a in system for r in pq.read_table(two_workers / "store" / properties(a)["url"]).to_pylist()]
+    by_rank = {rank: [r for r in rows if r["rank"] == rank] for rank in (0, 1)}
+    assert len(system) == 2 and all(len(ranked) >= 2 for ranked in by_rank.values())  # one series per worker
+    assert all(r["proc_rss_mb"] > 0 and 0 <= r["proc_cpu_percent"] <= 100 * os.cpu_count() for r in rows)
 
 
 def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session: None, tmp_path: Path) -> None:
@@ -165,6 +188,17 @@ def test_single_worker(ray_session: None, tmp_path: Path) -> None:
     steps = _series(tmp_path, "train_steps").steps()
     assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))
     assert steps["loss"].tolist() == [_closed_form(s, 1)["loss"] for s in steps["step"]]
+
+
+def test_a_loop_that_never_calls_finish_still_commits_every_logged_row(ray_session: None, tmp_path: Path) -> None:
+    """Rows still in rank 0's memory when the loop returns reach the writer, which commits them at the run's
+    end; only the last sync, which ``finish`` would have completed, is missing."""
+    _fit(tmp_path, "unfinished", workers=1, finish=False)
+    lineage = Lineage(tmp_path / "store" / MLMD_FILE, readonly=True)
+    [artifact] = [a for a in lineage.store.get_artifacts() if properties(a).get("metrics_name") == "train_steps"]
+    assert properties(artifact)["at_end"] is True  # committed by the writer, not by the loop
+    steps = _series(tmp_path, "train_steps").steps()
+    assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS, SYNC_EVERY))
 
 
 def test_no_process_group_local_mode(tmp_path: Path) -> None:

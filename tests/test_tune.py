@@ -56,7 +56,6 @@ def _trainable_factory(logger: Any) -> Any:
                 }
             )
         cmf.commit_metrics("fine")
-        cmf.metrics["uncommitted"].flush()  # handed to the writer (as a checkpoint would), never committed
 
     return trainable
 
@@ -157,12 +156,16 @@ def test_error_paths_commit_what_exists_and_mark_failed(sweep: dict[str, Any]) -
 
 
 def test_a_series_the_trainable_never_committed_is_committed_when_its_trial_ends(sweep: dict[str, Any]) -> None:
-    """Every trial hands an "uncommitted" series to the writer and never commits it: the writer commits it
-    when Tune reports the trial's end."""
+    """Every trial logs an "uncommitted" series and never commits or flushes it; its rows are still in the
+    trial's memory (fewer than a chunk) when the trainable returns or raises. All of them are committed."""
     for lr in GOOD_LRS:
         arts = _artifacts(sweep, sweep["by_lr"][lr])
         assert _frame(sweep, arts["uncommitted"])["it"].tolist() == list(range(RESULTS))
         assert properties(arts["uncommitted"])["at_end"] is True
+    failed = _artifacts(sweep, sweep["by_lr"][FAIL_LATE])  # raised mid-run: "fine" was never committed either
+    assert _frame(sweep, failed["uncommitted"])["it"].tolist() == [0, 1, 2, 3]
+    assert _frame(sweep, failed["fine"])[["it", "sub"]].values.tolist() == [[i, s] for i in range(4) for s in range(5)]
+    assert properties(failed["fine"])["at_end"] is True
 
 
 def test_odd_result_values_are_handled_as_documented(sweep: dict[str, Any]) -> None:
@@ -303,6 +306,7 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
             for a in lineage.store.get_artifacts_by_id(
                 [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
             )
+            if a.type_id == lineage.store.get_artifact_type(STEP_METRICS_TYPE).id
         ]
         raw = pq.read_table(store / properties(artifact)["url"]).to_pandas()
         assert set(raw["attempt"]) == {1, 2}  # raw rows keep the attempt number

@@ -1,0 +1,178 @@
+"""What an execution ran: its code version, software, hardware and seeds (recorded once per execution).
+
+Everything here is read from the process that runs the code, never from the environment variables
+(which hold secrets); a git remote URL loses its credentials. The full package list is a
+content-addressed artifact, so every execution with the same environment shares one file.
+
+Property names carry the prefix ``env_`` (``seed_`` for seeds) in MLMD; :class:`ray_cmf.Sweep` shows them
+as ``env/...`` and ``seed/...`` columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray_cmf._names import check_name
+
+ENV_PREFIX = "env_"
+SEED_PREFIX = "seed_"
+ENV_COLUMNS = ("git_commit", "git_dirty", "host", "gpu_model")  # the ones Sweep.trials() shows
+_GIT_TIMEOUT_S = 10.0
+_CREDENTIALS = re.compile(r"(?<=://)[^/@]+@")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One process's record: ``props`` (``env_*`` / ``seed_*`` MLMD properties) and its package list."""
+
+    props: dict[str, Any]
+    packages: str = ""
+    md5: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "md5", hashlib.md5(self.packages.encode()).hexdigest() if self.packages else "")
+
+
+def capture(*, code: bool = True, software: bool = True, hardware: bool = True) -> Environment:
+    """This process's environment: the git state of the user's script (``code``), versions and the package
+    list (``software``), host, CPU, GPU and torch's seed (``hardware``)."""
+    props: dict[str, Any] = {}
+    if code:
+        props |= code_version(script_directory())
+    if software:
+        props |= software_versions()
+    if hardware:
+        props |= hardware_info() | torch_seed()
+    return Environment(props, package_list() if software else "")
+
+
+def script_directory() -> Path:
+    """The directory of the script that ``python`` ran (the current directory for an interactive session)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return Path(path).resolve().parent if path else Path.cwd()
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(directory), *args], capture_output=True, timeout=_GIT_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else None
+
+
+def code_version(directory: Path) -> dict[str, Any]:
+    """Commit, branch, dirty flag, the md5 of the uncommitted diff and the remote (no credentials) of the
+    git repository that holds ``directory``; empty when it is not in one (or git is missing)."""
+    commit = _git(directory, "rev-parse", "HEAD")
+    if commit is None:
+        return {}
+    status = _git(directory, "status", "--porcelain", "--untracked-files=no") or ""
+    props: dict[str, Any] = {
+        "git_commit": commit,
+        "git_branch": _git(directory, "rev-parse", "--abbrev-ref", "HEAD") or "",
+        "git_dirty": bool(status),
+        "git_diff_md5": hashlib.md5((_git(directory, "diff", "HEAD") or "").encode()).hexdigest() if status else "",
+    }
+    remote = _git(directory, "remote", "get-url", "origin")
+    if remote:
+        props["git_remote"] = strip_credentials(remote)
+    return {ENV_PREFIX + k: v for k, v in props.items()}
+
+
+def strip_credentials(url: str) -> str:
+    """A URL without its ``user:password@`` part."""
+    return _CREDENTIALS.sub("", url)
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def software_versions() -> dict[str, Any]:
+    """Python, ray_cmf, ray and torch versions; CUDA and NCCL when torch was already imported and sees a GPU."""
+    props: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "ray_cmf": _version("ray_cmf"),
+        "ray": _version("ray"),
+        "torch": _version("torch"),
+    }
+    torch = sys.modules.get("torch")  # never import torch only to describe it
+    if torch is not None:
+        props["cuda"] = torch.version.cuda or ""
+        if torch.cuda.is_available():
+            props["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return {ENV_PREFIX + k: v for k, v in props.items()}
+
+
+@functools.cache
+def package_list() -> str:
+    """Every installed distribution as ``name==version``, one per line, sorted (cached: it cannot change)."""
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(name.lower(), f"{name}=={dist.version}")
+    return "".join(f"{line}\n" for _, line in sorted(found.items()))
+
+
+def hardware_info() -> dict[str, Any]:
+    """Host, Ray node id (inside Ray), CPU model and count; GPU model, count and memory when torch sees one."""
+    props: dict[str, Any] = {"host": socket.gethostname(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count() or 0}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        props["node_id"] = ray.get_runtime_context().get_node_id()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        first = torch.cuda.get_device_properties(0)
+        props |= {"gpu_model": first.name, "gpu_count": count, "gpu_memory_gb": round(first.total_memory / 2**30, 1)}
+    return {ENV_PREFIX + k: v for k, v in props.items()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def torch_seed() -> dict[str, Any]:
+    """torch's initial seed, when torch was imported by the user's code."""
+    torch = sys.modules.get("torch")
+    return {SEED_PREFIX + "torch": _seed_value(torch.initial_seed())} if torch is not None else {}
+
+
+def seed_props(seeds: dict[str, Any]) -> dict[str, Any]:
+    """The MLMD properties of seeds the user records (``seed_<name>``); each must be an int."""
+    for name, value in seeds.items():
+        check_name("seed name", name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"Seed {name!r} must be an int, got {value!r}")
+    return {SEED_PREFIX + name: _seed_value(value) for name, value in seeds.items()}
+
+
+def _seed_value(seed: int) -> int | str:
+    """A seed as MLMD can hold it: an int64, or its decimal string (torch's seeds go up to 2**64 - 1)."""
+    return int(seed) if -(2**63) <= seed < 2**63 else str(seed)

@@ -1,0 +1,87 @@
+"""Exit hooks: every way a process or a training thread ends hands the live buffers' rows over first.
+
+Two kinds of end:
+- the process: ``atexit`` (normal exit, an uncaught exception, SIGINT) and a SIGTERM handler that chains
+  to the one it replaces (Ray stops workers with SIGTERM). Only SIGKILL escapes them.
+- a training thread: Ray runs a Tune trainable and a Train loop in a thread of their own and reports the
+  trial's or run's end only once that thread is gone. :func:`on_thread_end` runs while the thread is
+  still alive (CPython frees a thread's locals before ``join`` and ``is_alive`` see it end), so its
+  actions finish before Ray can stop the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import signal
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_hooks_installed = False
+
+
+def track(closeable: Closeable) -> None:
+    """Close ``closeable`` on every exit path of the process (see :func:`close_all`)."""
+    global _hooks_installed
+    _LIVE.add(closeable)
+    if not _hooks_installed:
+        _hooks_installed = True
+        atexit.register(close_all)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
+
+
+def close_all() -> None:
+    """Close every live tracked object; one that fails is warned about and the others still close."""
+    for closeable in list(_LIVE):
+        _close_quietly(closeable.close, closeable)
+
+
+def _on_sigterm(previous: Any, signum: int, frame: Any) -> None:
+    """Close everything, then do what SIGTERM did before: the previous handler, or the default exit."""
+    close_all()
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+class _ThreadEnd:
+    """Held only by one thread's locals, so it is freed, and runs its actions, as that thread ends."""
+
+    def __init__(self) -> None:
+        self.actions: list[Callable[[], None]] = []
+
+    def __del__(self) -> None:
+        for action in self.actions:
+            _close_quietly(action, action)
+
+
+_THREAD = threading.local()
+
+
+def on_thread_end(action: Callable[[], None]) -> None:
+    """Run ``action`` when the current thread ends, in that thread, however it ends (return or raise)."""
+    if not hasattr(_THREAD, "end"):
+        _THREAD.end = _ThreadEnd()
+    _THREAD.end.actions.append(action)
+
+
+def _close_quietly(action: Callable[[], None], what: object) -> None:
+    try:
+        action()
+    except Exception as exc:  # one broken sink must not keep the others' rows
+        log.warning("ray_cmf: at exit, could not hand over the rows of %s: %s", what, exc)

@@ -1,0 +1,139 @@
+"""SystemSampler: a low-cost background series of this process's and its node's resource use.
+
+Every ``interval`` seconds one row: process and node CPU %, RSS and node memory, disk and network rates
+since the previous row, and per-GPU utilization, memory and power when NVML (``nvidia-ml-py``) sees a
+GPU. Rows go into an ordinary :class:`~ray_cmf.buffer.MetricBuffer`, so the series is as durable as any
+other: spilled through the writer, committed at its trial's or run's end, recovered after a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from ray_cmf.buffer import MetricBuffer
+from ray_cmf.constants import DEFAULT_FLUSH_SECONDS
+from ray_cmf.writer import SeriesKey, WriterClient
+
+log = logging.getLogger(__name__)
+_MB = 2**20
+
+
+class _Gpus:
+    """NVML handles of the node's GPUs; none when NVML or a GPU is missing."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nvml = pynvml
+        except Exception:  # no NVML library, no driver or no GPU: the series has no GPU columns
+            self.handles = []
+
+    def sample(self) -> dict[str, float]:
+        row: dict[str, float] = {}
+        for i, handle in enumerate(self.handles):
+            nvml = self._nvml
+            row[f"gpu{i}_util_percent"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            row[f"gpu{i}_mem_used_mb"] = nvml.nvmlDeviceGetMemoryInfo(handle).used / _MB
+            row[f"gpu{i}_power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+        return row
+
+
+class SystemSampler:
+    """Samples this process and its node into ``buffer`` every ``interval`` seconds, on a daemon thread.
+
+    The first row comes one interval after :meth:`start` (CPU % and rates need a previous reading).
+    :meth:`stop` ends the thread and closes the buffer, which hands its rows to its sink.
+
+    Args:
+        buffer: Where the rows go (its sink decides: a spill, or the store's writer).
+        interval: Seconds between rows (> 0).
+        extra: Constant columns added to every row (e.g. ``{"rank": 1}``).
+    """
+
+    def __init__(self, buffer: MetricBuffer, interval: float, extra: dict[str, Any] | None = None) -> None:
+        if not interval > 0:
+            raise ValueError(f"system metrics interval must be > 0 seconds, got {interval!r}")
+        self.buffer = buffer
+        self.interval = interval
+        self.extra = dict(extra or {})
+        self.samples = 0
+        self._process = psutil.Process()
+        self._gpus = _Gpus()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ray_cmf-system-metrics", daemon=True)
+        self._last = self._counters()
+
+    def start(self) -> SystemSampler:
+        self._process.cpu_percent()  # the first call only sets the reference point
+        psutil.cpu_percent()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling and hand every row to the buffer's sink. Idempotent."""
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        self.buffer.close()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                self.buffer.append(self.sample())
+            except Exception as exc:  # a failing sensor must not end the series, nor training
+                log.warning("ray_cmf: system metrics sample failed: %s", exc)
+
+    @staticmethod
+    def _counters() -> tuple[float, Any, Any]:
+        return time.monotonic(), psutil.disk_io_counters(), psutil.net_io_counters()
+
+    def sample(self) -> dict[str, Any]:
+        """One row: the readings now, and the disk and network rates since the previous row."""
+        now, disk, net = counters = self._counters()
+        then, disk0, net0 = self._last
+        self._last = counters
+        seconds = max(now - then, 1e-9)
+        memory = psutil.virtual_memory()
+        self.samples += 1
+        with self._process.oneshot():
+            process_cpu, rss = self._process.cpu_percent(), self._process.memory_info().rss
+        row: dict[str, Any] = {
+            "step": self.samples,
+            "wall_time": time.time(),
+            **self.extra,
+            "proc_cpu_percent": process_cpu,
+            "proc_rss_mb": rss / _MB,
+            "node_cpu_percent": psutil.cpu_percent(),
+            "node_mem_used_mb": (memory.total - memory.available) / _MB,
+            "node_mem_percent": memory.percent,
+        }
+        if disk is not None and disk0 is not None:
+            row["disk_read_mb_s"] = (disk.read_bytes - disk0.read_bytes) / _MB / seconds
+            row["disk_write_mb_s"] = (disk.write_bytes - disk0.write_bytes) / _MB / seconds
+        if net is not None and net0 is not None:
+            row["net_sent_mb_s"] = (net.bytes_sent - net0.bytes_sent) / _MB / seconds
+            row["net_recv_mb_s"] = (net.bytes_recv - net0.bytes_recv) / _MB / seconds
+        return row | self._gpus.sample()
+
+
+def sample_into(
+    writer: WriterClient,
+    key: SeriesKey | Callable[[], SeriesKey],
+    interval: float | None,
+    extra: dict[str, Any] | None = None,
+) -> SystemSampler | None:
+    """Start sampling into a series at the store's writer; None when ``interval`` is None (switched off)."""
+    if interval is None:
+        return None
+    buffer = MetricBuffer(sink=writer.sink(key), flush_seconds=max(DEFAULT_FLUSH_SECONDS, interval))
+    return SystemSampler(buffer, interval, extra).start()

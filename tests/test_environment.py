@@ -1,0 +1,232 @@
+"""Reproducibility: code version, software, hardware and seeds per execution; the system-metrics series."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ray_cmf import Cmf, Sweep
+from ray_cmf.buffer import MetricBuffer, SpillManifest, read_segments
+from ray_cmf.constants import ENVIRONMENT_TYPE, MLMD_FILE, STEP_METRICS_TYPE
+from ray_cmf.environment import strip_credentials
+from ray_cmf.lineage import Lineage, properties
+from ray_cmf.system import SystemSampler
+
+SECRET = "hunter2-not-for-the-store"
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from ray_cmf import Cmf
+    cmf = Cmf(pipeline_name="p", store=sys.argv[1])
+    cmf.create_execution("train", execution_name=sys.argv[2])
+    cmf.log_seeds(numpy=7, huge=2**64 - 1)
+    cmf.log_metric("m", {"x": 1.0})
+    cmf.commit_metrics("m")
+    """
+)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _run_script(directory: Path, store: Path, name: str) -> None:
+    """Run the user's script from ``directory`` (its code version is that directory's git state)."""
+    script = directory / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "RAY_CMF_TEST_SECRET": SECRET}
+    subprocess.run([sys.executable, str(script), str(store), name], check=True, env=env, cwd=directory, timeout=120)
+
+
+def _execution_props(store: Path) -> dict[str, dict[str, Any]]:
+    lineage = Lineage(store / MLMD_FILE, readonly=True)
+    return {e.name: properties(e) for e in lineage.store.get_executions()}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    _git(repo, "remote", "add", "origin", f"https://alice:{SECRET}@example.com/team/model.git")
+    (repo / "model.py").write_text("LAYERS = 2\n")
+    (repo / "train.py").write_text(SCRIPT)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "first")
+    return repo
+
+
+def test_execution_records_the_commit_dirty_flag_and_no_secrets(repo: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _run_script(repo, store, "clean")
+    (repo / "model.py").write_text("LAYERS = 3\n")  # an uncommitted change
+    _run_script(repo, store, "dirty")
+    props = _execution_props(store)
+    head = _git(repo, "rev-parse", "HEAD")
+    clean, dirty = props["clean"], props["dirty"]
+    assert clean["env_git_commit"] == dirty["env_git_commit"] == head
+    assert clean["env_git_branch"] == "main"
+    assert clean["env_git_dirty"] is False and clean["env_git_diff_md5"] == ""
+    assert dirty["env_git_dirty"] is True and len(dirty["env_git_diff_md5"]) == 32
+    assert clean["env_git_remote"] == "https://example.com/team/model.git"  # credentials stripped
+    assert clean["env_python"] == ".".join(map(str, sys.version_info[:3]))
+    assert clean["env_host"] == socket.gethostname() and clean["env_cpu_count"] == os.cpu_count()
+    assert clean["seed_numpy"] == 7 and clean["seed_huge"] == str(2**64 - 1)
+    leaked = [p for p in store.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert leaked == []  # neither the remote's password nor the environment variable reached the store
+
+
+def test_outside_a_git_repository_no_code_version_is_recorded(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _run_script(plain, tmp_path / "store", "run")
+    props = _execution_props(tmp_path / "store")["run"]
+    assert not any(k.startswith("env_git") for k in props) and props["env_ray_cmf"]
+
+
+def test_executions_with_one_environment_share_one_package_list(repo: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _run_script(repo, store, "a")
+    _run_script(repo, store, "b")
+    lineage = Lineage(store / MLMD_FILE, readonly=True)
+    [package_list] = lineage.store.get_artifacts_by_type(ENVIRONMENT_TYPE)
+    producers = lineage.store.get_events_by_artifact_ids([package_list.id])
+    assert len({e.execution_id for e in producers}) == 2
+    path = store / properties(package_list)["url"]
+    lines = path.read_text().splitlines()
+    assert any(line.startswith("ray_cmf==") for line in lines) and lines == sorted(
+        lines, key=lambda line: line.split("==")[0].lower()
+    )
+    assert len(list((store / "environments").glob("packages-*.txt"))) == 1
+
+
+def test_seeds_must_be_ints_and_name_the_bad_one(tmp_path: Path) -> None:
+    cmf = Cmf(pipeline_name="p", store=tmp_path / "store")
+    with pytest.raises(TypeError, match="'lr'"):
+        cmf.log_seeds(lr=0.1)  # type: ignore[arg-type]
+    cmf.close()
+
+
+def test_strip_credentials() -> None:
+    assert strip_credentials("https://u:p@host/r.git") == "https://host/r.git"
+    assert strip_credentials("ssh://git@host/r.git") == "ssh://host/r.git"
+    assert strip_credentials("git@host:r.git") == "git@host:r.git"  # scp-like: a user name, no secret
+
+
+def test_sampler_rows_have_plausible_values_at_its_cadence(tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    buffer = MetricBuffer(spill, manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s.parquet")))
+    sampler = SystemSampler(buffer, interval=0.1, extra={"rank": 3}).start()
+    time.sleep(1.05)
+    sampler.stop()
+    rows = [row for batch in read_segments(spill) for row in batch.to_pylist()]
+    assert 5 <= len(rows) <= 11  # one row a tenth of a second, none before the first interval
+    gaps = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:])]
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.05)
+    for row in rows:
+        assert row["rank"] == 3 and row["proc_rss_mb"] > 0
+        assert 0 <= row["proc_cpu_percent"] <= 100 * os.cpu_count() and 0 <= row["node_cpu_percent"] <= 100
+        assert row["node_mem_used_mb"] > 0 and row["disk_read_mb_s"] >= 0 and row["net_recv_mb_s"] >= 0
+    assert [row["step"] for row in rows] == list(range(1, len(rows) + 1))
+
+
+def test_sampler_refuses_a_bad_interval(tmp_path: Path) -> None:
+    buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("s", 1, str(tmp_path / "s.parquet")))
+    with pytest.raises(ValueError, match="interval"):
+        SystemSampler(buffer, interval=0)
+
+
+# -- in a real Tune sweep ----------------------------------------------------------------------------
+def _trainable(config: dict[str, Any]) -> None:
+    import ray_cmf.tune
+
+    cmf = ray_cmf.tune.get_cmf(system_metrics=0.2)
+    cmf.log_seeds(data=int(config["lr"] * 100))
+    for step in range(8):
+        time.sleep(0.2)  # a training step that releases the GIL, as torch's kernels do
+        cmf.log_metric("steps", {"step": step, "loss": config["lr"] / (step + 1)})
+    cmf.commit_metrics("steps")
+
+
+@pytest.fixture(scope="module")
+def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    tmp = tmp_path_factory.mktemp("env_sweep")
+    tune.Tuner(
+        _trainable,
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        run_config=tune.RunConfig(
+            name="env", storage_path=str(tmp / "results"), callbacks=[CmfRayLogger("envs", store=str(tmp / "store"))]
+        ),
+    ).fit()
+    return tmp / "store"
+
+
+def test_each_trial_records_its_host_seeds_and_a_shared_package_list(sweep: Path) -> None:
+    lineage = Lineage(sweep / MLMD_FILE, readonly=True)
+    trials = lineage.store.get_executions()
+    assert len(trials) == 2
+    for trial in trials:
+        props = properties(trial)
+        assert props["env_host"] == socket.gethostname() and props["env_node_id"]  # from the trial's process
+        assert props["env_ray"] and props["env_python"]  # from the driver
+        assert props["seed_data"] == round(props["lr"] * 100)
+    [package_list] = lineage.store.get_artifacts_by_type(ENVIRONMENT_TYPE)
+    users = {e.execution_id for e in lineage.store.get_events_by_artifact_ids([package_list.id])}
+    assert users == {t.id for t in trials}
+
+
+def test_each_trial_has_a_system_metrics_series_committed_at_its_end(sweep: Path) -> None:
+    lineage = Lineage(sweep / MLMD_FILE, readonly=True)
+    for trial in lineage.store.get_executions():
+        events = lineage.store.get_events_by_execution_ids([trial.id])
+        series = [
+            a
+            for a in lineage.store.get_artifacts_by_id([e.artifact_id for e in events])
+            if a.type_id == lineage.store.get_artifact_type(STEP_METRICS_TYPE).id
+            and properties(a)["metrics_name"] == "system_metrics"
+        ]
+        [artifact] = series
+        assert properties(artifact)["at_end"] is True  # the trainable never committed it
+        rows = pq.read_table(sweep / properties(artifact)["url"]).to_pylist()
+        assert len(rows) >= 4  # 1.6 s of training, a row every 0.2 s
+        assert all(0 <= r["proc_cpu_percent"] <= 100 * os.cpu_count() and r["proc_rss_mb"] > 0 for r in rows)
+
+
+def test_sweep_shows_and_diffs_environments(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ray_cmf.cli import main
+
+    trials = Sweep(sweep, pipeline="envs").trials()
+    assert set(trials["env/host"]) == {socket.gethostname()}
+    assert sorted(trials["seed/data"]) == [10, 20]
+    a, b = trials["trial_id"]
+    diff = Sweep(sweep, pipeline="envs").diff(a, b)
+    assert {"config/lr", "seed/data"} <= set(diff.index)
+    assert not [f for f in diff.index if f.startswith("env/")]  # one machine, one environment
+    assert main(["diff", a, b, "--store", str(sweep), "--json"]) == 0
+    fields = {row["field"] for row in json.loads(capsys.readouterr().out)}
+    assert fields == set(diff.index)
+
+
+def test_show_prints_the_environment(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ray_cmf.cli import main
+
+    a = Sweep(sweep, pipeline="envs").trials()["trial_id"][0]
+    assert main(["show", a, "--store", str(sweep), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["environment"]["env/host"] == socket.gethostname() and "seed/data" in shown["environment"]
