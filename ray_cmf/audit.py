@@ -9,7 +9,7 @@ from pathlib import Path
 from ray_cmf.constants import DATASET_TYPE, ENVIRONMENT_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
 from ray_cmf.lineage import Lineage, properties
 from ray_cmf.store import Store
-from ray_cmf.versioning import file_md5
+from ray_cmf.versioning import cache_path, file_md5
 
 _AUDITED_TYPES = (STEP_METRICS_TYPE, DATASET_TYPE, MODEL_TYPE, ENVIRONMENT_TYPE)
 
@@ -57,7 +57,7 @@ def audit(store: Store) -> Iterator[Finding]:
                 dvc_file = path.with_name(path.name + ".dvc")
                 if dvc_file.exists() and _dvc_md5(dvc_file) != md5:
                     status = "dvc-mismatch"
-                elif dvc_file.exists() and not store.dvc.cache_path(md5).is_file():
+                elif dvc_file.exists() and not cache_path(store.root, md5).is_file():
                     status = "cache-missing"
                 else:
                     status = "ok"

@@ -131,7 +131,10 @@ class Store:
             probe.unlink()
             self._record_config()
         except OSError as exc:
-            raise StoreError(f"Store directory {self.root} is not writable: {exc}") from exc
+            raise StoreError(
+                f"Store directory {self.root} is not writable: {exc}. Name a writable store (store=... or "
+                f"${ENV_STORE}); reading this one (ray-cmf trials / verify, Sweep) still works"
+            ) from exc
 
     @property
     def lineage(self) -> Lineage:

@@ -54,6 +54,11 @@ def tree_md5(path: str | os.PathLike[str]) -> tuple[str, int]:
     return hashlib.md5(listing.encode()).hexdigest() + ".dir", size
 
 
+def cache_path(root: str | os.PathLike[str], md5: str) -> Path:
+    """Where the DVC repo at ``root`` keeps the object with this md5 (computed: nothing is opened)."""
+    return Path(root) / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+
+
 class DvcRepo:
     """The DVC repository at the store root (created on first use, with git only when asked).
 
@@ -64,7 +69,6 @@ class DvcRepo:
 
     def __init__(self, root: str | os.PathLike[str], *, scm: bool = False) -> None:
         self.root = Path(root)
-        self.cache_dir = self.root / ".dvc" / "cache" / "files" / "md5"
         if not (self.root / ".dvc").is_dir():
             self._init(scm)
 
@@ -87,7 +91,7 @@ class DvcRepo:
 
     def cache_path(self, md5: str) -> Path:
         """Where DVC keeps the object with this md5."""
-        return self.cache_dir / md5[:2] / md5[2:]
+        return cache_path(self.root, md5)
 
     def track(self, path: str | os.PathLike[str], md5: str, size: int) -> Path:
         """Put ``path`` (inside the repo, already hashed) into the cache and write its ``.dvc`` file.

@@ -164,6 +164,33 @@ def test_read_only_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert code == 0 and statuses[before] == "ok" and set(statuses.values()) == {"ok"}
 
 
+def _on_read_only(store: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in a private mount namespace (as root) where ``store`` is mounted read-only."""
+    reason = unshare_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    script = f'mount --bind {store} {store} && mount -o remount,bind,ro {store} && exec "$@"'
+    return subprocess.run(["unshare", "-m", "bash", "-c", script, "-", *command], capture_output=True, text=True)
+
+
+def test_a_store_read_only_from_the_start_is_a_clear_error_and_still_readable(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    before = _committed_before(store)
+    opened = _on_read_only(
+        store, sys.executable, "-c", f"from ray_cmf import Cmf; Cmf(pipeline_name='p', store='{store}')"
+    )
+    assert opened.returncode == 1
+    assert f"StoreError: Store directory {store} is not writable" in opened.stderr
+    assert "Read-only file system" in opened.stderr and "Name a writable store" in opened.stderr
+    cli = str(Path(sys.executable).parent / "ray-cmf")
+    verified = _on_read_only(store, cli, "verify", "--store", str(store), "--json")
+    assert verified.returncode == 0, verified.stderr
+    statuses = {row["url"]: row["status"] for row in json.loads(verified.stdout)}
+    assert statuses[before] == "ok" and set(statuses.values()) == {"ok"}
+    listed = _on_read_only(store, cli, "pipelines", "--store", str(store), "--json")
+    assert [row["pipeline"] for row in json.loads(listed.stdout)] == ["p"]
+
+
 def test_disk_full_during_spill_and_commit(tmp_path: Path) -> None:
     disk = tmp_path / "disk"
     disk.mkdir()
