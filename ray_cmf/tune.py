@@ -491,9 +491,23 @@ class CmfRayLogger(tune.Callback):
         )
         top = {t.trial_id: rank for rank, t in enumerate(ranked[: self.top_n], start=1)}
         for trial in trials:
-            if trial.trial_id in self._trials:
-                props = {"in_top_n": trial.trial_id in top, "top_rank": top.get(trial.trial_id, 0)}
+            if trial.trial_id not in self._trials:
+                continue
+            props = {"in_top_n": trial.trial_id in top, "top_rank": top.get(trial.trial_id, 0)}
+            if self._trials[trial.trial_id].binding is not None:
                 self._send(StoreWriter.end, kind="trial", name=trial.trial_id, props=props)
+            else:  # it ended before a restore, so this driver's writer never bound it: find it by name
+                binding, _ = self._rt.writer.call(
+                    StoreWriter.execution,
+                    pipeline=self.pipeline_name,
+                    stage=self._stage(trial),
+                    type_name=TRIAL_EXECUTION_TYPE,
+                    name=trial.trial_id,
+                    store=self.store,
+                )
+                self._send(
+                    StoreWriter.update_execution, execution_id=binding.execution_id, props=props, store=binding.store
+                )
 
     # -- Tune experiment checkpoints -----------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

@@ -238,22 +238,22 @@ RESTORE_DRIVER = textwrap.dedent(
     from ray_cmf import CmfRayLogger
 
     store, results, phase = sys.argv[1], sys.argv[2], sys.argv[3]
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)  # every trial at once
 
     def trainable(config):
         start = 0
         checkpoint = tune.get_checkpoint()
         if checkpoint:
             start = int((Path(checkpoint.path) / "it").read_text())
-        for it in range(start, 30):
+        for it in range(start, 3 if config["lr"] == 0.05 else 30):  # 0.05 ends before the driver is killed
             time.sleep(0.15)
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / "it").write_text(str(it + 1))
                 tune.report({"loss": config["lr"] / (it + 1), "it": it}, checkpoint=Checkpoint.from_directory(d))
 
     if phase == "first":
-        logger = CmfRayLogger("restore", pipeline_stage="exp", metric="loss", mode="min", store=store)
-        tuner = tune.Tuner(trainable, param_space={"lr": tune.grid_search([0.1, 0.2])},
+        logger = CmfRayLogger("restore", pipeline_stage="exp", metric="loss", mode="min", top_n=2, store=store)
+        tuner = tune.Tuner(trainable, param_space={"lr": tune.grid_search([0.05, 0.1, 0.2])},
                            run_config=tune.RunConfig(name="exp", storage_path=results, callbacks=[logger], verbose=0))
     else:
         tuner = tune.Tuner.restore(os.path.join(results, "exp"), trainable=trainable)
@@ -296,9 +296,12 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
 
     recover(Store(store))  # what the killed driver's writer left: adopted by the restore, nothing to redo
     lineage = Lineage(store / "mlmd.sqlite", readonly=True)
-    executions = lineage.store.get_executions()
-    assert len(executions) == 2  # no second execution per trial
-    for execution in executions:
+    executions = {properties(e)["lr"]: e for e in lineage.store.get_executions()}
+    assert len(executions) == 3  # no second execution per trial
+    short = properties(executions.pop(0.05))  # ended before the kill: ranked after the restore all the same
+    assert short["status"] == "COMPLETE" and short["in_top_n"] is False and short["top_rank"] == 0
+    assert {lr: properties(e)["top_rank"] for lr, e in executions.items()} == {0.1: 1, 0.2: 2}
+    for execution in executions.values():
         assert execution.last_known_state == mlpb.Execution.COMPLETE
         assert properties(execution)["attempt"] == 2
         [artifact] = [
