@@ -33,6 +33,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_tune.py
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_sweep_scale.py
+	$(PY) benchmarks/bench_writer.py
+	$(PY) benchmarks/bench_system_metrics.py
+	$(PY) benchmarks/bench_report.py
 
 clean:
-	rm -rf $(VENV) cmf_store demo_store demo_store_ray demo_curves.png .pytest_cache
+	rm -rf $(VENV) cmf_store demo_store demo_store_ray demo_curves.png demo_report.html .pytest_cache

@@ -3,7 +3,8 @@
 Each trial trains a small torch MLP on synthetic data, logs every optimizer step through its own Cmf
 (``ray_cmf.tune.get_cmf()``), reports per-epoch validation loss to Tune, and commits its step series.
 CmfRayLogger gives every trial its own MLMD execution and commits its Tune results as versioned
-Parquet. At the end the trials are compared with ``ray_cmf.Sweep``.
+Parquet. At the end the trials are compared with ``ray_cmf.Sweep``, which also writes the interactive
+report ``demo_report.html``.
 
 Run with ``make demo`` (or ``python examples/tune_sweep.py``). Store: $RAY_CMF_STORE or ./demo_store.
 """
@@ -39,6 +40,7 @@ def train(config: dict) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     cmf = ray_cmf.tune.get_cmf()
+    cmf.log_seeds(data=0)  # with torch's own seed, recorded on its own
     step = 0
     for epoch in range(EPOCHS):
         for i in range(0, len(x), config["batch_size"]):
@@ -76,6 +78,8 @@ def main() -> None:
     print(f"\nPer-step series: {len(fine.steps(['loss']))} optimizer steps logged across {len(table)} trials")
     curves = sweep.plot_curves("val_loss", "demo_curves.png", color_by="lr")
     print(f"Learning curves: {curves.absolute()}")
+    report = sweep.report("demo_report.html", metrics=["val_loss"])
+    print(f"Interactive report (one file, opens offline): {report.absolute()}")
 
 
 if __name__ == "__main__":

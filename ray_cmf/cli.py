@@ -214,6 +214,37 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    sweep = _sweep(args)
+    path = sweep.report(args.output, metrics=args.metric, mode=args.mode, max_points=args.max_points)
+    size = path.stat().st_size / 2**20
+    _emit(args, [{"report": str(path), "trials": len(sweep.executions()), "MB": round(size, 2)}], "report written")
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ray_cmf.report import ReportServer
+
+    _sweep(args)  # a bad store, pipeline or stage fails here, before the server starts
+    server = ReportServer(
+        lambda: _sweep(args),
+        host=args.host,
+        port=args.port,
+        refresh_seconds=args.refresh,
+        metrics=args.metric,
+        mode=args.mode,
+        max_points=args.max_points,
+    )
+    print(f"ray-cmf: serving the report of {args.store or 'the store'} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return EXIT_OK
+
+
 # -- parser -----------------------------------------------------------------------------------------
 def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool = False) -> None:
     parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
@@ -257,6 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p)
     p.add_argument("trial_a")
     p.add_argument("trial_b")
+    p = command("report", cmd_report, "the sweep's interactive report: one self-contained HTML file")
+    _add_sweep_options(p)
+    p.add_argument("-o", "--output", required=True, help="HTML path")
+    p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
+    p = command("serve", cmd_serve, "serve the report on localhost; it follows a running sweep")
+    _add_sweep_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0 picks a free one)")
+    p.add_argument("--refresh", type=int, default=10, help="seconds between rebuilds and page reloads")
+    p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p = command("plot", cmd_plot, "learning curves as a PNG")
     _add_sweep_options(p, metric_required=True)
     p.add_argument("-o", "--output", required=True, help="PNG path")

@@ -19,7 +19,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from ray_cmf.constants import ATTEMPT_COLUMN, SEQUENCE_COLUMN, STEP_METRICS_TYPE, SUMMARY_KEY, TRIAL_EXECUTION_TYPE
+from ray_cmf.buffer import SpillManifest, read_segments
+from ray_cmf.constants import (
+    ATTEMPT_COLUMN,
+    SEQUENCE_COLUMN,
+    SPILL_DIR,
+    STEP_METRICS_TYPE,
+    SUMMARY_KEY,
+    TRIAL_EXECUTION_TYPE,
+)
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
@@ -143,34 +151,70 @@ class Sweep:
         return self._files
 
     # -- frames --------------------------------------------------------------------------------------
-    def steps(self, metrics: Iterable[str] | None = None, trials: Iterable[str] | None = None) -> pd.DataFrame:
-        """Tidy frame (trial_id, step, metric columns) from ONE dataset scan that reads only those columns."""
-        files = self.files()
-        if trials is not None:
-            wanted = set(trials)
-            files = [f for f in files if f.trial_id in wanted]
-        footers = _read_footers(files)
-        files = [f for f in files if f.path in footers]
+    def steps(
+        self, metrics: Iterable[str] | None = None, trials: Iterable[str] | None = None, *, live: bool = False
+    ) -> pd.DataFrame:
+        """Tidy frame (trial_id, step, metric columns) from ONE dataset scan that reads only those columns.
+
+        ``live=True`` adds the rows that running trials have spilled but not committed yet (read-only:
+        the complete batches of their spill segments; nothing waits for the writer).
+        """
         import pandas as pd
 
+        wanted = set(trials) if trials is not None else None
+        metrics = list(metrics) if metrics is not None else None
+        frames = [self._committed(metrics, wanted)]
+        if live:
+            frames += self._spilled(metrics, wanted)
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        if live and len(frames) > 1:  # a committed version and the spill that extends it
+            frame = frame.drop_duplicates([TRIAL_COLUMN, "step"], keep="last")
+        chosen = metrics if metrics is not None else [c for c in frame.columns if c not in (TRIAL_COLUMN, "step")]
+        return frame[[TRIAL_COLUMN, "step", *chosen]].reset_index(drop=True)
+
+    def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pd.DataFrame:
+        import pandas as pd
+
+        files = [f for f in self.files() if trials is None or f.trial_id in trials]
+        footers = _read_footers(files)
+        files = [f for f in files if f.path in footers]
         if not files:
-            return pd.DataFrame(columns=[TRIAL_COLUMN, "step"])
+            return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
         schema = pa.unify_schemas([schema for schema, _ in footers.values()], promote_options="permissive")
-        dataset = pads.dataset([str(f.path) for f in files], format="parquet", schema=schema)
-        names = dataset.schema.names
-        step = next(c for c in STEP_CANDIDATES if c in names)
-        chosen = list(metrics) if metrics is not None else _metric_columns(dataset.schema)
-        missing = [m for m in chosen if m not in names]
-        if missing:
-            raise RayCmfError(f"Unknown metric(s) {missing}; the series has {_metric_columns(dataset.schema)}")
-        columns = [step, *chosen] + ([ATTEMPT_COLUMN] if ATTEMPT_COLUMN in names else [])
-        table = _scan_with_trials(dataset, list(dict.fromkeys(columns)), files)
-        frame = table.to_pandas()
-        if ATTEMPT_COLUMN in frame.columns and frame[ATTEMPT_COLUMN].max() > 1:
-            frame = dedup_attempts(frame, step, by=[TRIAL_COLUMN])
-        frame = frame.rename(columns={step: "step"})
-        ordered = [TRIAL_COLUMN, "step", *[c for c in chosen if c != step]]
-        return frame[ordered].reset_index(drop=True)
+        dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
+        table = _scan_with_trials(dataset, _columns(dataset.schema, metrics), files)
+        return _tidy(table.to_pandas(), metrics)
+
+    def _spilled(self, metrics: list[str] | None, trials: set[str] | None) -> list[pd.DataFrame]:
+        """The uncommitted rows of this sweep's series, one frame per spill directory."""
+        spill_root = self.store.root / SPILL_DIR
+        ids = {e.id: _trial_id(e) for e, _ in self.executions()}
+        frames = []
+        for directory in sorted(spill_root.iterdir()) if spill_root.is_dir() else []:
+            try:
+                manifest = SpillManifest.read(directory)
+            except (OSError, ValueError, TypeError):
+                continue  # being created, or not a spill
+            trial = ids.get(manifest.execution_id)
+            if manifest.metrics_name != self.metrics_name or trial is None or (trials and trial not in trials):
+                continue
+            batches = list(read_segments(directory))
+            if not batches:
+                continue
+            table = (
+                pa.Table.from_batches(batches)
+                if len({b.schema for b in batches}) == 1
+                else pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
+            )
+            present = [m for m in metrics if m in table.column_names] if metrics is not None else None
+            table = table.select(_columns(table.schema, present))
+            frames.append(
+                _tidy(table.append_column(TRIAL_COLUMN, pa.array([trial] * table.num_rows)).to_pandas(), metrics)
+            )
+        return frames
 
     def trials(
         self, metrics: Iterable[str] | None = None, *, mode: str | Mapping[str, str] = "min", verify: bool = False
@@ -310,6 +354,22 @@ class Sweep:
         differs = pair.apply(lambda r: not _same(r.iloc[0], r.iloc[1]), axis=1)
         return pair[differs]
 
+    def report(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        metrics: Sequence[str] | None = None,
+        mode: str = "min",
+        max_points: int = 200,
+    ) -> Path:
+        """Write the sweep's interactive report: one self-contained HTML file that opens offline (trial
+        table, learning curves, parallel coordinates, hyperparameter importance, lineage, Train device
+        metrics). ``mode`` says whether lower or higher ``metrics`` are better; each curve keeps at most
+        ``max_points`` points."""
+        from ray_cmf.report import write
+
+        return write(self, Path(path), metrics=metrics, mode=mode, max_points=max_points)
+
     # -- plots ---------------------------------------------------------------------------------------
     def plot_curves(
         self,
@@ -359,20 +419,63 @@ def _metric_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
 
 
+def _columns(schema: pa.Schema, metrics: list[str] | None) -> list[str]:
+    """The step column, the metric columns (all numeric ones by default) and the attempt column to read."""
+    names = schema.names
+    step = next((c for c in STEP_CANDIDATES if c in names), None)
+    if step is None:
+        raise RayCmfError(f"The series has no step column (one of {list(STEP_CANDIDATES)}); it has {names}")
+    chosen = metrics if metrics is not None else _metric_columns(schema)
+    missing = [m for m in chosen if m not in names]
+    if missing:
+        raise RayCmfError(f"Unknown metric(s) {missing}; the series has {_metric_columns(schema)}")
+    return list(dict.fromkeys([step, *chosen] + ([ATTEMPT_COLUMN] if ATTEMPT_COLUMN in names else [])))
+
+
+def _tidy(frame: pd.DataFrame, metrics: list[str] | None) -> pd.DataFrame:
+    """(trial_id, step, metrics…) with re-run steps resolved to their latest attempt."""
+    step = next(c for c in STEP_CANDIDATES if c in frame.columns)
+    if ATTEMPT_COLUMN in frame.columns and len(frame) and frame[ATTEMPT_COLUMN].max() > 1:
+        frame = dedup_attempts(frame, step, by=[TRIAL_COLUMN])
+    frame = frame.drop(columns=[c for c in (ATTEMPT_COLUMN,) if c in frame.columns and c not in (metrics or [])])
+    frame = frame.rename(columns={step: "step"})
+    rest = [c for c in frame.columns if c not in (TRIAL_COLUMN, "step")]
+    return frame[[TRIAL_COLUMN, "step", *rest]]
+
+
 def _metric_names(table: pd.DataFrame) -> set[str]:
     return {c[: -len("_best")] for c in table.columns if c.endswith("_best")}
 
 
 def _scan_with_trials(dataset: pads.Dataset, columns: list[str], files: Sequence[TrialFile]) -> pa.Table:
-    """One projected scan of every file, with a dictionary-encoded trial_id column from each batch's file."""
-    index_of = {str(f.path): i for i, f in enumerate(files)}
+    """One projected scan of every distinct file, with a dictionary-encoded trial_id column.
+
+    Trials whose series have the same content share one file (one artifact, linked to each): its rows
+    are read once and given to each of them.
+    """
+    paths = list(dict.fromkeys(str(f.path) for f in files))
+    index_of = {path: i for i, path in enumerate(paths)}
     batches, codes = [], []
     for tagged in dataset.scanner(columns=columns).scan_batches():
         batches.append(tagged.record_batch)
         codes.append(np.full(tagged.record_batch.num_rows, index_of[tagged.fragment.path], dtype=np.int32))
     table = pa.Table.from_batches(batches, schema=pa.schema([dataset.schema.field(c) for c in columns]))
-    indices = pa.array(np.concatenate(codes) if codes else np.empty(0, np.int32))
-    trial_ids = pa.DictionaryArray.from_arrays(indices, pa.array([f.trial_id for f in files]))
+    path_codes = np.concatenate(codes) if codes else np.empty(0, np.int32)
+    if len(paths) == len(files):
+        trial_of_path = [""] * len(paths)
+        for file in files:
+            trial_of_path[index_of[str(file.path)]] = file.trial_id
+        trial_ids = pa.DictionaryArray.from_arrays(pa.array(path_codes), pa.array(trial_of_path))
+        return table.append_column(TRIAL_COLUMN, trial_ids)
+    rows, trial_codes = [], []
+    for code, file in enumerate(files):
+        mine = np.flatnonzero(path_codes == index_of[str(file.path)])
+        rows.append(mine)
+        trial_codes.append(np.full(len(mine), code, dtype=np.int32))
+    table = table.take(pa.array(np.concatenate(rows)))
+    trial_ids = pa.DictionaryArray.from_arrays(
+        pa.array(np.concatenate(trial_codes)), pa.array([f.trial_id for f in files])
+    )
     return table.append_column(TRIAL_COLUMN, trial_ids)
 
 

@@ -177,3 +177,18 @@ def test_a_store_from_cmf_alone_is_readable(tmp_path: Path, capsys: pytest.Captu
     assert code == 0 and json.loads(out)[0]["steps"] == 10
     with pytest.raises(StoreError, match="No pipeline"):
         Sweep(Store(tmp_path / "store"), pipeline="missing")
+
+
+def test_trials_with_identical_series_each_get_their_rows(tmp_path: Path) -> None:
+    """Identical content is one file and one artifact, linked to each trial; each trial still shows it."""
+    for name in ("a", "b", "c"):
+        cmf = Cmf(pipeline_name="same", store=tmp_path / "store")
+        cmf.create_execution("trial", execution_name=name)
+        for step in range(5):
+            cmf.log_metric("s", {"step": step, "loss": 1.0 / (step + 1)})
+        cmf.commit_metrics("s")
+    sweep = Sweep(tmp_path / "store", metrics_name="s")
+    assert len({f.path for f in sweep.files()}) == 1
+    steps = sweep.steps()
+    assert steps.groupby("trial_id", observed=True).size().to_dict() == {"a": 5, "b": 5, "c": 5}
+    assert sweep.trials()["steps"].tolist() == [5, 5, 5]

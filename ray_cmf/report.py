@@ -1,0 +1,504 @@
+"""The sweep report: one self-contained interactive HTML page, and a live server for it.
+
+The page embeds plotly.js (from the ``plotly`` package) and its data, so it opens offline and loads
+nothing from the network. It shows the sortable trial table, learning curves, parallel coordinates,
+each hyperparameter against the best metric with an importance measure, every trial's lineage, and
+the per-step device metrics of Train runs. Each curve is downsampled (see :func:`downsample`); the page
+says so.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import math
+import string
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+from ray_cmf.errors import RayCmfError
+from ray_cmf.lineage import properties
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ray_cmf.compare import Sweep
+
+log = logging.getLogger(__name__)
+_TEMPLATE = string.Template((resources.files("ray_cmf") / "report_template.html").read_text(encoding="utf-8"))
+
+DEFAULT_MAX_POINTS = 200  # per curve
+DEVICE_METRICS_NAME = "train_steps"
+TUNE_BOOKKEEPING = frozenset(  # what Tune adds to every result: not what a user compares trials by
+    {
+        "time_this_iter_s",
+        "time_total_s",
+        "time_since_restore",
+        "iterations_since_restore",
+        "timesteps_total",
+        "timesteps_since_restore",
+        "episodes_total",
+        "training_iteration",
+    }
+)
+
+
+# -- downsampling --------------------------------------------------------------------------------------
+def downsample(x: np.ndarray, y: np.ndarray, max_points: int, mode: str = "min") -> np.ndarray:
+    """Indices of at most ``max_points`` points that keep a curve's shape: the minimum and maximum of each
+    of ``(max_points - 3) // 2`` equal buckets, plus the first, the last and the best point (``mode``).
+
+    NaN values are left out. Returns sorted indices into ``x`` / ``y``.
+    """
+    finite = np.flatnonzero(~np.isnan(y))
+    n = len(finite)
+    if n <= max_points:
+        return finite
+    values = y[finite]
+    buckets = max(1, (max_points - 3) // 2)
+    size = -(-n // buckets)
+    starts = np.arange(buckets) * size
+    padded = np.full(buckets * size, np.inf)
+    padded[:n] = values
+    lows = padded.reshape(buckets, size).argmin(axis=1) + starts
+    padded[n:] = -np.inf
+    highs = padded.reshape(buckets, size).argmax(axis=1) + starts
+    best = np.argmin(values) if mode == "min" else np.argmax(values)
+    keep = np.unique(np.r_[lows, highs, 0, n - 1, best])
+    return finite[keep[keep < n]]
+
+
+# -- the data on the page ------------------------------------------------------------------------------
+@dataclass
+class _Section:
+    """One series of curves (a metric of the sweep's series, or of its Train runs' device metrics)."""
+
+    key: str
+    title: str
+    traces: list[dict[str, Any]]
+
+
+def _hover_config(trials: pd.DataFrame) -> dict[str, str]:
+    config = [c for c in trials.columns if c.startswith("config/")]
+    return {
+        row["trial_id"]: ", ".join(f"{c[len('config/') :]}={_short(row[c])}" for c in config)
+        for row in trials[["trial_id", *config]].to_dict(orient="records")
+    }
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))[:40]
+
+
+@dataclass
+class _Trials:
+    """The rows of each trial in a steps frame: one stable sort, instead of a groupby per metric."""
+
+    order: np.ndarray
+    spans: list[tuple[str, slice]]
+
+    @classmethod
+    def of(cls, steps: pd.DataFrame) -> _Trials:
+        import pandas as pd
+
+        column = steps["trial_id"]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            codes, names = column.cat.codes.to_numpy(), column.cat.categories
+        else:
+            codes, names = pd.factorize(column)
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
+        starts, ends = np.r_[0, bounds], np.r_[bounds, len(codes)]
+        spans = [(str(names[sorted_codes[a]]), slice(a, b)) for a, b in zip(starts, ends) if b > a]
+        return cls(order, spans)
+
+
+def _curves(
+    steps: pd.DataFrame, trials: _Trials, metric: str, hover: dict[str, str], mode: str, max_points: int
+) -> list[dict[str, Any]]:
+    """One plotly trace per trial: the downsampled curve, the trial id and config on hover."""
+    x_all = steps["step"].to_numpy()[trials.order]
+    y_all = steps[metric].to_numpy(dtype=float, na_value=np.nan)[trials.order]
+    traces = []
+    for trial_id, rows in trials.spans:
+        x, y = x_all[rows], y_all[rows]
+        keep = downsample(x, y, max_points, mode)
+        if not len(keep):
+            continue
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": trial_id,
+                "x": x[keep].tolist(),
+                "y": y[keep].tolist(),
+                "line": {"width": 1.2},
+                "hovertemplate": f"<b>{html.escape(trial_id)}</b><br>{hover.get(trial_id, '')}"
+                f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
+            }
+        )
+    return traces
+
+
+def _numeric(series: pd.Series) -> bool:
+    import pandas as pd
+
+    return bool(pd.api.types.is_numeric_dtype(series)) and not pd.api.types.is_bool_dtype(series)
+
+
+def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
+    """Parallel coordinates from every varying config key to the best ``metric`` (categories as ticks)."""
+    best = trials[f"{metric}_best"]
+    dims = []
+    for column in [c for c in trials.columns if c.startswith("config/")]:
+        values = trials[column]
+        if values.nunique(dropna=True) < 2:
+            continue
+        if _numeric(values):
+            dims.append({"label": column[len("config/") :], "values": _floats(values)})
+        else:
+            labels = sorted(map(str, values.dropna().unique()))
+            codes = {label: i for i, label in enumerate(labels)}
+            dims.append(
+                {
+                    "label": column[len("config/") :],
+                    "values": [codes.get(str(v), None) for v in values],
+                    "tickvals": list(range(len(labels))),
+                    "ticktext": labels,
+                }
+            )
+    if not dims:
+        return None
+    dims.append({"label": f"best {metric}", "values": _floats(best)})
+    return {
+        "type": "parcoords",
+        "dimensions": dims,
+        "line": {"color": _floats(best), "colorscale": "Viridis", "showscale": True},
+    }
+
+
+def _floats(values: Iterable[Any]) -> list[float | None]:
+    out: list[float | None] = []
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            f = math.nan
+        out.append(None if math.isnan(f) else f)
+    return out
+
+
+def importance(trials: pd.DataFrame, metric: str) -> dict[str, float]:
+    """Per numeric config key: |Spearman rank correlation| between the key and the trials' best ``metric``
+    (0: no monotonic relation; 1: the ranking follows the key exactly). Keys that do not vary are left out."""
+    best = trials[f"{metric}_best"].astype(float)
+    out = {}
+    for column in [c for c in trials.columns if c.startswith("config/")]:
+        values = trials[column]
+        if not _numeric(values) or values.nunique(dropna=True) < 2 or best.nunique(dropna=True) < 2:
+            continue
+        rho = values.astype(float).rank().corr(best.rank())  # Spearman: Pearson on ranks (no scipy needed)
+        if rho == rho:
+            out[column[len("config/") :]] = abs(float(rho))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _params(trials: pd.DataFrame, metric: str) -> list[dict[str, Any]]:
+    """One scatter per numeric config key: its value against the best ``metric``, one point per trial."""
+    best = _floats(trials[f"{metric}_best"])
+    figures = []
+    for key, score in importance(trials, metric).items():
+        figures.append(
+            {
+                "key": key,
+                "importance": score,
+                "trace": {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "x": _floats(trials[f"config/{key}"]),
+                    "y": best,
+                    "text": trials["trial_id"].astype(str).tolist(),
+                    "hovertemplate": f"%{{text}}<br>{html.escape(key)}=%{{x}}<br>best {html.escape(metric)}"
+                    "=%{y:.5g}<extra></extra>",
+                },
+            }
+        )
+    return figures
+
+
+def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
+    """Per trial: every artifact of its execution (inputs and outputs, every version) with its md5."""
+    lineage = sweep.lineage.store
+    executions = {e.id: e for e, _ in sweep.executions()}
+    events = lineage.get_events_by_execution_ids(list(executions)) if executions else []
+    artifacts = {a.id: a for a in lineage.get_artifacts_by_id(list({e.artifact_id for e in events}))}
+    types = {t.id: t.name for t in lineage.get_artifact_types()}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for event in sorted(events, key=lambda e: (e.execution_id, e.artifact_id)):
+        artifact = artifacts[event.artifact_id]
+        props = properties(artifact)
+        trial_id = str(properties(executions[event.execution_id]).get("trial_id", executions[event.execution_id].name))
+        out.setdefault(trial_id, []).append(
+            {
+                "event": "input" if event.type == mlpb.Event.INPUT else "output",
+                "type": types.get(artifact.type_id, "?"),
+                "name": props.get("metrics_name", artifact.name.split(":")[0]),
+                "md5": props.get("Commit", ""),
+                "rows": props.get("rows", ""),
+                "url": props.get("url", artifact.uri),
+                "version": artifact.id,
+            }
+        )
+    return out
+
+
+def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
+    """The metrics to plot (from a trial table's ``_best`` columns, or a steps frame's numeric columns):
+    those asked for, else every one but Tune's own timing and counters."""
+    if "step" in table.columns:
+        found = [c for c in table.columns if c not in ("trial_id", "step") and _numeric(table[c])]
+    else:
+        found = [c[: -len("_best")] for c in table.columns if c.endswith("_best")]
+    if metrics is None:
+        return [m for m in found if m not in TUNE_BOOKKEEPING]
+    unknown = [m for m in metrics if m not in found]
+    if unknown:
+        raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {found}")
+    return list(metrics)
+
+
+def _with_summary(trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str], mode: str) -> pd.DataFrame:
+    """The trial table with best / final / steps computed from ``steps`` (committed and spilled rows)."""
+    trials = trials.drop(columns=[c for c in trials.columns if c.endswith(("_best", "_final"))] + ["steps"])
+    if not len(steps):
+        return trials.assign(steps=0)
+    grouped = steps.sort_values("step").groupby("trial_id", observed=True)
+    summary = grouped.size().rename("steps").to_frame()
+    for metric in metrics:
+        summary[f"{metric}_best"] = grouped[metric].min() if mode == "min" else grouped[metric].max()
+        summary[f"{metric}_final"] = grouped[metric].last()
+    summary.index = summary.index.astype(str)
+    table = trials.join(summary, on="trial_id")
+    table["steps"] = table["steps"].fillna(0).astype(int)
+    return table
+
+
+def _device_sections(sweep: Sweep, hover: dict[str, str], max_points: int, live: bool) -> list[_Section]:
+    """Curves of the device metrics that the sweep's Train runs logged (``train_steps``), if any."""
+    from ray_cmf.compare import Sweep as SweepType
+
+    if sweep.metrics_name == DEVICE_METRICS_NAME:
+        return []
+    stage = None if len(sweep.stages) != 1 else properties(sweep.stages[0]).get("stage")
+    device = SweepType(sweep.store, sweep.pipeline, stage, metrics_name=DEVICE_METRICS_NAME)
+    if not device.files() and not live:
+        return []
+    steps = device.steps(live=live)
+    metrics = [c for c in _metrics(steps, None) if c not in ("wall_time", "samples_per_s")]
+    spans = _Trials.of(steps)
+    return [
+        _Section(f"device-{i}", f"{m} (Train device metrics)", _curves(steps, spans, m, hover, "min", max_points))
+        for i, m in enumerate(metrics)
+    ]
+
+
+# -- rendering -----------------------------------------------------------------------------------------
+def build(
+    sweep: Sweep,
+    *,
+    metrics: Sequence[str] | None = None,
+    mode: str = "min",
+    max_points: int = DEFAULT_MAX_POINTS,
+    live: bool = False,
+    refresh_seconds: int | None = None,
+) -> str:
+    """The report of ``sweep`` as one HTML page (``live``: include spilled, uncommitted rows)."""
+    if max_points < 5:
+        raise ValueError(f"max_points must be >= 5, got {max_points!r}")
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    trials = sweep.trials(metrics, mode=mode)
+    if live:  # the table follows the running trials: best / final / steps from every row so far
+        steps = sweep.steps(metrics, live=True)
+        chosen = _metrics(steps, metrics)
+        trials = _with_summary(trials, steps, chosen, mode)
+    else:
+        chosen = _metrics(trials, metrics)
+        steps = sweep.steps(chosen)
+    hover = _hover_config(trials)
+    spans = _Trials.of(steps)
+    sections = [
+        _Section(f"curve-{i}", m, _curves(steps, spans, m, hover, mode, max_points)) for i, m in enumerate(chosen)
+    ]
+    primary = chosen[0] if chosen else None
+    data = {
+        "sections": [s.__dict__ for s in sections + _device_sections(sweep, hover, max_points, live)],
+        "parcoords": _parcoords(trials, primary) if primary else None,
+        "params": _params(trials, primary) if primary else [],
+        "primary": primary,
+    }
+    return _page(sweep, trials, chosen, data, _lineage(sweep), max_points, refresh_seconds)
+
+
+def _table(trials: pd.DataFrame, metrics: list[str]) -> str:
+    columns = ["trial_id", "status", *[c for c in trials.columns if c.startswith("config/")]]
+    columns += [f"{m}_{k}" for m in metrics for k in ("best", "final") if f"{m}_{k}" in trials.columns]
+    columns += ["steps", "md5"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for row in trials[columns].to_dict(orient="records"):
+        cells = []
+        for c in columns:
+            value = row[c]
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            sort = "" if not numeric or value != value else f' data-v="{float(value)!r}"'
+            text = "" if value is None or (numeric and value != value) else _short(value)
+            cells.append(f"<td{sort}>{text}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return f'<table id="trials"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _lineage_html(lineage: dict[str, list[dict[str, Any]]]) -> str:
+    parts = []
+    for trial_id, rows in lineage.items():
+        lines = "".join(
+            f"<tr><td>{r['event']}</td><td>{html.escape(r['type'])}</td><td>{html.escape(str(r['name']))}</td>"
+            f"<td>{r['version']}</td><td><code>{html.escape(r['md5'])}</code></td><td>{r['rows']}</td>"
+            f"<td>{html.escape(str(r['url']))}</td></tr>"
+            for r in rows
+        )
+        parts.append(
+            f"<details><summary>{html.escape(trial_id)} ({len(rows)} artifacts)</summary><table class=lineage>"
+            "<tr><th>event</th><th>type</th><th>name</th><th>version</th><th>md5</th><th>rows</th><th>url</th></tr>"
+            f"{lines}</table></details>"
+        )
+    return "".join(parts)
+
+
+def _page(
+    sweep: Sweep,
+    trials: pd.DataFrame,
+    metrics: list[str],
+    data: dict[str, Any],
+    lineage: dict[str, list[dict[str, Any]]],
+    max_points: int,
+    refresh_seconds: int | None,
+) -> str:
+    from plotly.offline import get_plotlyjs
+
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    refresh = f'<meta http-equiv="refresh" content="{refresh_seconds}">' if refresh_seconds else ""
+    title = f"{sweep.pipeline}: {len(trials)} trials"
+    note = (
+        f"Each curve shows at most {max_points} points: the minimum and maximum of each of "
+        f"{(max_points - 3) // 2} equal step buckets, plus the first, the last and the best point."
+    )
+    primary = data["primary"]
+    importance_note = (
+        f"Importance: |Spearman rank correlation| between the hyperparameter and each trial's best {primary}."
+        if primary
+        else ""
+    )
+    return _TEMPLATE.substitute(
+        title=html.escape(title),
+        refresh=refresh,
+        when=when,
+        live=" (live: includes uncommitted rows)" if refresh_seconds else "",
+        store=html.escape(str(sweep.store.root)),
+        series=html.escape(sweep.metrics_name),
+        table=_table(trials, metrics),
+        note=html.escape(note),
+        importance_note=html.escape(importance_note),
+        lineage=_lineage_html(lineage),
+        plotly=get_plotlyjs(),
+        data=json.dumps(data, allow_nan=False, default=str).replace("</", "<\\/"),
+    )
+
+
+def write(sweep: Sweep, path: str | Path, **options: Any) -> Path:
+    """Write the report of ``sweep`` to ``path`` (see :func:`build` for the options)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(build(sweep, **options), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+# -- the live server -----------------------------------------------------------------------------------
+class ReportServer(ThreadingHTTPServer):
+    """Serves the report of a sweep, rebuilt at most every ``refresh_seconds`` from the store (read-only:
+    committed files and the spills of running trials), so it follows a sweep while it runs.
+
+    Binds 127.0.0.1 by default. ``port=0`` picks a free port (see ``server_address``).
+    """
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        sweep_factory: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        refresh_seconds: int = 10,
+        **options: Any,
+    ) -> None:
+        super().__init__((host, port), _Handler)
+        self.sweep_factory = sweep_factory
+        self.refresh_seconds = refresh_seconds
+        self.options = options
+        self._lock = threading.Lock()
+        self._page: tuple[float, bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def page(self) -> bytes:
+        """The current page: rebuilt when older than ``refresh_seconds``; one build at a time."""
+        with self._lock:
+            if self._page is None or time.monotonic() - self._page[0] >= self.refresh_seconds:
+                text = build(self.sweep_factory(), live=True, refresh_seconds=self.refresh_seconds, **self.options)
+                self._page = (time.monotonic(), text.encode())
+            return self._page[1]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ReportServer
+
+    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+        if self.path not in ("/", "/index.html"):
+            self.send_error(HTTPStatus.NOT_FOUND)
+            return
+        try:
+            body = self.server.page()
+        except Exception as exc:  # a store mid-write, or a bad option: say so on the page
+            log.warning("ray_cmf: building the report failed: %s", exc)
+            self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR, f"ray_cmf: {exc}")
+            return
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the http.server API)
+        log.info("ray_cmf report: " + format, *args)
