@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_writer.py
 	$(PY) benchmarks/bench_system_metrics.py
 	$(PY) benchmarks/bench_report.py
+	$(PY) benchmarks/bench_team_store.py
 
 clean:
 	rm -rf $(VENV) cmf_store demo_store demo_store_ray demo_curves.png demo_report.html .pytest_cache

@@ -47,8 +47,10 @@ def series(trial: int, steps: int) -> dict[str, np.ndarray]:
     }
 
 
-def generate(root: Path, logs: Path, trials: int, steps: int) -> float:
-    writer = WriterClient(StoreWriter(Store(root)))
+def generate(root: Path, logs: Path | None, trials: int, steps: int, mlmd: str | None = None) -> float:
+    """Write the sweep through the store's writer (MLMD at ``mlmd``, default the store's SQLite file) and,
+    with ``logs``, as Ray Tune's trial logs too; returns the seconds taken."""
+    writer = WriterClient(StoreWriter(Store(root, mlmd=mlmd)))
     start = time.perf_counter()
     for t in range(trials):
         data = series(t, steps)
@@ -77,7 +79,8 @@ def generate(root: Path, logs: Path, trials: int, steps: int) -> float:
             )
         buffer.close()
         writer.call(StoreWriter.commit, key=key, props={"status": "COMPLETE"}, state="COMPLETE")
-        write_ray_logs(logs / trial_id, data, config)
+        if logs is not None:
+            write_ray_logs(logs / trial_id, data, config)
     return time.perf_counter() - start
 
 

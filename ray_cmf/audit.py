@@ -1,12 +1,15 @@
-"""Audit a store: every recorded file must exist and match its md5 in MLMD, its .dvc file and the DVC cache."""
+"""A store's recorded files: audit them (each must exist and match its md5 in MLMD, its .dvc file, the DVC
+cache and, when asked, the remote), or pull the missing ones from the remote by their md5."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ray_cmf.constants import DATASET_TYPE, ENVIRONMENT_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
+from ray_cmf.errors import StoreError
 from ray_cmf.lineage import Lineage, properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path, file_md5
@@ -20,7 +23,7 @@ class Finding:
 
     url: str
     md5: str
-    status: str  # ok | missing | modified | dvc-mismatch | cache-missing | symlink-out
+    status: str  # ok | missing | modified | dvc-mismatch | cache-missing | symlink-out | remote-missing
 
     @property
     def ok(self) -> bool:
@@ -35,8 +38,8 @@ def _dvc_md5(dvc_file: Path) -> str | None:
     return None
 
 
-def audit(store: Store) -> Iterator[Finding]:
-    """Re-hash every file artifact of the store and check it against MLMD and DVC."""
+def _recorded(store: Store) -> Iterator[tuple[str, str, Path]]:
+    """(url, md5, path) of every file artifact that MLMD records for the store."""
     lineage = Lineage(store.mlmd, readonly=True)
     for type_name in _AUDITED_TYPES:
         if lineage.find_type_id("artifact", type_name) is None:
@@ -44,21 +47,52 @@ def audit(store: Store) -> Iterator[Finding]:
         for artifact in lineage.store.get_artifacts_by_type(type_name):
             props = properties(artifact)
             url, md5 = str(props.get("url", artifact.uri)), str(props.get("Commit", ""))
-            path = store.resolve(url)
-            if store.escapes(path):
-                status = "symlink-out"  # never followed out of the store
-            elif md5.endswith(".dir") or not path.is_relative_to(store.root):
-                status = "ok" if path.exists() else "missing"  # outside the store: existence only
-            elif not path.is_file():
-                status = "missing"
-            elif file_md5(path) != md5:
-                status = "modified"
-            else:
-                dvc_file = path.with_name(path.name + ".dvc")
-                if dvc_file.exists() and _dvc_md5(dvc_file) != md5:
-                    status = "dvc-mismatch"
-                elif dvc_file.exists() and not cache_path(store.root, md5).is_file():
-                    status = "cache-missing"
-                else:
-                    status = "ok"
-            yield Finding(url, md5, status)
+            yield url, md5, store.resolve(url)
+
+
+def audit(store: Store, *, remote: bool = False) -> Iterator[Finding]:
+    """Re-hash every file artifact of the store and check it against MLMD and DVC (``remote``: and check that
+    the store's remote holds it)."""
+    pushed = store.remote if remote else None
+    if remote and pushed is None:
+        raise StoreError(f"The store {store.root} has no remote; set one with `ray-cmf push --add-remote URL`")
+    for url, md5, path in _recorded(store):
+        status = _local_status(store, md5, path)
+        if status == "ok" and pushed is not None and not md5.endswith(".dir") and not pushed.exists(md5):
+            status = "remote-missing"
+        yield Finding(url, md5, status)
+
+
+def _local_status(store: Store, md5: str, path: Path) -> str:
+    if store.escapes(path):
+        return "symlink-out"  # never followed out of the store
+    if md5.endswith(".dir") or not path.is_relative_to(store.root):
+        return "ok" if path.exists() else "missing"  # outside the store: existence only
+    if not path.is_file():
+        return "missing"
+    if file_md5(path) != md5:
+        return "modified"
+    dvc_file = path.with_name(path.name + ".dvc")
+    if dvc_file.exists() and _dvc_md5(dvc_file) != md5:
+        return "dvc-mismatch"
+    if dvc_file.exists() and not cache_path(store.root, md5).is_file():
+        return "cache-missing"
+    return "ok"
+
+
+def pull(store: Store) -> list[Path]:
+    """Bring back every file of the store that is missing here, from its remote by md5 (into the DVC cache,
+    then its place in the store). Returns the files restored."""
+    if store.remote is None:
+        raise StoreError(f"The store {store.root} has no remote; set one with `ray-cmf push --add-remote URL`")
+    restored = []
+    for _, md5, path in _recorded(store):
+        if path.exists() or md5.endswith(".dir") or not path.is_relative_to(store.root) or store.escapes(path):
+            continue
+        cached = store.fetch(md5)
+        if cached is None:
+            raise StoreError(f"Neither this store nor its remote {store.remote.url} holds {path} (md5 {md5})")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cached, path)
+        restored.append(path)
+    return restored

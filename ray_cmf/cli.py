@@ -186,7 +186,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from ray_cmf.audit import audit
 
-    findings = list(audit(Store(args.store)))
+    findings = list(audit(Store(args.store), remote=args.remote))
     if not findings:
         raise RayCmfError(f"The store {Store(args.store).root} records no files to verify")
     _emit(args, [{"status": f.status, "md5": f.md5, "url": f.url} for f in findings], "verify")
@@ -199,9 +199,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_push(args: argparse.Namespace) -> int:
     store = Store(args.store)
     if args.add_remote:
-        store.dvc.add_remote(args.remote or "default", args.add_remote)
-    report = store.dvc.push(args.remote)
-    _emit(args, [{"remote": args.remote or "(default)", "dvc": report.strip()}], "dvc push")
+        store.set_remote(args.add_remote, args.endpoint_url)
+    report = store.dvc.push()
+    _emit(args, [{"remote": store.remote.url if store.remote else "(dvc default)", "dvc": report.strip()}], "dvc push")
+    return EXIT_OK
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from ray_cmf.audit import pull
+
+    store = Store(args.store)
+    restored = pull(store)
+    _emit(args, [{"restored": store.url(p)} for p in restored], f"pulled {len(restored)} files from {store.remote.url}")
     return EXIT_OK
 
 
@@ -307,10 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p)
     p.add_argument("--format", choices=("csv", "parquet"), required=True)
     p.add_argument("-o", "--output", required=True)
-    command("verify", cmd_verify, "re-hash every file against MLMD and DVC; exit 1 on any mismatch")
+    p = command("verify", cmd_verify, "re-hash every file against MLMD and DVC; exit 1 on any mismatch")
+    p.add_argument("--remote", action="store_true", help="also check that the store's remote holds every file")
     p = command("push", cmd_push, "dvc push the store's files to its remote")
-    p.add_argument("--remote", help="remote name (default: the DVC default remote)")
-    p.add_argument("--add-remote", metavar="URL", help="first configure this URL as the (default) remote")
+    p.add_argument("--add-remote", metavar="URL", help="first make this URL the remote (s3://bucket/prefix, a dir)")
+    p.add_argument("--endpoint-url", help="with --add-remote: an S3-compatible server's endpoint")
+    command("pull", cmd_pull, "fetch the store's missing files from its remote by md5")
     p = command("recover", cmd_recover, "commit the spilled rows of runs that crashed before committing")
     p.add_argument("--force", action="store_true", help="also recover spills of processes still alive")
     return parser

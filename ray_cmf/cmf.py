@@ -43,7 +43,8 @@ class Cmf:
     """Per-run metadata writer with cmflib's API: contexts, executions, step metrics, datasets, models.
 
     Args:
-        filepath: The MLMD database file (cmflib's meaning). Default: ``<store>/mlmd.sqlite``.
+        filepath: The MLMD database (cmflib's meaning): a SQLite file, or a ``postgresql://`` / ``mysql://``
+            URL (see :mod:`ray_cmf.connection`). Default: ``<store>/mlmd.sqlite``.
         pipeline_name: Name of the pipeline (parent) context.
         custom_properties: Properties of the pipeline context.
         graph: cmflib's Neo4j mirror; not supported, accepted for compatibility.

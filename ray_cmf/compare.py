@@ -58,13 +58,15 @@ def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[st
 
 @dataclass(frozen=True)
 class TrialFile:
-    """One trial's latest committed series."""
+    """One trial's latest committed series: ``url`` as MLMD records it, ``path`` where its bytes are read
+    (the file itself, or the same content from the DVC cache or the remote, by ``md5``)."""
 
     trial_id: str
     execution: Execution
     stage: str
     path: Path
     md5: str
+    url: str
 
 
 class Sweep:
@@ -147,7 +149,11 @@ class Sweep:
                     if self.store.escapes(path):
                         log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
                         continue
-                    self._files.append(TrialFile(_trial_id(execution), execution, stage, path, props["Commit"]))
+                    if not path.exists():  # committed elsewhere: the same content by its md5, cached or fetched
+                        path = self.store.fetch(props["Commit"]) or path
+                    self._files.append(
+                        TrialFile(_trial_id(execution), execution, stage, path, props["Commit"], props["url"])
+                    )
         return self._files
 
     # -- frames --------------------------------------------------------------------------------------
@@ -245,7 +251,7 @@ class Sweep:
                     **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
                     **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
                     "md5": file.md5 if file else None,
-                    "url": self.store.url(file.path) if file else None,
+                    "url": file.url if file else None,
                     "verified": (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None,
                 }
             )

@@ -8,18 +8,20 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
-from urllib.parse import unquote, urlparse
+from typing import Any, TypeVar
 
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
+from ray_cmf.connection import connection_config, explain, is_url
 from ray_cmf.constants import PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE
 from ray_cmf.errors import StoreError
 
+T = TypeVar("T")
 Artifact = mlpb.Artifact
 Context = mlpb.Context
 Execution = mlpb.Execution
@@ -34,6 +36,8 @@ _EVENTS = {"input": mlpb.Event.INPUT, "output": mlpb.Event.OUTPUT}
 _NONFINITE_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 _NONFINITE_VALUE = {text: float(key) for key, text in _NONFINITE_TEXT.items()}
 _PROPERTY_TYPES = {str: mlpb.STRING, int: mlpb.INT, float: mlpb.DOUBLE}
+_SCHEMA_RACE_PAUSES = (0.2, 0.5, 1.0, 2.0, 4.0)  # seconds between tries while another process makes the schema
+_CREATION_RACES = ("schema_version", "already exists", "duplicate key")
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -55,12 +59,17 @@ def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**flatten_config(config), "config_json": json.dumps(config, default=repr, sort_keys=True)}
 
 
-def _value(value: Any) -> mlpb.Value:
-    """A Python scalar as an MLMD Value (bool, int, double or string; anything else as JSON)."""
+def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
+    """A Python scalar as an MLMD Value (bool, int, double or string; anything else as JSON).
+
+    An int wider than the database's int column (``int_bits``: 64 in SQLite, 32 in ML-Metadata's
+    PostgreSQL and MySQL schemas) is kept exactly, as its decimal string.
+    """
     if isinstance(value, bool):
         return mlpb.Value(bool_value=value)
-    if isinstance(value, int) and -(2**63) <= value < 2**63:
-        return mlpb.Value(int_value=value)
+    if isinstance(value, int):
+        bound = 2 ** (int_bits - 1)
+        return mlpb.Value(int_value=value) if -bound <= value < bound else mlpb.Value(string_value=str(value))
     if isinstance(value, float | int):
         if not math.isfinite(value):  # MLMD's SQL writer renders nan/inf as bare words and fails
             return mlpb.Value(string_value=_NONFINITE_TEXT[str(float(value))])
@@ -86,30 +95,28 @@ def properties(node: Artifact | Execution | Context) -> dict[str, Any]:
     return out
 
 
-def _set(target: Any, props: Mapping[str, Any] | None) -> None:
+def _duplicate(exc: Exception) -> bool:
+    """Whether a write failed on a unique key: another writer of a shared database got there first."""
+    text = str(exc).lower()
+    return isinstance(exc, mlmd_errors.AlreadyExistsError) or "duplicate" in text or "already exists" in text
+
+
+def _created_or_found(create: Callable[[], T], find: Callable[[], T | None]) -> T:
+    """``create()``, or, when another writer created the same node first, the node it created."""
+    try:
+        return create()
+    except Exception as exc:
+        found = find() if _duplicate(exc) else None
+        if found is None:
+            raise
+        return found
+
+
+def _set(target: Any, props: Mapping[str, Any] | None, int_bits: int = 64) -> None:
     for key, value in (props or {}).items():
         if value is None:
             continue
-        target[key].CopyFrom(_value(value))
-
-
-def connection_config(target: str | os.PathLike[str], *, readonly: bool = False) -> mlpb.ConnectionConfig:
-    """Connection for a SQLite file path or a ``mysql://user:password@host:port/database`` URL."""
-    config = mlpb.ConnectionConfig()
-    text = os.fspath(target)
-    if text.startswith("mysql://"):
-        url = urlparse(text)
-        config.mysql.host = url.hostname or "localhost"
-        config.mysql.port = url.port or 3306
-        config.mysql.database = url.path.lstrip("/")
-        config.mysql.user = unquote(url.username or "")
-        config.mysql.password = unquote(url.password or "")
-        return config
-    config.sqlite.filename_uri = text
-    config.sqlite.connection_mode = (
-        mlpb.SqliteMetadataSourceConfig.READONLY if readonly else mlpb.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
-    )
-    return config
+        target[key].CopyFrom(_value(value, int_bits))
 
 
 class Lineage:
@@ -122,21 +129,31 @@ class Lineage:
 
     def __init__(self, target: str | os.PathLike[str], *, readonly: bool = False) -> None:
         self.target = os.fspath(target)
-        if not self.target.startswith("mysql://"):
+        if not is_url(self.target):
             path = Path(self.target)
             if readonly and not path.is_file():
                 raise StoreError(f"No MLMD database at {path}; run a sweep or Cmf commit first")
             if not readonly:
                 path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.store = metadata_store.MetadataStore(connection_config(self.target, readonly=readonly))
-            self.store.get_context_types()  # fail here, not at first use, on a corrupt file
-        except Exception as exc:
-            raise StoreError(
-                f"Cannot open the MLMD database {self.target}: {exc}. "
-                "Is it a valid ML-Metadata SQLite file that this user may write?"
-            ) from exc
+        self.store = self._connect(readonly)
+        self._int_bits = 32 if is_url(self.target) else 64  # ML-Metadata's server schemas hold 32-bit ints
         self._type_ids: dict[tuple[str, str], int] = {}
+
+    def _connect(self, readonly: bool) -> metadata_store.MetadataStore:
+        """Open the database; retry ML-Metadata's first-connection races on a server (two processes
+        creating the database, or its schema, at once: "already exists", "MLMDEnv table exists but no
+        schema_version")."""
+        config = connection_config(self.target, readonly=readonly)
+        for pause in (*_SCHEMA_RACE_PAUSES, None):
+            try:
+                store = metadata_store.MetadataStore(config)
+                store.get_context_types()  # fail here, not at first use, on a corrupt file
+                return store
+            except Exception as exc:
+                if pause is None or not any(race in str(exc) for race in _CREATION_RACES):
+                    raise StoreError(explain(self.target, exc)) from exc
+                time.sleep(pause)
+        raise AssertionError("unreachable")
 
     # -- types ---------------------------------------------------------------------------------------
     def type_id(self, kind: str, name: str, typed: Mapping[str, type] | None = None) -> int:
@@ -148,7 +165,10 @@ class Lineage:
             for prop, py in (typed or {}).items():
                 node.properties[prop] = _PROPERTY_TYPES[py]
             put = getattr(self.store, f"put_{kind}_type")
-            self._type_ids[key] = put(node, can_add_fields=True, can_omit_fields=True)
+            self._type_ids[key] = _created_or_found(
+                lambda: put(node, can_add_fields=True, can_omit_fields=True),
+                lambda: put(node, can_add_fields=True, can_omit_fields=True),  # the other writer's type, extended
+            )
         return self._type_ids[key]
 
     def find_type_id(self, kind: str, name: str) -> int | None:
@@ -168,9 +188,13 @@ class Lineage:
         if existing is not None:
             return existing
         ctx = mlpb.Context(type_id=type_id, name=name)
-        _set(ctx.custom_properties, props)
-        [ctx.id] = self.store.put_contexts([ctx])
-        return ctx
+        _set(ctx.custom_properties, props, self._int_bits)
+
+        def create() -> Context:
+            [ctx.id] = self.store.put_contexts([ctx])
+            return ctx
+
+        return _created_or_found(create, lambda: self.store.get_context_by_type_and_name(type_name, name))
 
     def pipeline(self, name: str, props: Mapping[str, Any] | None = None) -> Context:
         """The pipeline (parent) context called ``name``, created on first use."""
@@ -183,7 +207,8 @@ class Lineage:
         )
         parents = self.store.get_parent_contexts_by_context(ctx.id)
         if not any(p.id == pipeline.id for p in parents):
-            self.store.put_parent_contexts([mlpb.ParentContext(child_id=ctx.id, parent_id=pipeline.id)])
+            link = mlpb.ParentContext(child_id=ctx.id, parent_id=pipeline.id)
+            _created_or_found(lambda: self.store.put_parent_contexts([link]), lambda: link)
         return ctx
 
     def stages(self, pipeline: Context) -> list[Context]:
@@ -205,9 +230,13 @@ class Lineage:
         if existing is not None:
             return existing
         execution = mlpb.Execution(type_id=type_id, name=name, last_known_state=mlpb.Execution.RUNNING)
-        _set(execution.custom_properties, props)
-        execution.id, _, _ = self.store.put_execution(execution, [], [stage], reuse_context_if_already_exist=True)
-        return execution
+        _set(execution.custom_properties, props, self._int_bits)
+
+        def create() -> Execution:
+            execution.id, _, _ = self.store.put_execution(execution, [], [stage], reuse_context_if_already_exist=True)
+            return execution
+
+        return _created_or_found(create, lambda: self.store.get_execution_by_type_and_name(type_name, name))
 
     def update_execution(
         self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
@@ -216,7 +245,7 @@ class Lineage:
         [execution] = self.store.get_executions_by_id([execution_id])
         if not props and state is None:
             return execution  # nothing to change: no write
-        _set(execution.custom_properties, props)
+        _set(execution.custom_properties, props, self._int_bits)
         if state is not None:
             execution.last_known_state = _STATES[state]
         self.store.put_executions([execution])
@@ -252,11 +281,18 @@ class Lineage:
         if artifact is None:  # the same content logged again (e.g. one dataset, many trials) is linked, not copied
             artifact = mlpb.Artifact(type_id=type_id, name=name, uri=uri, state=mlpb.Artifact.LIVE)
             _set(artifact.properties, typed)
-            _set(artifact.custom_properties, custom)
+            _set(artifact.custom_properties, custom, self._int_bits)
         ev = mlpb.Event(type=_EVENTS[event])
-        _, [artifact.id], _ = self.store.put_execution(
-            execution, [(artifact, ev)], contexts, reuse_context_if_already_exist=True
-        )
+        try:
+            _, [artifact.id], _ = self.store.put_execution(
+                execution, [(artifact, ev)], contexts, reuse_context_if_already_exist=True
+            )
+        except Exception as exc:  # another writer of a shared database recorded the same content first
+            existing = self.store.get_artifact_by_type_and_name(type_name, name) if _duplicate(exc) else None
+            if existing is None:
+                raise
+            artifact = existing
+            self.link(execution_id, artifact.id, event)
         return artifact
 
     def link(self, execution_id: int, artifact_id: int, event: str) -> None:

@@ -15,10 +15,10 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from ray_cmf._names import check_name
 from ray_cmf.buffer import FinishedFile
+from ray_cmf.connection import is_url, without_password
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
     DEFAULT_STORE,
@@ -34,7 +34,8 @@ from ray_cmf.constants import (
 from ray_cmf.environment import Environment
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, properties
-from ray_cmf.versioning import DvcRepo, tree_md5
+from ray_cmf.remote import Remote
+from ray_cmf.versioning import DvcRepo, cache_path, tree_md5
 
 
 def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
@@ -45,16 +46,7 @@ def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
 def _location(mlmd: str | os.PathLike[str]) -> str:
     """An MLMD location as the writer must see it: a URL as given, a SQLite path made absolute."""
     text = os.fspath(mlmd)
-    return text if "://" in text else str(Path(text).absolute())
-
-
-def _without_password(location: str) -> str:
-    """A location fit to write to disk: a URL's password removed."""
-    url = urlsplit(location)
-    if not url.password:
-        return location
-    netloc = f"{url.username}@{url.hostname}" + (f":{url.port}" if url.port else "")
-    return urlunsplit(url._replace(netloc=netloc))
+    return text if is_url(text) else str(Path(text).absolute())
 
 
 class Store:
@@ -62,7 +54,8 @@ class Store:
 
     Args:
         root: Store directory (default: ``$RAY_CMF_STORE`` or ``./cmf_store``).
-        mlmd: MLMD database: a SQLite path or a ``mysql://`` URL (default: ``<root>/mlmd.sqlite``).
+        mlmd: MLMD database: a SQLite path, or a ``postgresql://`` or ``mysql://`` URL (see
+            :mod:`ray_cmf.connection`; default: ``<root>/mlmd.sqlite``).
         scm: Initialise the DVC repo with git instead of ``--no-scm``.
 
     Example:
@@ -103,22 +96,52 @@ class Store:
         return hash((self.root, self.mlmd))
 
     # -- the store's config file ----------------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        config = self.root / STORE_CONFIG
+        return dict(json.loads(config.read_text())) if config.is_file() else {}
+
+    def _write_config(self, **entries: Any) -> None:
+        """Merge entries into the config file (never a password: callers pass what may be written down)."""
+        config = self._config()
+        if all(config.get(k) == v for k, v in entries.items()):
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / STORE_CONFIG).write_text(json.dumps({**config, **entries}, indent=2) + "\n")
+
     def _configured_mlmd(self) -> str:
         """Where the store's config file says its MLMD is (cmflib's ``filepath``), else ``<root>/mlmd.sqlite``."""
-        config = self.root / STORE_CONFIG
-        if config.is_file():
-            return str(json.loads(config.read_text())["mlmd"])
-        return str(self.root / MLMD_FILE)
+        return str(self._config().get("mlmd") or self.root / MLMD_FILE)
 
     def _record_config(self) -> None:
         """Record an MLMD kept outside the store in its config file (never a password), so every tool finds
         it from the store directory alone."""
-        if self.mlmd == str(self.root / MLMD_FILE):
-            return
-        recorded = _without_password(self.mlmd)
-        config = self.root / STORE_CONFIG
-        if not config.is_file() or json.loads(config.read_text()).get("mlmd") != recorded:
-            config.write_text(json.dumps({"mlmd": recorded}, indent=2) + "\n")
+        if self.mlmd != str(self.root / MLMD_FILE):
+            self._write_config(mlmd=without_password(self.mlmd))
+
+    @property
+    def remote(self) -> Remote | None:
+        """The remote the store's files are pushed to (from its config file), if one was set."""
+        entry = self._config().get("remote")
+        return Remote(**entry) if entry else None
+
+    def set_remote(self, url: str, endpoint_url: str | None = None) -> Remote:
+        """Make ``url`` the store's DVC remote (``endpoint_url``: an S3-compatible server) and record it in
+        the config file, so that other machines can fetch files by their md5."""
+        remote = Remote(url, endpoint_url)
+        self.dvc.add_remote("default", url, endpoint_url=endpoint_url)
+        self._write_config(remote=remote.to_config())
+        return remote
+
+    def fetch(self, md5: str) -> Path | None:
+        """The local copy of the file with this md5: the DVC cache's object, fetched from the remote on
+        first use. None when neither has it (or no remote was set)."""
+        cached = cache_path(self.root, md5)
+        if cached.is_file():
+            return cached
+        remote = self.remote
+        if remote is None or not remote.exists(md5):
+            return None
+        return remote.fetch(md5, cached)
 
     # -- lazily opened parts -------------------------------------------------------------------------
     def _ensure_root(self) -> None:

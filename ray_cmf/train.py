@@ -339,6 +339,8 @@ class CmfTrainCallback(UserCallback):
         pipeline_name, pipeline_stage: Where to record (stage default: the run's name).
         store: The store (default ``$RAY_CMF_STORE`` or ``./cmf_store``, read on the driver).
         metrics_name: Name of the report series.
+        file_path: The MLMD database: a SQLite file, or a ``postgresql://`` / ``mysql://`` URL (default:
+            the store's own, or the one its config file names).
     """
 
     def __init__(
@@ -347,11 +349,12 @@ class CmfTrainCallback(UserCallback):
         pipeline_stage: str | None = None,
         store: str | os.PathLike[str] | None = None,
         metrics_name: str = REPORTS_METRICS_NAME,
+        file_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.pipeline_name = check_name("pipeline_name", pipeline_name)
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
         self.metrics_name = check_name("metrics_name", metrics_name)
-        self.store = _store_name(store)
+        self.store = Store(store, mlmd=file_path) if file_path is not None else _store_name(store)
         self._environment: Environment | None = None  # the driver's code and software, captured there
         self._runtime: _CallbackRuntime | None = None
 

@@ -23,6 +23,7 @@ from ray import tune
 from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.cmf import Cmf
+from ray_cmf.connection import without_password
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
@@ -268,7 +269,8 @@ class CmfRayLogger(tune.Callback):
 
     Args:
         pipeline_name: Pipeline (parent) context.
-        file_path: MLMD database file (cmflib's meaning); default ``<store>/mlmd.sqlite``.
+        file_path: The MLMD database (cmflib's meaning): a SQLite file, or a ``postgresql://`` / ``mysql://`` URL;
+            default ``<store>/mlmd.sqlite`` (or what the store's config file names).
         pipeline_stage: Stage (child) context; default: the Tune experiment's name.
         data_dir: Dataset file or directory logged as every trial's input.
         metric: Result key whose best value is recorded per trial and ranks the top-N.
@@ -321,8 +323,12 @@ class CmfRayLogger(tune.Callback):
         self._runtime: _Runtime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """Tune pickles callbacks with the Tuner: keep configuration and persisted trial state only."""
+        """Tune pickles callbacks with the Tuner, into the experiment directory: keep configuration and
+        persisted trial state only, and no database password (a restored sweep takes it from PGPASSWORD,
+        ~/.pgpass or MYSQL_PWD)."""
         state = self.__dict__.copy()
+        state["mlmd"] = without_password(self.mlmd)
+        state["store"] = Store(self.root, mlmd=state["mlmd"])
         state["_runtime"] = None
         state["_trials"] = {tid: _TrialState(**t.persisted()) for tid, t in self._trials.items()}
         return state

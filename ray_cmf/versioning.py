@@ -113,10 +113,12 @@ class DvcRepo:
         dvc_file.write_text(_DVC_FILE.format(md5=md5, size=size, name=path.name))
         return dvc_file
 
-    def add_remote(self, name: str, url: str, *, default: bool = True) -> None:
-        """Configure a DVC remote (``dvc remote add [-d] NAME URL``)."""
-        args = ["remote", "add", "--force"] + (["-d"] if default else []) + [name, url]
-        self._cli(args)
+    def add_remote(self, name: str, url: str, *, default: bool = True, endpoint_url: str | None = None) -> None:
+        """Configure a DVC remote (``dvc remote add [-d] NAME URL``; ``endpoint_url`` for an S3-compatible
+        server)."""
+        self._cli(["remote", "add", "--force"] + (["-d"] if default else []) + [name, url])
+        if endpoint_url:
+            self._cli(["remote", "modify", name, "endpointurl", endpoint_url])
 
     def push(self, remote: str | None = None) -> str:
         """Upload every tracked object to the remote (``dvc push``) and return DVC's report."""

@@ -1,0 +1,123 @@
+"""A team store against the embedded one: MLMD on PostgreSQL, files on an S3-compatible server.
+
+Side by side, 500 trials (2 000 steps each by default):
+* the embedded store (SQLite MLMD, files on local disk);
+* the team store as another machine sees it: MLMD on PostgreSQL 15, files pushed to moto's S3 server,
+  none of them on local disk, fetched by md5 into the local DVC cache on first use ("cold"), then read
+  from it ("warm").
+Measured: ``Sweep.trials()`` and ``ray-cmf compare --top 5`` (target: team <= 2x embedded), and
+``ray-cmf push`` of every file (files/s, MB/s). Both servers run on 127.0.0.1, started here (as root,
+with Debian's postgresql installed), like the tests' servers.
+
+Run: ``.venv/bin/python benchmarks/bench_team_store.py [--trials 500 --steps 2000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
+from _common import print_table  # noqa: E402
+from bench_sweep_scale import generate  # noqa: E402
+
+from ray_cmf import Store, Sweep  # noqa: E402
+from tests._servers import free_port, postgres  # noqa: E402
+
+
+def timed(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def compare(store: Path) -> None:
+    cli = str(Path(sys.executable).with_name("ray-cmf"))
+    subprocess.run(
+        [cli, "compare", "--store", str(store), "--metric", "loss", "--top", "5"], check=True, capture_output=True
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=2_000)
+    args = parser.parse_args()
+    os.environ.update(
+        {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    )
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    tmp = Path(tempfile.mkdtemp())
+    embedded, team, elsewhere = tmp / "embedded", tmp / "team", tmp / "elsewhere"
+    generate(embedded, None, args.trials, args.steps)
+    port = free_port()
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    s3.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+    with postgres() as pg:
+        pg.sql("CREATE ROLE team LOGIN PASSWORD 'team' CREATEDB")
+        url = pg.url("team", "team", "bench")
+        generated = generate(team, None, args.trials, args.steps, mlmd=url)
+        print(f"generated {args.trials} trials x {args.steps} steps into PostgreSQL + local files in {generated:.1f} s")
+        store = Store(team, mlmd=url)
+        store.set_remote("s3://bench/cmf", endpoint)
+        files = [p for p in (team / "artifacts").rglob("*.parquet")]
+        megabytes = sum(p.stat().st_size for p in files) / 2**20
+        start = time.perf_counter()
+        store.dvc.push()
+        pushed = time.perf_counter() - start
+
+        os.environ["PGPASSWORD"] = "team"  # the other machine's password, from its environment
+        Store(elsewhere, mlmd=pg.url("team", None, "bench")).set_remote("s3://bench/cmf", endpoint)
+        start = time.perf_counter()
+        assert len(Sweep(elsewhere, pipeline="scale").trials(["loss"])) == args.trials
+        cold = time.perf_counter() - start
+        t_embedded = timed(lambda: Sweep(embedded, pipeline="scale").trials(["loss"]))
+        t_team = timed(lambda: Sweep(elsewhere, pipeline="scale").trials(["loss"]))
+        c_embedded = timed(lambda: compare(embedded))
+        c_team = timed(lambda: compare(elsewhere))
+    s3.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    print_table(
+        ["task", "embedded (SQLite + local files)", "team (PostgreSQL + S3, files fetched)", "ratio"],
+        [
+            ["Sweep.trials(['loss']), first, fetching every file", "", f"{cold:.2f} s", ""],
+            [
+                "Sweep.trials(['loss']), best of 3",
+                f"{t_embedded:.2f} s",
+                f"{t_team:.2f} s",
+                f"{t_team / t_embedded:.2f}x",
+            ],
+            [
+                "ray-cmf compare --metric loss --top 5",
+                f"{c_embedded:.2f} s",
+                f"{c_team:.2f} s",
+                f"{c_team / c_embedded:.2f}x",
+            ],
+        ],
+    )
+    print(
+        f"\npush: {len(files)} Parquet files ({megabytes:.0f} MB, + the package list) in {pushed:.1f} s: "
+        f"{len(files) / pushed:.0f} files/s, {megabytes / pushed:.1f} MB/s"
+    )
+    verdict = "met" if t_team <= 2 * t_embedded and c_team <= 2 * c_embedded else "NOT met"
+    print(f"team <= 2x embedded (warm): {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Where an MLMD database is: a SQLite file, or a PostgreSQL or MySQL server named by a URL.
+
+``postgresql://user[:password]@host[:port]/database`` and ``mysql://user[:password]@host[:port]/database``.
+A password not in the URL comes from the environment at run time, never from a file of ours:
+``PGPASSWORD`` or ``~/.pgpass`` (``PGPASSFILE``) for PostgreSQL, ``MYSQL_PWD`` for MySQL. Locations
+that are written to disk (the store's config file, logs, MLMD properties) go through
+:func:`without_password`. ML-Metadata creates a missing database when the user may.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+from ray_cmf.errors import StoreError
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+URL_SCHEMES = (*POSTGRES_SCHEMES, "mysql")
+
+
+def is_url(location: str) -> bool:
+    """Whether an MLMD location names a database server (else it is a SQLite file path)."""
+    return location.split("://", 1)[0] in URL_SCHEMES if "://" in location else False
+
+
+def without_password(location: str) -> str:
+    """A location fit to write down: a URL's password removed."""
+    url = urlsplit(location)
+    if not url.password:
+        return location
+    netloc = f"{url.username}@{url.hostname}" + (f":{url.port}" if url.port else "")
+    return urlunsplit(url._replace(netloc=netloc))
+
+
+def connection_config(location: str, *, readonly: bool = False) -> mlpb.ConnectionConfig:
+    """The ML-Metadata connection for a SQLite path or a server URL (``readonly`` applies to SQLite)."""
+    config = mlpb.ConnectionConfig()
+    if not is_url(location):
+        config.sqlite.filename_uri = location
+        config.sqlite.connection_mode = (
+            mlpb.SqliteMetadataSourceConfig.READONLY
+            if readonly
+            else mlpb.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+        )
+        return config
+    url = urlsplit(location)
+    database = url.path.lstrip("/")
+    if not url.hostname or not database or "/" in database:
+        raise StoreError(
+            f"MLMD URL {without_password(location)!r} must look like "
+            f"{url.scheme}://user[:password]@host[:port]/database"
+        )
+    user, password = unquote(url.username or ""), unquote(url.password or "")
+    if url.scheme in POSTGRES_SCHEMES:
+        pg = config.postgresql
+        pg.host, pg.port, pg.dbname, pg.user = url.hostname, str(url.port or 5432), database, user
+        pg.password = password or os.environ.get("PGPASSWORD", "")
+        passfile = os.environ.get("PGPASSFILE", str(Path.home() / ".pgpass"))
+        if not pg.password and Path(passfile).is_file():
+            pg.passfile = passfile
+    else:
+        my = config.mysql
+        my.host, my.port, my.database, my.user = url.hostname, url.port or 3306, database, user
+        my.password = password or os.environ.get("MYSQL_PWD", "")
+    return config
+
+
+def explain(location: str, error: Exception) -> str:
+    """What went wrong opening an MLMD database, and what to do about it.
+
+    ML-Metadata reports a refused PostgreSQL connection only as "connection pointer is NULL" (libpq's
+    reason goes to its log), so a server location is probed: a port that does not answer is reported
+    as such, one that answers means the server turned the login down.
+    """
+    text = str(error).strip()
+    where = without_password(location)
+    if not is_url(location):
+        return (
+            f"Cannot open the MLMD database {where}: {text}. "
+            "Is it a valid ML-Metadata SQLite file that this user may write?"
+        )
+    lowered = text.lower()
+    url = urlsplit(location)
+    if "permission denied to create database" in lowered or "does not exist" in lowered:
+        database = url.path.lstrip("/")
+        hint = f"the database {database!r} does not exist: create the database, or let this user create databases"
+    elif not _answers(url.hostname or "", url.port or (5432 if url.scheme in POSTGRES_SCHEMES else 3306)):
+        hint = f"nothing answers on {url.hostname}:{url.port}: is the server running, and does it listen there?"
+    elif "connection pointer is null" in lowered or "access denied" in lowered or "authentication" in lowered:
+        hint = (
+            f"the server turned down user {url.username!r}: check the password (in the URL, or PGPASSWORD / "
+            "~/.pgpass, or MYSQL_PWD) and that the server lets this host in (pg_hba.conf)"
+        )
+    else:
+        hint = "see the server's message"
+    return f"Cannot open the MLMD database {where}: {hint} ({text})"
+
+
+def _answers(host: str, port: int) -> bool:
+    """Whether a TCP server accepts connections at host:port (within 3 seconds)."""
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False

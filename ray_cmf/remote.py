@@ -1,0 +1,66 @@
+"""A store's DVC remote, read by content: the object of an md5, for a machine that lacks the files.
+
+``ray-cmf push`` uploads with DVC itself (``dvc push``). A machine that reaches the store's MLMD and its
+remote but holds none of the files fetches each file it reads by the md5 that MLMD records, from DVC's
+remote layout (``<remote>/files/md5/<2 hex>/<30 hex>``), into its local DVC cache, once. Local
+directories and S3-compatible endpoints (``s3://bucket/prefix`` with ``endpoint_url``, through the s3fs
+filesystem that DVC's own S3 remote uses) are supported; credentials come from the usual AWS
+variables and files, never from the store.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ray_cmf.errors import StoreError
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a store's files are pushed: a URL (``s3://bucket/prefix`` or a directory) and, for S3-compatible
+    servers other than AWS, their ``endpoint_url``."""
+
+    url: str
+    endpoint_url: str | None = None
+
+    @property
+    def is_s3(self) -> bool:
+        return self.url.startswith("s3://")
+
+    def _fs(self) -> Any:
+        import fsspec
+
+        if self.is_s3:
+            options = {"client_kwargs": {"endpoint_url": self.endpoint_url}} if self.endpoint_url else {}
+            return fsspec.filesystem("s3", **options)
+        return fsspec.filesystem("file")
+
+    def _root(self) -> str:
+        return self.url[len("s3://") :].rstrip("/") if self.is_s3 else str(Path(self.url).absolute())
+
+    def object_path(self, md5: str) -> str:
+        """Where DVC keeps the object of ``md5`` on this remote."""
+        return f"{self._root()}/files/md5/{md5[:2]}/{md5[2:]}"
+
+    def exists(self, md5: str) -> bool:
+        """Whether the remote holds the object of ``md5``."""
+        return bool(self._fs().exists(self.object_path(md5)))
+
+    def fetch(self, md5: str, dest: Path) -> Path:
+        """Download the object of ``md5`` to ``dest`` (atomically; read-only, as DVC's cache keeps it)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f"{dest.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            self._fs().get_file(self.object_path(md5), str(tmp))
+        except FileNotFoundError as exc:
+            raise StoreError(f"The remote {self.url} has no object for md5 {md5}; was the store pushed?") from exc
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, dest)
+        return dest
+
+    def to_config(self) -> dict[str, str]:
+        return {"url": self.url, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}

@@ -1,0 +1,147 @@
+"""Real database servers for the tests, started on 127.0.0.1 and stopped by the pid the test started.
+
+PostgreSQL: Debian's ``postgresql`` package (``.ci/run`` installs it when missing). The server runs as the
+``postgres`` user (it refuses root) from a fresh ``initdb`` in a temporary directory, on a free port, with
+password (scram) authentication over TCP only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ADMIN_PASSWORD = "admin-secret"
+
+
+def postgres_bin() -> Path | None:
+    """The directory of Debian's PostgreSQL server binaries, if installed."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    return found[-1].parent if found else None
+
+
+def postgres_skip_reason() -> str | None:
+    if postgres_bin() is None:
+        return "PostgreSQL server binaries are missing (.ci/run installs Debian's postgresql)"
+    if os.geteuid() != 0:
+        return "starting PostgreSQL as the postgres user needs root"
+    try:
+        import pwd
+
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return "no postgres user on this machine"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Postgres:
+    """A running server: ``url(user, password, db)`` builds the MLMD URLs the tests use."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    bin: Path
+
+    def url(self, user: str = "postgres", password: str | None = ADMIN_PASSWORD, db: str = "mlmd") -> str:
+        secret = f":{password}" if password else ""
+        return f"postgresql://{user}{secret}@127.0.0.1:{self.port}/{db}"
+
+    def sql(self, statement: str, db: str = "postgres") -> str:
+        """Run one statement as the admin (psql over TCP, with the password from the environment)."""
+        done = subprocess.run(
+            [
+                str(self.bin / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-tAc",
+                statement,
+            ],
+            env={**os.environ, "PGPASSWORD": ADMIN_PASSWORD},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.strip()
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[Postgres]:
+    """Start PostgreSQL in a fresh directory and stop it (SIGINT, a fast shutdown, then SIGKILL, to the pid
+    started here). The directory is under /tmp itself: the postgres user cannot enter pytest's tmp dirs."""
+    binaries = postgres_bin()
+    assert binaries is not None
+    tmp = Path(tempfile.mkdtemp(prefix="ray_cmf_pg_"))
+    data, sockets = tmp / "pgdata", tmp / "pgsock"
+    for directory in (tmp, sockets):
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.chown(directory, "postgres", "postgres")
+    pwfile = tmp / "pw"
+    pwfile.write_text(ADMIN_PASSWORD)
+    shutil.chown(pwfile, "postgres", "postgres")
+    subprocess.run(
+        [str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "--auth=scram-sha-256", f"--pwfile={pwfile}"],
+        user="postgres",
+        group="postgres",
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            str(binaries / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-k",
+            str(sockets),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "max_connections=100",
+        ],
+        user="postgres",
+        group="postgres",
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "postgres.log", "wb"),  # noqa: SIM115 (the server keeps it open)
+    )
+    server = Postgres(port, process, binaries)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                server.sql("SELECT 1")
+                break
+            except subprocess.CalledProcessError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"PostgreSQL did not start: {(tmp / 'postgres.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+        yield server
+    finally:
+        process.send_signal(signal.SIGINT)  # a fast shutdown of the postmaster started here
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(tmp, ignore_errors=True)

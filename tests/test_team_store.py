@@ -1,0 +1,237 @@
+"""A team store: MLMD on a real PostgreSQL server on 127.0.0.1 (started by the tests, stopped by its pid)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ray_cmf import Cmf, Store, StoreError, Sweep
+from ray_cmf.cli import main
+from ray_cmf.constants import STORE_CONFIG
+from tests._servers import Postgres, free_port, postgres, postgres_skip_reason
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[Postgres]:
+    reason = postgres_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with postgres() as server:
+        server.sql("CREATE ROLE team LOGIN PASSWORD 'team-secret' CREATEDB")
+        server.sql("CREATE ROLE reader LOGIN PASSWORD 'reader-secret' NOCREATEDB")
+        yield server
+
+
+def _log(cmf: Cmf, name: str, rows: int) -> None:
+    for step in range(rows):
+        cmf.log_metric(name, {"step": step, "loss": 1.0 / (step + 1)})
+
+
+def test_cmf_on_postgres_creates_the_database_and_keeps_no_password(pg: Postgres, tmp_path: Path) -> None:
+    url = pg.url("team", "team-secret", "cmf_one")
+    cmf = Cmf(filepath=url, pipeline_name="pg", store=tmp_path / "store")
+    cmf.create_execution("train", execution_name="run-1")
+    cmf.log_seeds(small=7, wide=2**40)  # ML-Metadata's PostgreSQL schema holds 32-bit ints
+    _log(cmf, "steps", 10)
+    artifact = cmf.commit_metrics("steps")
+    assert artifact is not None and cmf.read_metrics("steps")["loss"].tolist() == [1.0 / (s + 1) for s in range(10)]
+    environment = Sweep(Store(tmp_path / "store", mlmd=url), metrics_name="steps").environment("run-1")
+    assert environment["seed/wide"] == str(2**40) and environment["seed/small"] == 7
+    cmf.close()
+    assert pg.sql("SELECT 1 FROM pg_database WHERE datname = 'cmf_one'") == "1"  # created by ML-Metadata
+    config = json.loads((tmp_path / "store" / STORE_CONFIG).read_text())
+    assert config["mlmd"] == f"postgresql://team@127.0.0.1:{pg.port}/cmf_one"
+    leaked = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and b"team-secret" in p.read_bytes()]
+    assert leaked == []
+
+
+def test_the_store_directory_alone_finds_the_server_with_the_password_from_the_environment(
+    pg: Postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    cmf = Cmf(filepath=pg.url("team", "team-secret", "cmf_two"), pipeline_name="pg", store=store)
+    cmf.create_execution("train", execution_name="run-1")
+    _log(cmf, "steps", 5)
+    cmf.commit_metrics("steps")
+    cmf.close()
+    monkeypatch.setenv("PGPASSWORD", "team-secret")
+    assert Store(store).mlmd == f"postgresql://team@127.0.0.1:{pg.port}/cmf_two"  # from the config file
+    assert Sweep(store, metrics_name="steps").steps()["step"].tolist() == list(range(5))
+    assert main(["trials", "--store", str(store), "--metrics-name", "steps", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["trial_id"] == "run-1" and row["steps"] == 5
+    assert main(["verify", "--store", str(store)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("unreachable", "nothing answers on 127.0.0.1:.*is the server running"),
+        ("wrong password", "turned down user 'team': check the password"),
+        ("missing database", "'nobody_made_it' does not exist: create the database"),
+    ],
+)
+def test_clear_errors(pg: Postgres, tmp_path: Path, case: str, says: str) -> None:
+    url = {
+        "unreachable": f"postgresql://team:team-secret@127.0.0.1:{free_port()}/x",
+        "wrong password": pg.url("team", "not-it", "cmf_one"),
+        "missing database": pg.url("reader", "reader-secret", "nobody_made_it"),  # may not create databases
+    }[case]
+    with pytest.raises(StoreError, match=says) as raised:
+        Cmf(filepath=url, pipeline_name="pg", store=tmp_path / "store")
+    assert "secret" not in str(raised.value) and "not-it" not in str(raised.value)
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    from ray_cmf import Cmf
+    url, store, name = sys.argv[1], sys.argv[2], sys.argv[3]
+    for run in range(8):
+        cmf = Cmf(filepath=url, pipeline_name="shared", store=store)
+        cmf.create_execution("train", execution_name=f"{name}-{run}")
+        for step in range(50):
+            cmf.log_metric("steps", {"step": step, "loss": 1.0 / (step + 1)})
+        assert cmf.commit_metrics("steps") is not None
+        cmf.close()
+    print("ok")
+    """
+)
+
+
+def test_two_drivers_write_one_empty_database_at_once(pg: Postgres, tmp_path: Path) -> None:
+    """Both start on a database that does not exist yet (ML-Metadata's first-connection races), then
+    write it at the same time, each through its own writer, the same content (one artifact, recorded by
+    whichever commits it first)."""
+    url = pg.url("team", "team-secret", "cmf_shared")
+    drivers = [
+        subprocess.Popen(
+            [sys.executable, "-c", DRIVER, url, str(tmp_path / name), name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "error::UserWarning:ray_cmf"},
+        )
+        for name in ("a", "b")
+    ]
+    outputs = [driver.communicate(timeout=300) for driver in drivers]
+    warnings = [[line for line in err.splitlines() if "ray_cmf" in line] for _, err in outputs]
+    assert [d.returncode for d in drivers] == [0, 0], warnings
+    assert "could not commit" not in "".join(err for _, err in outputs)
+    names = pg.sql("SELECT name FROM execution ORDER BY name", db="cmf_shared").split()
+    assert names == sorted(f"{d}-{r}" for d in "ab" for r in range(8))
+    for name in ("a", "b"):  # one MLMD: each driver sees all 16 runs; it holds the (identical) content of each
+        runs = Sweep(Store(tmp_path / name, mlmd=url), pipeline="shared", metrics_name="steps").trials()
+        assert len(runs) == 16 and set(runs["steps"]) == {50}
+
+
+def test_a_tune_sweep_records_into_postgres(pg: Postgres, ray_session: None, tmp_path: Path) -> None:
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    url = pg.url("team", "team-secret", "cmf_tune")
+
+    def trainable(config: dict) -> None:
+        for it in range(5):
+            tune.report({"loss": config["lr"] / (it + 1)})
+
+    logger = CmfRayLogger("pg_sweep", file_path=url, store=str(tmp_path / "store"), metric="loss", mode="min")
+    tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        run_config=tune.RunConfig(name="pg", storage_path=str(tmp_path / "results"), callbacks=[logger]),
+    ).fit()
+    trials = Sweep(Store(tmp_path / "store", mlmd=url), pipeline="pg_sweep").trials(["loss"])
+    assert sorted(trials["loss_best"]) == [0.02, 0.04] and set(trials["status"]) == {"COMPLETE"}
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"team-secret" in p.read_bytes()]
+    assert leaked == []  # not in the store, nor in Tune's experiment state (tuner.pkl)
+
+
+# -- files on an S3-compatible server (moto, on 127.0.0.1) ---------------------------------------------
+BUCKET = "team-bucket"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """moto's S3 server in this process, on a free loopback port; fake credentials for DVC and s3fs."""
+    from moto.server import ThreadedMotoServer
+
+    fake = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in fake}
+    os.environ.update(fake)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _runs(store: Path, count: int) -> None:
+    for run in range(count):
+        cmf = Cmf(pipeline_name="team", store=store)
+        cmf.create_execution("train", execution_name=f"run-{run}")
+        for step in range(20):
+            cmf.log_metric("steps", {"step": step, "loss": (run + 1) / (step + 1)})
+        cmf.commit_metrics("steps")
+        cmf.close()
+
+
+def test_push_to_s3_then_compare_and_pull_on_a_machine_without_the_files(
+    s3: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    _runs(store, 3)
+    remote = f"s3://{BUCKET}/team"
+    assert main(["push", "--store", str(store), "--add-remote", remote, "--endpoint-url", s3, "--json"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--store", str(store), "--remote", "--json"]) == 0
+    assert {row["status"] for row in json.loads(capsys.readouterr().out)} == {"ok"}
+
+    elsewhere = tmp_path / "elsewhere"  # reaches the MLMD and the remote; holds no file
+    Store(elsewhere, mlmd=str(store / "mlmd.sqlite")).set_remote(remote, s3)
+    expected = Sweep(store, metrics_name="steps").steps()
+    fetched = Sweep(elsewhere, metrics_name="steps").steps()
+    assert fetched.equals(expected) and not (elsewhere / "artifacts").exists()  # read from the DVC cache
+    assert main(["pull", "--store", str(elsewhere), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 4  # three series and the package list
+    assert main(["verify", "--store", str(elsewhere), "--json"]) == 0
+
+
+def test_verify_names_an_object_missing_from_the_remote(
+    s3: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import boto3
+
+    store = tmp_path / "store"
+    _runs(store, 2)
+    assert main(["push", "--store", str(store), "--add-remote", f"s3://{BUCKET}/gone", "--endpoint-url", s3]) == 0
+    [file] = [f for f in Sweep(store, metrics_name="steps").files() if f.trial_id == "run-1"]
+    url = Store(store).url(file.path)
+    boto3.client("s3", endpoint_url=s3).delete_object(
+        Bucket=BUCKET, Key=f"gone/files/md5/{file.md5[:2]}/{file.md5[2:]}"
+    )
+    capsys.readouterr()
+    assert main(["verify", "--store", str(store), "--remote", "--json"]) == 1
+    statuses = {row["url"]: row["status"] for row in json.loads(capsys.readouterr().out)}
+    assert statuses.pop(url) == "remote-missing" and set(statuses.values()) == {"ok"}
