@@ -15,6 +15,7 @@ Run: ``.venv/bin/python benchmarks/bench_team_store.py [--trials 500 --steps 200
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import subprocess
@@ -59,6 +60,8 @@ def main() -> None:
     )
     import boto3
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
 
     tmp = Path(tempfile.mkdtemp())
     embedded, team, elsewhere = tmp / "embedded", tmp / "team", tmp / "elsewhere"
