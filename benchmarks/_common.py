@@ -1,7 +1,8 @@
-"""Helpers shared by the benchmarks: timing and table printing."""
+"""Helpers shared by the benchmarks: timing, the sweep-size arguments and table printing."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 
@@ -28,3 +29,21 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
     print("|" + "---|" * len(headers))
     for row in rows:
         print("| " + " | ".join(row) + " |")
+
+
+def timed(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:
+    """The best wall time of ``repeat`` calls of ``fn``, and what the last call returned."""
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, value
+
+
+def sweep_size(steps: int) -> argparse.Namespace:
+    """``--trials`` (default 500) and ``--steps`` (default ``steps``) from the command line."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=steps)
+    return parser.parse_args()

@@ -13,27 +13,16 @@ Run: ``.venv/bin/python benchmarks/bench_report.py [--trials 500 --steps 10000]`
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table  # noqa: E402
+from _common import print_table, sweep_size, timed  # noqa: E402
 from bench_sweep_scale import generate  # noqa: E402
 
 from ray_cmf import Sweep  # noqa: E402
-
-
-def timed(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def plain_plotly(root: Path, path: Path) -> None:
@@ -44,19 +33,16 @@ def plain_plotly(root: Path, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=500)
-    parser.add_argument("--steps", type=int, default=10_000)
-    args = parser.parse_args()
+    args = sweep_size(steps=10_000)
     tmp = Path(tempfile.mkdtemp())
     root = tmp / "store"
     generated = generate(root, tmp / "ray_logs", args.trials, args.steps)
     print(f"generated {args.trials} trials x {args.steps} steps through the store in {generated:.1f} s\n")
 
     ours_loss, ours_all, peer = tmp / "loss.html", tmp / "report.html", tmp / "plotly.html"
-    t_loss = timed(lambda: Sweep(root, pipeline="scale").report(ours_loss, metrics=["loss"]), repeat=3)
-    t_all = timed(lambda: Sweep(root, pipeline="scale").report(ours_all), repeat=3)
-    t_peer = timed(lambda: plain_plotly(root, peer), repeat=1)
+    t_loss, _ = timed(lambda: Sweep(root, pipeline="scale").report(ours_loss, metrics=["loss"]), repeat=3)
+    t_all, _ = timed(lambda: Sweep(root, pipeline="scale").report(ours_all), repeat=3)
+    t_peer, _ = timed(lambda: plain_plotly(root, peer), repeat=1)
     mb = {p: p.stat().st_size / 2**20 for p in (ours_loss, ours_all, peer)}
     print_table(
         ["report", "how", "time", "file"],

@@ -11,7 +11,6 @@ Run: ``.venv/bin/python benchmarks/bench_sweep_scale.py [--trials 500 --steps 10
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import subprocess
@@ -25,7 +24,7 @@ import pyarrow.dataset as pads
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table  # noqa: E402
+from _common import fmt_time, print_table, sweep_size, timed  # noqa: E402
 
 from ray_cmf import MetricBuffer, Store, Sweep  # noqa: E402
 from ray_cmf.constants import TRIAL_EXECUTION_TYPE  # noqa: E402
@@ -100,20 +99,8 @@ def write_ray_logs(trial_dir: Path, data: dict[str, np.ndarray], config: dict) -
         writer.writerows(rows)
 
 
-def timed(fn, repeat: int = 3) -> tuple[float, object]:
-    best, value = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, value
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=500)
-    parser.add_argument("--steps", type=int, default=10_000)
-    args = parser.parse_args()
+    args = sweep_size(steps=10_000)
     tmp = Path(tempfile.mkdtemp())
     root, logs = tmp / "store", tmp / "ray_logs"
     gen = generate(root, logs, args.trials, args.steps)

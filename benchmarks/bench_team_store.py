@@ -14,7 +14,6 @@ Run: ``.venv/bin/python benchmarks/bench_team_store.py [--trials 500 --steps 200
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -27,20 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from _common import print_table  # noqa: E402
+from _common import print_table, sweep_size, timed  # noqa: E402
 from bench_sweep_scale import generate  # noqa: E402
 
 from ray_cmf import Store, Sweep  # noqa: E402
 from tests._servers import free_port, postgres  # noqa: E402
-
-
-def timed(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def compare(store: Path) -> None:
@@ -51,10 +41,7 @@ def compare(store: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=500)
-    parser.add_argument("--steps", type=int, default=2_000)
-    args = parser.parse_args()
+    args = sweep_size(steps=2_000)
     os.environ.update(
         {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     )
@@ -89,10 +76,10 @@ def main() -> None:
         start = time.perf_counter()
         assert len(Sweep(elsewhere, pipeline="scale").trials(["loss"])) == args.trials
         cold = time.perf_counter() - start
-        t_embedded = timed(lambda: Sweep(embedded, pipeline="scale").trials(["loss"]))
-        t_team = timed(lambda: Sweep(elsewhere, pipeline="scale").trials(["loss"]))
-        c_embedded = timed(lambda: compare(embedded))
-        c_team = timed(lambda: compare(elsewhere))
+        t_embedded, _ = timed(lambda: Sweep(embedded, pipeline="scale").trials(["loss"]))
+        t_team, _ = timed(lambda: Sweep(elsewhere, pipeline="scale").trials(["loss"]))
+        c_embedded, _ = timed(lambda: compare(embedded))
+        c_team, _ = timed(lambda: compare(elsewhere))
     s3.stop()
     shutil.rmtree(tmp, ignore_errors=True)
     print()
