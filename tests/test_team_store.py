@@ -134,6 +134,58 @@ def test_two_drivers_write_one_empty_database_at_once(pg: Postgres, tmp_path: Pa
         assert len(runs) == 16 and set(runs["steps"]) == {50}
 
 
+SWEEP_DRIVER = textwrap.dedent(
+    """
+    import sys
+    import ray
+    from ray import tune
+    from ray_cmf import CmfRayLogger
+
+    url, store, results, name = sys.argv[1:5]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def trainable(config):
+        for it in range(10):
+            tune.report({"loss": config["lr"] / (it + 1)})
+
+    logger = CmfRayLogger("two_sweeps", pipeline_stage=name, file_path=url, store=store, metric="loss", mode="min")
+    tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search([0.1, 0.2, 0.3])},
+        run_config=tune.RunConfig(name=name, storage_path=results, callbacks=[logger], verbose=0),
+    ).fit()
+    print("ok")
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_tune_sweeps_from_two_drivers_write_one_database_at_once(pg: Postgres, tmp_path: Path) -> None:
+    """Two driver processes, each with its own Ray instance and writer, sweep into one PostgreSQL MLMD."""
+    url = pg.url("team", "team-secret", "cmf_two_sweeps")
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    drivers = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", SWEEP_DRIVER, url, str(tmp_path / name), str(tmp_path / "results"), name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name in ("first", "second")
+    }
+    outputs = {name: driver.communicate(timeout=600) for name, driver in drivers.items()}
+    failed = {name: err[-3000:] for name, (_, err) in outputs.items() if drivers[name].returncode != 0}
+    assert failed == {}
+    assert "could not" not in "".join(err for _, err in outputs.values())  # no commit or registration warned
+    for name in ("first", "second"):
+        trials = Sweep(Store(tmp_path / name, mlmd=url), pipeline="two_sweeps", stage=name).trials(["loss"])
+        assert sorted(trials["loss_best"]) == pytest.approx([0.01, 0.02, 0.03]) and set(trials["status"]) == {
+            "COMPLETE"
+        }
+    assert pg.sql("SELECT count(*) FROM execution", db="cmf_two_sweeps") == "6"
+
+
 def test_a_tune_sweep_records_into_postgres(pg: Postgres, ray_session: None, tmp_path: Path) -> None:
     from ray import tune
 
