@@ -272,6 +272,8 @@ class Lineage:
         event: str = "output",
     ) -> Artifact:
         """Record an artifact, its event and its attribution in ONE ``put_execution`` transaction."""
+        if self._int_bits < 64:  # a size or row count may pass 2**31: a double holds it exactly (to 2**53)
+            typed = {k: float(v) if type(v) is int else v for k, v in typed.items()}
         type_id = self.type_id("artifact", type_name, {k: type(v) for k, v in typed.items()})
         execution = self.get_execution(execution_id)
         contexts = self.contexts_of(execution_id)

@@ -15,6 +15,7 @@ import pytest
 from ray_cmf import Cmf, Store, StoreError, Sweep
 from ray_cmf.cli import main
 from ray_cmf.constants import STORE_CONFIG
+from ray_cmf.lineage import properties
 from tests._servers import Postgres, free_port, postgres, postgres_skip_reason
 
 pytestmark = pytest.mark.integration
@@ -52,6 +53,18 @@ def test_cmf_on_postgres_creates_the_database_and_keeps_no_password(pg: Postgres
     assert config["mlmd"] == f"postgresql://team@127.0.0.1:{pg.port}/cmf_one"
     leaked = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and b"team-secret" in p.read_bytes()]
     assert leaked == []
+
+
+def test_a_file_over_two_gib_is_registered(pg: Postgres, tmp_path: Path) -> None:
+    """ML-Metadata's server schemas keep 32-bit ints; a 3 GiB model's size must still be recorded exactly."""
+    model = tmp_path / "model.bin"
+    with open(model, "wb") as f:
+        f.truncate(3 * 2**30)  # sparse: 3 GiB of zeros without the disk
+    cmf = Cmf(filepath=pg.url("team", "team-secret", "cmf_big"), pipeline_name="pg", store=tmp_path / "store")
+    cmf.create_execution("train", execution_name="run-1")
+    artifact = cmf.log_model(str(model), "output", model_name="big")
+    assert properties(artifact)["size"] == 3 * 2**30
+    cmf.close()
 
 
 def test_the_store_directory_alone_finds_the_server_with_the_password_from_the_environment(
