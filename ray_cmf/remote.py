@@ -62,5 +62,13 @@ class Remote:
         os.replace(tmp, dest)
         return dest
 
+    def upload(self, md5: str, src: Path) -> bool:
+        """Put ``src`` on the remote as the object of ``md5``, unless it is there already; True if uploaded."""
+        fs, target = self._fs(), self.object_path(md5)
+        if fs.exists(target):
+            return False
+        fs.put_file(str(src), target)
+        return True
+
     def to_config(self) -> dict[str, str]:
         return {"url": self.url, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}

@@ -341,6 +341,8 @@ class CmfTrainCallback(UserCallback):
         metrics_name: Name of the report series.
         file_path: The MLMD database: a SQLite file, or a ``postgresql://`` / ``mysql://`` URL (default:
             the store's own, or the one its config file names).
+        push: Upload each committed file to the store's remote as it is committed, on the writer's
+            background thread (what the job's end cuts short, ``ray-cmf push`` sends later).
     """
 
     def __init__(
@@ -350,18 +352,22 @@ class CmfTrainCallback(UserCallback):
         store: str | os.PathLike[str] | None = None,
         metrics_name: str = REPORTS_METRICS_NAME,
         file_path: str | os.PathLike[str] | None = None,
+        push: bool = False,
     ) -> None:
         self.pipeline_name = check_name("pipeline_name", pipeline_name)
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.store = Store(store, mlmd=file_path) if file_path is not None else _store_name(store)
+        self.push = push
         self._environment: Environment | None = None  # the driver's code and software, captured there
         self._runtime: _CallbackRuntime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Train ships the callback to its controller: on the driver, start the writer and capture the code."""
         if ray_driver():
-            start_writer(self.store)
+            writer = start_writer(self.store)
+            if self.push:
+                writer.call(StoreWriter.push_after_commit, store=self.store)
             if self._environment is None:
                 self._environment = capture(hardware=False)
         return {**self.__dict__, "_runtime": None}

@@ -279,6 +279,8 @@ class CmfRayLogger(tune.Callback):
         store: Store directory (default ``$RAY_CMF_STORE`` or ``./cmf_store``).
         mode: Alias of ``order``.
         metrics_name: Name of the per-trial result series.
+        push: Upload each committed file to the store's remote (``ray-cmf push --add-remote``) as it is
+            committed, on the writer's background thread; the sweep's end waits for the uploads.
 
     Example:
         >>> tuner = tune.Tuner(  # doctest: +SKIP
@@ -302,6 +304,7 @@ class CmfRayLogger(tune.Callback):
         metrics_name: str = RESULTS_METRICS_NAME,
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+        push: bool = False,
     ) -> None:
         if order is not None and mode is not None and order != mode:
             raise ValueError(f"order={order!r} and mode={mode!r} disagree; pass one of them")
@@ -318,6 +321,7 @@ class CmfRayLogger(tune.Callback):
         self.root, self.mlmd = str(self.store.root), self.store.mlmd
         self.data_dir = os.path.abspath(data_dir) if data_dir is not None else None
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
+        self.push = push
         self.cmf_obj = TrialCmfs(self)
         self._trials: dict[str, _TrialState] = {}
         self._runtime: _Runtime | None = None
@@ -337,7 +341,10 @@ class CmfRayLogger(tune.Callback):
     @property
     def _rt(self) -> _Runtime:
         if self._runtime is None:
-            self._runtime = _Runtime(start_writer(self.store))
+            writer = start_writer(self.store)
+            if self.push:
+                writer.call(StoreWriter.push_after_commit, store=self.store)
+            self._runtime = _Runtime(writer)
         return self._runtime
 
     def _send(self, request: Any, **kwargs: Any) -> None:
@@ -485,6 +492,8 @@ class CmfRayLogger(tune.Callback):
                 log.warning("ray_cmf: committing a trial failed: %s", exc)
         if self.top_n is not None:
             self._mark_top_n(trials)
+        if self.push and (failed := self._rt.writer.call(StoreWriter.wait_for_pushes)):
+            log.warning("ray_cmf: %d files were not pushed to the store's remote; run `ray-cmf push`", failed)
         self._check(self._rt.replies)
         self._rt.executor.shutdown(wait=True)
         self._runtime = None

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,8 +37,9 @@ from ray_cmf.buffer import Spill, SpillManifest
 from ray_cmf.constants import DATASET_TYPE, SEQUENCE_COLUMN
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
-from ray_cmf.lineage import Artifact, Context, Execution
+from ray_cmf.lineage import Artifact, Context, Execution, properties
 from ray_cmf.store import Store
+from ray_cmf.versioning import cache_path
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,9 @@ class StoreWriter:
         self._bindings: dict[tuple[str, str], Binding] = {}
         self._series: dict[tuple[Store, str], _Series] = {}
         self._ended: set[tuple[Store, int]] = set()  # executions whose trial or run has ended
+        self._pushing: set[Store] = set()  # stores whose committed files go to their remote as they commit
+        self._uploads: list[Future[bool]] = []
+        self._uploader: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # guards the dicts above, never held during I/O
         if store is not None:
             self._stores[store] = store
@@ -326,8 +331,34 @@ class StoreWriter:
         if artifact is not None:
             log.warning("ray_cmf: committed the rows of %s that their logger never committed", spill_name)
 
-    @staticmethod
-    def _commit_series(live: Store, series: _Series, custom: Mapping[str, Any] | None, every: bool) -> Artifact | None:
+    def push_after_commit(self, *, store: Store | None = None) -> None:
+        """From now on, upload each file the store commits to its remote, in the background (one thread; a
+        failure is a warning, and ``ray-cmf push`` catches up later)."""
+        live = self._open(store)
+        if live.remote is None:
+            raise StoreError(f"The store {live.root} has no remote to push to; run `ray-cmf push --add-remote URL`")
+        with self._lock:
+            self._pushing.add(live)
+            if self._uploader is None:
+                self._uploader = ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-push")
+
+    def wait_for_pushes(self) -> int:
+        """Wait for every upload started so far; returns how many failed (each was warned about)."""
+        with self._lock:
+            pending, self._uploads = self._uploads, []
+        return sum(1 for upload in pending if not upload.result())
+
+    def _push(self, live: Store, artifact: Artifact) -> None:
+        if live not in self._pushing:
+            return
+        md5 = str(properties(artifact)["Commit"])
+        assert self._uploader is not None
+        with self._lock:
+            self._uploads.append(self._uploader.submit(_upload, live, md5))
+
+    def _commit_series(
+        self, live: Store, series: _Series, custom: Mapping[str, Any] | None, every: bool
+    ) -> Artifact | None:
         """Write the series' next version and register it; the spill is emptied only once MLMD has it.
 
         ``every``: commit whenever the series has rows (a caller's commit makes a version each time);
@@ -339,14 +370,29 @@ class StoreWriter:
         with series.lock:
             if not (series.spill.rows if every else series.spill.pending):
                 return None
-            return series.spill.finish(
+            artifact = series.spill.finish(
                 series.dest,
                 lambda finished: live.commit_metrics(manifest.execution_id, manifest.metrics_name, finished, custom),
             )
+        if artifact is not None:
+            self._push(live, artifact)
+        return artifact
 
     def pid(self) -> int:
         """The writer's process id (to watch its memory)."""
         return os.getpid()
+
+
+def _upload(live: Store, md5: str) -> bool:
+    """Upload one committed file's DVC cache object to the store's remote; False (and a warning) on failure."""
+    remote = live.remote
+    try:
+        assert remote is not None
+        remote.upload(md5, cache_path(live.root, md5))
+        return True
+    except Exception as exc:  # the remote is down, say: the file stays in the store, `ray-cmf push` retries
+        log.warning("ray_cmf: could not push %s to %s: %s; `ray-cmf push` sends it later", md5, live.remote, exc)
+        return False
 
 
 # -- the client ----------------------------------------------------------------------------------------

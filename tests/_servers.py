@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ADMIN_PASSWORD = "admin-secret"
+# Credentials for moto's S3 server on 127.0.0.1; no test reaches AWS.
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def postgres_bin() -> Path | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ray_cmf import Store
+from tests._servers import FAKE_AWS
 
 
 @pytest.fixture
@@ -28,6 +29,7 @@ def ray_session() -> Iterator[None]:
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a one-node Ray stays on 127.0.0.1
+    os.environ.update(FAKE_AWS)  # before Ray starts, so that the writer actor can reach moto's S3 too
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

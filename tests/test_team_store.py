@@ -17,6 +17,7 @@ from ray_cmf.cli import main
 from ray_cmf.constants import STORE_CONFIG
 from ray_cmf.lineage import properties
 from tests._servers import Postgres, free_port, postgres, postgres_skip_reason
+from tests.conftest import FAKE_AWS
 
 pytestmark = pytest.mark.integration
 
@@ -228,12 +229,11 @@ BUCKET = "team-bucket"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
-    """moto's S3 server in this process, on a free loopback port; fake credentials for DVC and s3fs."""
+    """moto's S3 server in this process, on a free loopback port, with fake credentials (set in the
+    environment before Ray starts too, by tests/conftest.py, so that the writer actor has them)."""
     from moto.server import ThreadedMotoServer
 
-    fake = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in fake}
-    os.environ.update(fake)
+    os.environ.update(FAKE_AWS)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -245,11 +245,6 @@ def s3() -> Iterator[str]:
         yield endpoint
     finally:
         server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _runs(store: Path, count: int) -> None:
@@ -300,3 +295,29 @@ def test_verify_names_an_object_missing_from_the_remote(
     assert main(["verify", "--store", str(store), "--remote", "--json"]) == 1
     statuses = {row["url"]: row["status"] for row in json.loads(capsys.readouterr().out)}
     assert statuses.pop(url) == "remote-missing" and set(statuses.values()) == {"ok"}
+
+
+def test_a_sweep_pushes_each_committed_file_as_it_goes(
+    s3: str, ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    store = tmp_path / "store"
+    Store(store).set_remote(f"s3://{BUCKET}/auto", s3)
+
+    def trainable(config: dict) -> None:
+        for it in range(5):
+            tune.report({"loss": config["lr"] / (it + 1)})
+
+    logger = CmfRayLogger("auto", store=str(store), push=True)
+    tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        run_config=tune.RunConfig(name="auto", storage_path=str(tmp_path / "results"), callbacks=[logger]),
+    ).fit()
+    files = Sweep(store, pipeline="auto").files()
+    assert len(files) == 2 and all(Store(store).remote.exists(f.md5) for f in files)  # no `ray-cmf push` ran
+    with pytest.raises(StoreError, match="no remote"):
+        CmfRayLogger("auto", store=str(tmp_path / "bare"), push=True).setup()
