@@ -37,7 +37,7 @@ _NONFINITE_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 _NONFINITE_VALUE = {text: float(key) for key, text in _NONFINITE_TEXT.items()}
 _PROPERTY_TYPES = {str: mlpb.STRING, int: mlpb.INT, float: mlpb.DOUBLE}
 _SCHEMA_RACE_PAUSES = (0.2, 0.5, 1.0, 2.0, 4.0)  # seconds between tries while another process makes the schema
-_CREATION_RACES = ("schema_version", "already exists", "duplicate key")
+_CREATION_RACES = ("schema_version", "already exists", "duplicate key", "subset of tables", "retry the connection")
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -142,7 +142,7 @@ class Lineage:
     def _connect(self, readonly: bool) -> metadata_store.MetadataStore:
         """Open the database; retry ML-Metadata's first-connection races on a server (two processes
         creating the database, or its schema, at once: "already exists", "MLMDEnv table exists but no
-        schema_version")."""
+        schema_version", "There are a subset of tables in MLMD instance ... Please retry the connection")."""
         config = connection_config(self.target, readonly=readonly)
         for pause in (*_SCHEMA_RACE_PAUSES, None):
             try:
