@@ -21,6 +21,7 @@ from ray_cmf.constants import ENVIRONMENT_TYPE, MLMD_FILE, STEP_METRICS_TYPE
 from ray_cmf.environment import strip_credentials
 from ray_cmf.lineage import Lineage, properties
 from ray_cmf.system import SystemSampler
+from tests._sweeps import run_grid
 
 SECRET = "hunter2-not-for-the-store"
 SCRIPT = textwrap.dedent(
@@ -162,18 +163,10 @@ def _trainable(config: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ray import tune
-
     from ray_cmf import CmfRayLogger
 
     tmp = tmp_path_factory.mktemp("env_sweep")
-    tune.Tuner(
-        _trainable,
-        param_space={"lr": tune.grid_search([0.1, 0.2])},
-        run_config=tune.RunConfig(
-            name="env", storage_path=str(tmp / "results"), callbacks=[CmfRayLogger("envs", store=str(tmp / "store"))]
-        ),
-    ).fit()
+    run_grid(_trainable, {"lr": [0.1, 0.2]}, tmp / "results", CmfRayLogger("envs", store=str(tmp / "store")))
     return tmp / "store"
 
 

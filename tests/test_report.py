@@ -18,6 +18,7 @@ import pytest
 from ray_cmf import Cmf, Sweep
 from ray_cmf.cli import main
 from ray_cmf.report import ReportServer, downsample, importance
+from tests._sweeps import run_grid
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = [  # the flags that keep Chromium off the network on a closed machine
@@ -84,18 +85,11 @@ def _trainable(config: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def sweep_store(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ray import tune
-
     from ray_cmf import CmfRayLogger
 
     tmp = tmp_path_factory.mktemp("report")
-    tune.Tuner(
-        _trainable,
-        param_space={"lr": tune.grid_search(LRS), "optimizer": tune.grid_search(["adam", "sgd"])},
-        run_config=tune.RunConfig(
-            name="rep", storage_path=str(tmp / "results"), callbacks=[CmfRayLogger("rep", store=str(tmp / "store"))]
-        ),
-    ).fit()
+    logger = CmfRayLogger("rep", store=str(tmp / "store"))
+    run_grid(_trainable, {"lr": LRS, "optimizer": ["adam", "sgd"]}, tmp / "results", logger)
     return tmp / "store"
 
 

@@ -16,8 +16,8 @@ from ray_cmf import Cmf, Store, StoreError, Sweep
 from ray_cmf.cli import main
 from ray_cmf.constants import STORE_CONFIG
 from ray_cmf.lineage import properties
-from tests._servers import Postgres, free_port, postgres, postgres_skip_reason
-from tests.conftest import FAKE_AWS
+from tests._servers import FAKE_AWS, Postgres, free_port, postgres, postgres_skip_reason
+from tests._sweeps import run_grid
 
 pytestmark = pytest.mark.integration
 
@@ -212,11 +212,7 @@ def test_a_tune_sweep_records_into_postgres(pg: Postgres, ray_session: None, tmp
             tune.report({"loss": config["lr"] / (it + 1)})
 
     logger = CmfRayLogger("pg_sweep", file_path=url, store=str(tmp_path / "store"), metric="loss", mode="min")
-    tune.Tuner(
-        trainable,
-        param_space={"lr": tune.grid_search([0.1, 0.2])},
-        run_config=tune.RunConfig(name="pg", storage_path=str(tmp_path / "results"), callbacks=[logger]),
-    ).fit()
+    run_grid(trainable, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
     trials = Sweep(Store(tmp_path / "store", mlmd=url), pipeline="pg_sweep").trials(["loss"])
     assert sorted(trials["loss_best"]) == [0.02, 0.04] and set(trials["status"]) == {"COMPLETE"}
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"team-secret" in p.read_bytes()]
@@ -312,11 +308,7 @@ def test_a_sweep_pushes_each_committed_file_as_it_goes(
             tune.report({"loss": config["lr"] / (it + 1)})
 
     logger = CmfRayLogger("auto", store=str(store), push=True)
-    tune.Tuner(
-        trainable,
-        param_space={"lr": tune.grid_search([0.1, 0.2])},
-        run_config=tune.RunConfig(name="auto", storage_path=str(tmp_path / "results"), callbacks=[logger]),
-    ).fit()
+    run_grid(trainable, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
     files = Sweep(store, pipeline="auto").files()
     assert len(files) == 2 and all(Store(store).remote.exists(f.md5) for f in files)  # no `ray-cmf push` ran
     with pytest.raises(StoreError, match="no remote"):
