@@ -105,15 +105,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from ray_cmf.compare import trial_id_of
+
     sweep = _sweep(args)
     table = sweep.trials()
     match = table[table["trial_id"] == args.trial]
     if match.empty:
         raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; known: {list(table['trial_id'])}")
     row = match.iloc[0]
-    [(execution, stage)] = [
-        (e, s) for e, s in sweep.executions() if str(properties(e).get("trial_id", e.name)) == args.trial
-    ]
+    [(execution, stage)] = [(e, s) for e, s in sweep.executions() if trial_id_of(e) == args.trial]
     lineage = sweep.lineage
     files = []
     for event in lineage.store.get_events_by_execution_ids([execution.id]):

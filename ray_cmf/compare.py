@@ -152,7 +152,7 @@ class Sweep:
                     if not path.exists():  # committed elsewhere: the same content by its md5, cached or fetched
                         path = self.store.fetch(props["Commit"]) or path
                     self._files.append(
-                        TrialFile(_trial_id(execution), execution, stage, path, props["Commit"], props["url"])
+                        TrialFile(trial_id_of(execution), execution, stage, path, props["Commit"], props["url"])
                     )
         return self._files
 
@@ -197,7 +197,7 @@ class Sweep:
     def _spilled(self, metrics: list[str] | None, trials: set[str] | None) -> list[pd.DataFrame]:
         """The uncommitted rows of this sweep's series, one frame per spill directory."""
         spill_root = self.store.root / SPILL_DIR
-        ids = {e.id: _trial_id(e) for e, _ in self.executions()}
+        ids = {e.id: trial_id_of(e) for e, _ in self.executions()}
         frames = []
         for directory in sorted(spill_root.iterdir()) if spill_root.is_dir() else []:
             try:
@@ -239,7 +239,7 @@ class Sweep:
         files = {f.trial_id: f for f in self.files()}
         rows = []
         for execution, stage in self.executions():
-            trial_id = _trial_id(execution)
+            trial_id = trial_id_of(execution)
             props = properties(execution)
             file = files.get(trial_id)
             rows.append(
@@ -332,14 +332,14 @@ class Sweep:
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
         for execution, _ in self.executions():
-            if _trial_id(execution) == trial_id:
+            if trial_id_of(execution) == trial_id:
                 props = properties(execution)
                 return {
                     f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
                     for k, v in sorted(props.items())
                     if k.startswith((ENV_PREFIX, SEED_PREFIX))
                 }
-        raise RayCmfError(f"Unknown trial {trial_id!r}; the sweep has {[_trial_id(e) for e, _ in self.executions()]}")
+        raise RayCmfError(f"Unknown trial {trial_id!r}; the sweep has {[trial_id_of(e) for e, _ in self.executions()]}")
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
         """Config, environment, seed and metric values that differ between two trials (rows: field;
@@ -402,7 +402,8 @@ class Sweep:
         )
 
 
-def _trial_id(execution: Execution) -> str:
+def trial_id_of(execution: Execution) -> str:
+    """The trial id of an execution (its name for executions that are not Tune trials)."""
     return str(properties(execution).get("trial_id", execution.name))
 
 

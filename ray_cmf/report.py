@@ -243,6 +243,8 @@ def _params(trials: pd.DataFrame, metric: str) -> list[dict[str, Any]]:
 
 def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
     """Per trial: every artifact of its execution (inputs and outputs, every version) with its md5."""
+    from ray_cmf.compare import trial_id_of
+
     lineage = sweep.lineage.store
     executions = {e.id: e for e, _ in sweep.executions()}
     events = lineage.get_events_by_execution_ids(list(executions)) if executions else []
@@ -252,8 +254,7 @@ def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
     for event in sorted(events, key=lambda e: (e.execution_id, e.artifact_id)):
         artifact = artifacts[event.artifact_id]
         props = properties(artifact)
-        trial_id = str(properties(executions[event.execution_id]).get("trial_id", executions[event.execution_id].name))
-        out.setdefault(trial_id, []).append(
+        out.setdefault(trial_id_of(executions[event.execution_id]), []).append(
             {
                 "event": "input" if event.type == mlpb.Event.INPUT else "output",
                 "type": types.get(artifact.type_id, "?"),
