@@ -66,6 +66,7 @@ _MODES = ("min", "max")
 
 
 _TRIAL_CMFS: dict[str, Cmf] = {}
+HAND_OVER_WAIT_S = 10.0  # how long stopping a trial waits for its rows to reach the writer
 
 
 def trial_cmf(
@@ -105,7 +106,7 @@ def trial_cmf(
         )
         sampler = sample_into(writer, SeriesKey(binding, SYSTEM_METRICS_NAME), system_metrics)
         hand_over = _HandOver(trial_id, cmf, sampler)
-        _before_return_is_reported(hand_over)
+        _before_tune_stops(hand_over)
         on_thread_end(hand_over)
     return cmf
 
@@ -119,26 +120,32 @@ class _HandOver:
     cmf: Cmf
     sampler: SystemSampler | None
     done: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self) -> None:
         if self.done:
             return
         self.done = True
-        if _TRIAL_CMFS.get(self.trial_id) is self.cmf:
-            del _TRIAL_CMFS[self.trial_id]
-        if self.sampler is not None:
-            self.sampler.stop()
-        self.cmf.log_seeds()  # torch's seed as the trainable left it
-        self.cmf.close()
+        try:
+            if _TRIAL_CMFS.get(self.trial_id) is self.cmf:
+                del _TRIAL_CMFS[self.trial_id]
+            if self.sampler is not None:
+                self.sampler.stop()
+            self.cmf.log_seeds()  # torch's seed as the trainable left it
+            self.cmf.close()
+        finally:
+            self.finished.set()
 
 
-def _before_return_is_reported(hand_over: Callable[[], None]) -> None:
-    """Run ``hand_over`` when the trainable returns, before Tune hears of it.
+def _before_tune_stops(hand_over: _HandOver) -> None:
+    """Make the trial's hand-over finish before Tune can stop its process, however the trainable ends.
 
-    Tune learns of a return from a last report that its wrapper makes on the trainable's thread, then
-    stops the process without waiting for that thread, so the thread's end may come too late. (This
-    wraps the report method of Ray's private session object; without one, the thread's end is the
-    hook, which always precedes an error's report.)
+    Tune learns of a return from a last report that its wrapper makes on the trainable's thread: the
+    hand-over runs at that report. A trial that Tune stops (a stop criterion, a scheduler) ends its thread
+    only when ``finish`` lets it go, and Tune does not wait for that thread: ``finish`` then waits, up to
+    :data:`HAND_OVER_WAIT_S`, for the hand-over that the thread's end runs. An error reaches Tune only
+    after the thread is gone. (This wraps two methods of Ray's private session object; without one, the
+    thread's end is the only hook.)
     """
     try:
         from ray.train._internal.session import get_session
@@ -146,8 +153,8 @@ def _before_return_is_reported(hand_over: Callable[[], None]) -> None:
     except ImportError:
         return
     session = get_session()
-    report = getattr(session, "report", None)
-    if report is None:
+    report, finish = getattr(session, "report", None), getattr(session, "finish", None)
+    if report is None or finish is None:
         return
 
     @functools.wraps(report)
@@ -156,7 +163,15 @@ def _before_return_is_reported(hand_over: Callable[[], None]) -> None:
             hand_over()
         return report(metrics, *args, **kwargs)
 
+    @functools.wraps(finish)
+    def finish_after_hand_over(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return finish(*args, **kwargs)  # lets a stopped trainable's thread go: it hands over as it ends
+        finally:
+            hand_over.finished.wait(HAND_OVER_WAIT_S)
+
     session.report = report_after_hand_over
+    session.finish = finish_after_hand_over
 
 
 def get_cmf(

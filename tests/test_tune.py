@@ -316,3 +316,42 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
         series = dedup_attempts(raw)
         assert series["training_iteration"].tolist() == list(range(1, 31))  # no duplicates, no holes
         assert series["it"].tolist() == list(range(30))
+
+
+def _runs_until_stopped(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    import ray_cmf.tune
+
+    cmf = ray_cmf.tune.get_cmf(system_metrics=None)
+    for it in range(100):
+        for sub in range(5):
+            cmf.log_metric("fine", {"it": it, "sub": sub})  # never committed, never flushed
+        tune.report({"loss": config["lr"] / (it + 1)})
+
+
+def test_a_trial_that_tune_stops_hands_over_every_row(ray_session: None, tmp_path: Path) -> None:
+    """Tune stops each trial at its third result, while the trainable waits inside ``report``: the rows it
+    logged are still in its memory, and stopping waits for them to reach the writer."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    store = tmp_path / "store"
+    tune.Tuner(
+        _runs_until_stopped,
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        run_config=tune.RunConfig(
+            name="stopped",
+            storage_path=str(tmp_path / "results"),
+            callbacks=[CmfRayLogger("stopped", store=str(store))],
+            stop={"training_iteration": 3},
+            verbose=0,
+        ),
+    ).fit()
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    for execution in lineage.store.get_executions():
+        fine = _artifacts({"lineage": lineage}, execution)["fine"]
+        assert properties(fine)["at_end"] is True
+        rows = pq.read_table(store / properties(fine)["url"]).to_pandas()
+        assert rows[["it", "sub"]].values.tolist() == [[i, s] for i in range(3) for s in range(5)]
