@@ -53,9 +53,7 @@ def _recorded(store: Store) -> Iterator[tuple[str, str, Path]]:
 def audit(store: Store, *, remote: bool = False) -> Iterator[Finding]:
     """Re-hash every file artifact of the store and check it against MLMD and DVC (``remote``: and check that
     the store's remote holds it)."""
-    pushed = store.remote if remote else None
-    if remote and pushed is None:
-        raise StoreError(f"The store {store.root} has no remote; set one with `ray-cmf push --add-remote URL`")
+    pushed = store.require_remote() if remote else None
     for url, md5, path in _recorded(store):
         status = _local_status(store, md5, path)
         if status == "ok" and pushed is not None and not md5.endswith(".dir") and not pushed.exists(md5):
@@ -83,15 +81,14 @@ def _local_status(store: Store, md5: str, path: Path) -> str:
 def pull(store: Store) -> list[Path]:
     """Bring back every file of the store that is missing here, from its remote by md5 (into the DVC cache,
     then its place in the store). Returns the files restored."""
-    if store.remote is None:
-        raise StoreError(f"The store {store.root} has no remote; set one with `ray-cmf push --add-remote URL`")
+    remote = store.require_remote()
     restored = []
     for _, md5, path in _recorded(store):
         if path.exists() or md5.endswith(".dir") or not path.is_relative_to(store.root) or store.escapes(path):
             continue
         cached = store.fetch(md5)
         if cached is None:
-            raise StoreError(f"Neither this store nor its remote {store.remote.url} holds {path} (md5 {md5})")
+            raise StoreError(f"Neither this store nor its remote {remote.url} holds {path} (md5 {md5})")
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cached, path)
         restored.append(path)

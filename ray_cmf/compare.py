@@ -174,7 +174,7 @@ class Sweep:
             frames += self._spilled(metrics, wanted)
         frames = [f for f in frames if len(f)]
         if not frames:
-            return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
+            return _no_steps(metrics)
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         if live and len(frames) > 1:  # a committed version and the spill that extends it
             frame = frame.drop_duplicates([TRIAL_COLUMN, "step"], keep="last")
@@ -182,13 +182,12 @@ class Sweep:
         return frame[[TRIAL_COLUMN, "step", *chosen]].reset_index(drop=True)
 
     def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pd.DataFrame:
-        import pandas as pd
 
         files = [f for f in self.files() if trials is None or f.trial_id in trials]
         footers = _read_footers(files)
         files = [f for f in files if f.path in footers]
         if not files:
-            return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
+            return _no_steps(metrics)
         schema = pa.unify_schemas([schema for schema, _ in footers.values()], promote_options="permissive")
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
         table = _scan_with_trials(dataset, _columns(dataset.schema, metrics), files)
@@ -210,11 +209,7 @@ class Sweep:
             batches = list(read_segments(directory))
             if not batches:
                 continue
-            table = (
-                pa.Table.from_batches(batches)
-                if len({b.schema for b in batches}) == 1
-                else pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
-            )
+            table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
             present = [m for m in metrics if m in table.column_names] if metrics is not None else None
             table = table.select(_columns(table.schema, present))
             frames.append(
@@ -424,6 +419,12 @@ def _same(a: Any, b: Any) -> bool:
 
 def _metric_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
+
+
+def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
 
 
 def _columns(schema: pa.Schema, metrics: list[str] | None) -> list[str]:

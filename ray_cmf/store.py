@@ -124,6 +124,13 @@ class Store:
         entry = self._config().get("remote")
         return Remote(**entry) if entry else None
 
+    def require_remote(self) -> Remote:
+        """The store's remote; a StoreError that says how to set one when there is none."""
+        remote = self.remote
+        if remote is None:
+            raise StoreError(f"The store {self.root} has no remote; set one with `ray-cmf push --add-remote URL`")
+        return remote
+
     def set_remote(self, url: str, endpoint_url: str | None = None) -> Remote:
         """Make ``url`` the store's DVC remote (``endpoint_url``: an S3-compatible server) and record it in
         the config file, so that other machines can fetch files by their md5."""

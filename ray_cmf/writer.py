@@ -335,8 +335,7 @@ class StoreWriter:
         """From now on, upload each file the store commits to its remote, in the background (one thread; a
         failure is a warning, and ``ray-cmf push`` catches up later)."""
         live = self._open(store)
-        if live.remote is None:
-            raise StoreError(f"The store {live.root} has no remote to push to; run `ray-cmf push --add-remote URL`")
+        live.require_remote()
         with self._lock:
             self._pushing.add(live)
             if self._uploader is None:
