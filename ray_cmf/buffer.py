@@ -35,6 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ray_cmf._atomic import atomic_write, write_text
+from ray_cmf._json import dumps, float_of
 from ray_cmf.constants import (
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
@@ -163,13 +165,13 @@ class SpillManifest:
     metrics_name: str
     execution_id: int
     dest: str
+    instance: str = ""  # which of the execution's series of this name (see ray_cmf.writer.SeriesKey)
     pid: int = dataclasses.field(default_factory=os.getpid)
     host: str = dataclasses.field(default_factory=socket.gethostname)
     base: str | None = None  # the previous committed version, which the next one extends
 
     def write(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / SPILL_MANIFEST).write_text(json.dumps(asdict(self)))
+        write_text(directory / SPILL_MANIFEST, json.dumps(asdict(self)))
 
     @classmethod
     def read(cls, directory: Path) -> SpillManifest:
@@ -343,28 +345,28 @@ def write_parquet(batches: list[pa.RecordBatch], dest: Path) -> FinishedFile:
     """
     schemas = [b.schema for b in batches] or [pa.schema([(SEQUENCE_COLUMN, pa.int64())])]
     schema = pa.unify_schemas(schemas, promote_options="permissive")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
     summary = SeriesSummary()
-    with open(tmp, "wb") as raw:
-        hashing = _HashingFile(raw)
-        with pq.ParquetWriter(hashing, schema) as writer:
-            for batch in batches:
-                table = _conform(batch, schema)
-                summary.add(table)
-                writer.write_table(table, row_group_size=max(batch.num_rows, 1))
-            writer.add_key_value_metadata({SUMMARY_KEY: summary.to_json()})
-        raw.flush()
-        os.fsync(raw.fileno())
-    md5 = hashing.md5.hexdigest()
-    dest = dest.with_name(dest.name.replace("{md5}", md5[:12]))
-    os.replace(tmp, dest)
-    return FinishedFile(dest, md5, hashing.size, summary.rows)
+    with atomic_write(dest) as pending:
+        with open(pending.tmp, "wb") as raw:
+            hashing = _HashingFile(raw)
+            with pq.ParquetWriter(hashing, schema) as writer:
+                for batch in batches:
+                    table = _conform(batch, schema)
+                    summary.add(table)
+                    writer.write_table(table, row_group_size=max(batch.num_rows, 1))
+                writer.add_key_value_metadata({SUMMARY_KEY: summary.to_json()})
+        md5 = hashing.md5.hexdigest()
+        pending.dest = dest.with_name(dest.name.replace("{md5}", md5[:12]))
+    return FinishedFile(pending.dest, md5, hashing.size, summary.rows)
 
 
 class SeriesSummary:
-    """Per-column min, max and last value (NaN and nulls skipped) and the row count, gathered while
-    writing and stored in the file's footer, so a trial table needs no data scan."""
+    """Per numeric column: the minimum and maximum of its finite values and its last non-null value (NaN and
+    inf included: a diverged run's final value is information), and the row count. Gathered while writing
+    and stored in the file's footer (strict JSON, see :mod:`ray_cmf._json`), so a trial table needs no data
+    scan. A non-finite value is never a minimum or a maximum: it never ranks best."""
+
+    VERSION = 2  # footers of earlier versions counted inf as a minimum or maximum: readers scan those files
 
     def __init__(self) -> None:
         self.rows = 0
@@ -373,21 +375,32 @@ class SeriesSummary:
     def add(self, table: pa.Table) -> None:
         self.rows += table.num_rows
         for field in table.schema:
-            if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
+            floating = pa.types.is_floating(field.type)
+            if not (floating or pa.types.is_integer(field.type)):
                 continue
-            column = table.column(field.name)
-            if pa.types.is_floating(field.type):
-                column = pc.if_else(pc.is_nan(column), None, column)
-            valid = pc.drop_null(column)
+            valid = pc.drop_null(table.column(field.name))
             if len(valid) == 0:
                 continue
-            low, high = pc.min_max(valid).values()
-            stats = self.columns.setdefault(field.name, {"min": low.as_py(), "max": high.as_py()})
-            stats["min"], stats["max"] = min(stats["min"], low.as_py()), max(stats["max"], high.as_py())
+            stats = self.columns.setdefault(field.name, {})
             stats["last"] = valid[-1].as_py()
+            finite = pc.filter(valid, pc.is_finite(valid)) if floating else valid
+            if len(finite):
+                low, high = (v.as_py() for v in pc.min_max(finite).values())
+                stats["min"] = min(stats.get("min", low), low)
+                stats["max"] = max(stats.get("max", high), high)
 
     def to_json(self) -> str:
-        return json.dumps({"rows": self.rows, "columns": self.columns})
+        return dumps({"version": self.VERSION, "rows": self.rows, "columns": self.columns})
+
+    @classmethod
+    def parse(cls, raw: bytes | None) -> dict[str, Any] | None:
+        """A footer's summary, or None when the file has none of this version (then its data is scanned)."""
+        summary = json.loads(raw) if raw else None
+        if not isinstance(summary, dict) or summary.get("version") != cls.VERSION:
+            return None
+        for stats in summary["columns"].values():
+            stats["last"] = float_of(stats["last"])
+        return summary
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:

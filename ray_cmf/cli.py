@@ -1,14 +1,14 @@
 """The ``ray-cmf`` command line: list, compare, show, plot, export, verify, push and recover.
 
 Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``--json`` for scripting.
-Wrong arguments and an empty store exit with code 2; ``verify`` exits with 1 on any mismatch.
+``--json`` output is strict JSON: a non-finite number is the string ``"NaN"``, ``"Infinity"`` or
+``"-Infinity"``, and a missing value is ``null``. Wrong arguments and an empty store exit with code 2;
+``verify`` exits with 1 on any mismatch.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +16,7 @@ from typing import Any
 
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
+from ray_cmf._json import dumps, jsonable
 from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import Lineage, properties
 from ray_cmf.store import Store
@@ -23,20 +24,14 @@ from ray_cmf.store import Store
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def _clean(value: Any) -> Any:
-    """JSON-friendly scalars: NaN becomes null."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if hasattr(value, "item"):
-        return _clean(value.item())
-    return value
+def _print_json(payload: Any) -> None:
+    sys.stdout.write(dumps(payload, indent=2) + "\n")
 
 
 def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> None:
-    """Print rows as JSON (``--json``) or as a rich table."""
+    """Print rows as strict JSON (``--json``) or as a rich table."""
     if args.json:
-        json.dump([{k: _clean(v) for k, v in row.items()} for row in rows], sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        _print_json(rows)
         return
     from rich.console import Console
     from rich.table import Table
@@ -51,7 +46,7 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> N
 
 
 def _cell(value: Any) -> str:
-    value = _clean(value)
+    value = jsonable(value)
     if value is None:
         return ""
     return f"{value:.6g}" if isinstance(value, float) else str(value)
@@ -135,20 +130,19 @@ def cmd_show(args: argparse.Namespace) -> int:
         "status": row["status"],
         "stage": stage,
         "execution_id": execution.id,
-        "config": {c[len("config/") :]: _clean(row[c]) for c in table.columns if c.startswith("config/")},
+        "config": {c[len("config/") :]: row[c] for c in table.columns if c.startswith("config/")},
         "environment": sweep.environment(args.trial),
         "files": files,
-        "last_rows": [{k: _clean(v) for k, v in r.items()} for r in _frame_rows(last)],
+        "last_rows": _frame_rows(last),
     }
     if args.json:
-        json.dump(payload, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        _print_json(payload)
         return EXIT_OK
     from rich.console import Console
 
     console = Console()
     console.print(f"[bold]{args.trial}[/bold]  status={payload['status']}  stage={stage}  execution={execution.id}")
-    console.print("config:", payload["config"])
+    console.print("config:", jsonable(payload["config"]))
     _emit(args, [{"field": k, "value": v} for k, v in payload["environment"].items()], "environment and seeds")
     _emit(args, files, "lineage: files")
     _emit(args, payload["last_rows"], f"last {args.rows} rows")

@@ -244,15 +244,36 @@ class Cmf:
             return None
 
     def read_metrics(self, metrics_name: str, commit: str | None = None) -> pd.DataFrame:
-        """The latest committed version of a series (or the one with md5 ``commit``), indexed by SequenceNumber.
+        """This execution's latest committed version of a series (or its version with md5 ``commit``),
+        indexed by SequenceNumber.
+
+        It reads only what the current execution committed, never another execution's series of the same
+        name: rows logged but not committed yet are not returned (commit them first), and asking for them
+        raises :class:`MetricsNotFoundError` saying so. A Cmf without a current execution reads the
+        pipeline's series when one execution alone committed that name (or the version ``commit``).
 
         Values come back exactly as logged: a column without nulls has its NumPy dtype; one with nulls
         (a key missing from some rows, or None) is Arrow-backed (``pd.ArrowDtype``), so its ints stay
         ints and a null stays distinct from a NaN.
         """
-        table = self._writer.call(
-            StoreWriter.read, store=self.store, pipeline=self.pipeline_name, metrics_name=metrics_name, commit=commit
-        )
+        binding = self._binding
+        try:
+            table = self._writer.call(
+                StoreWriter.read,
+                store=self.store,
+                pipeline=self.pipeline_name,
+                metrics_name=metrics_name,
+                commit=commit,
+                execution_id=binding.execution_id if binding is not None else None,
+            )
+        except MetricsNotFoundError:
+            buffer = self.metrics.get(metrics_name)
+            if buffer is None or commit is not None:
+                raise
+            raise MetricsNotFoundError(
+                f"{metrics_name!r} has {buffer.rows} rows logged by this execution ({binding.name if binding else ''}) "
+                f"but none committed; call commit_metrics({metrics_name!r}) first"
+            ) from None
         return exact_frame(table).set_index(SEQUENCE_COLUMN)
 
     def log_execution_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:

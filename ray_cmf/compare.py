@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from ray_cmf.buffer import SpillManifest, read_segments
+from ray_cmf.buffer import SeriesSummary, SpillManifest, read_segments
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     SEQUENCE_COLUMN,
@@ -41,9 +41,10 @@ log = logging.getLogger(__name__)
 
 STEP_COLUMN = "training_iteration"
 TRIAL_COLUMN = "trial_id"
-_EXECUTION_COLUMNS = ("trial_id", "execution_id", "status", "stage")
+SERIES_COLUMN = "series"  # which of a trial's series of one name a row is from, where a trial has several
+RANK_COLUMN = "rank"  # a Train rank's rows: a key of the row, not a metric
 STEP_CANDIDATES = (STEP_COLUMN, "step", SEQUENCE_COLUMN)  # Tune results, Train steps, any series
-_NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, "wall_time", "__filename"})
+_NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, RANK_COLUMN, "wall_time", "__filename"})
 _STATES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 
 
@@ -58,8 +59,9 @@ def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[st
 
 @dataclass(frozen=True)
 class TrialFile:
-    """One trial's latest committed series: ``url`` as MLMD records it, ``path`` where its bytes are read
-    (the file itself, or the same content from the DVC cache or the remote, by ``md5``)."""
+    """The latest committed version of one of a trial's series: ``url`` as MLMD records it, ``path`` where
+    its bytes are read (the file itself, or the same content from the DVC cache or the remote, by ``md5``);
+    ``instance`` tells a trial's series of one name apart (a Train rank's: ``rank1``)."""
 
     trial_id: str
     execution: Execution
@@ -67,6 +69,7 @@ class TrialFile:
     path: Path
     md5: str
     url: str
+    instance: str = ""
 
 
 class Sweep:
@@ -105,6 +108,7 @@ class Sweep:
         self.stages = stages
         self.metrics_name = metrics_name
         self._files: list[TrialFile] | None = None
+        self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
 
     def _only_pipeline(self) -> str:
@@ -131,30 +135,38 @@ class Sweep:
         return sorted(out, key=lambda pair: pair[0].id)
 
     def files(self) -> list[TrialFile]:
-        """The latest committed ``metrics_name`` series of every execution that has one."""
+        """The latest committed version of every ``metrics_name`` series of every execution (a trial may hold
+        several: one per Train rank, say), in execution order."""
         if self._files is None:
             artifacts = {
                 a.id: a
                 for a in self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
                 if properties(a)["metrics_name"] == self.metrics_name
             }
-            latest: dict[int, Any] = {}
-            for execution_id, artifact_id in sorted(self.lineage.producers(list(artifacts)), key=lambda p: p[1]):
-                latest[execution_id] = artifacts[artifact_id]  # newest version wins
+            latest: dict[int, dict[str, Any]] = {}
+            for output in self.lineage.producers(list(artifacts)):  # oldest first: the newest version wins
+                latest.setdefault(output.execution_id, {})[output.instance] = artifacts[output.artifact_id]
             self._files = []
             for execution, stage in self.executions():
-                if execution.id in latest:
-                    props = properties(latest[execution.id])
-                    path = self.store.resolve(props["url"])
-                    if self.store.escapes(path):
-                        log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
-                        continue
-                    if not path.exists():  # committed elsewhere: the same content by its md5, cached or fetched
-                        path = self.store.fetch(props["Commit"]) or path
-                    self._files.append(
-                        TrialFile(trial_id_of(execution), execution, stage, path, props["Commit"], props["url"])
-                    )
+                for instance, artifact in sorted(latest.get(execution.id, {}).items()):
+                    file = self._file(execution, stage, instance, properties(artifact))
+                    if file is not None:
+                        self._files.append(file)
         return self._files
+
+    def _file(self, execution: Execution, stage: str, instance: str, props: Mapping[str, Any]) -> TrialFile | None:
+        path = self.store.resolve(props["url"])
+        if self.store.escapes(path):
+            log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
+            return None
+        if not path.exists():  # committed elsewhere: the same content by its md5, cached or fetched
+            path = self.store.fetch(props["Commit"]) or path
+        return TrialFile(trial_id_of(execution), execution, stage, path, props["Commit"], props["url"], instance)
+
+    def _several(self) -> bool:
+        """Whether some trial holds more than one series of this name (then rows carry a ``series`` key)."""
+        trials = [f.trial_id for f in self.files()]
+        return len(trials) != len(set(trials))
 
     # -- frames --------------------------------------------------------------------------------------
     def steps(
@@ -162,42 +174,60 @@ class Sweep:
     ) -> pd.DataFrame:
         """Tidy frame (trial_id, step, metric columns) from ONE dataset scan that reads only those columns.
 
-        ``live=True`` adds the rows that running trials have spilled but not committed yet (read-only:
-        the complete batches of their spill segments; nothing waits for the writer).
+        Keys come first: ``series`` where a trial holds several series of this name (a Train run's ranks:
+        ``rank0``, ``rank1``), and ``rank`` where the rows carry one. A metric some trials lack is null in
+        theirs. ``live=True`` adds the rows that running trials have spilled but not committed yet
+        (read-only: the complete batches of their spill segments; nothing waits for the writer).
         """
-        import pandas as pd
-
-        wanted = set(trials) if trials is not None else None
         metrics = list(metrics) if metrics is not None else None
-        frames = [self._committed(metrics, wanted)]
+        table = self._step_table(metrics, set(trials) if trials is not None else None, live=live)
+        return _tidy(table.to_pandas(), metrics, overlap=live) if table.num_rows else _no_steps(metrics)
+
+    def _step_table(self, metrics: list[str] | None, trials: set[str] | None, *, live: bool) -> pa.Table:
+        """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``."""
+        if metrics is not None:
+            self._check_metrics(metrics, live=live)
+        tables = [self._committed(metrics, trials), *(self._spilled(metrics, trials) if live else [])]
+        tables = [t for t in tables if t.num_rows]
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+    def _footers(self) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
+        if self._footer_cache is None:
+            self._footer_cache = _read_footers(self.files())
+        return self._footer_cache
+
+    def _schema(self) -> pa.Schema:
+        """The unified schema of every committed file of the sweep."""
+        schemas = [schema for schema, _ in self._footers().values()]
+        return pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+
+    def _check_metrics(self, metrics: list[str], *, live: bool) -> None:
+        """An unknown metric is an error that lists the sweep's metrics (spilled ones count when ``live``)."""
+        known = set(self._schema().names)
         if live:
-            frames += self._spilled(metrics, wanted)
-        frames = [f for f in frames if len(f)]
-        if not frames:
-            return _no_steps(metrics)
-        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        if live and len(frames) > 1:  # a committed version and the spill that extends it
-            frame = frame.drop_duplicates([TRIAL_COLUMN, "step"], keep="last")
-        chosen = metrics if metrics is not None else [c for c in frame.columns if c not in (TRIAL_COLUMN, "step")]
-        return frame[[TRIAL_COLUMN, "step", *chosen]].reset_index(drop=True)
+            known |= {name for table in self._spilled(None, None) for name in table.column_names}
+        unknown = [m for m in metrics if m not in known]
+        if unknown and (known or not live):
+            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(self._schema())}")
 
-    def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pd.DataFrame:
-
-        files = [f for f in self.files() if trials is None or f.trial_id in trials]
-        footers = _read_footers(files)
-        files = [f for f in files if f.path in footers]
+    def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pa.Table:
+        footers = self._footers()
+        files = [f for f in self.files() if f.path in footers and (trials is None or f.trial_id in trials)]
         if not files:
-            return _no_steps(metrics)
-        schema = pa.unify_schemas([schema for schema, _ in footers.values()], promote_options="permissive")
+            return pa.table({})
+        schema = self._schema()
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
-        table = _scan_with_trials(dataset, _columns(dataset.schema, metrics), files)
-        return _tidy(table.to_pandas(), metrics)
+        table = _scan_with_trials(dataset, _columns(schema, metrics), files, series=self._several())
+        return _keyed(table)
 
-    def _spilled(self, metrics: list[str] | None, trials: set[str] | None) -> list[pd.DataFrame]:
-        """The uncommitted rows of this sweep's series, one frame per spill directory."""
+    def _spilled(self, metrics: list[str] | None, trials: set[str] | None) -> list[pa.Table]:
+        """The uncommitted rows of this sweep's series, one table per spill directory."""
         spill_root = self.store.root / SPILL_DIR
         ids = {e.id: trial_id_of(e) for e, _ in self.executions()}
-        frames = []
+        several = self._several()
+        tables = []
         for directory in sorted(spill_root.iterdir()) if spill_root.is_dir() else []:
             try:
                 manifest = SpillManifest.read(directory)
@@ -211,11 +241,13 @@ class Sweep:
                 continue
             table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
             present = [m for m in metrics if m in table.column_names] if metrics is not None else None
-            table = table.select(_columns(table.schema, present))
-            frames.append(
-                _tidy(table.append_column(TRIAL_COLUMN, pa.array([trial] * table.num_rows)).to_pandas(), metrics)
+            table = table.select(_columns(table.schema, present)).append_column(
+                TRIAL_COLUMN, pa.array([trial] * table.num_rows)
             )
-        return frames
+            if several or manifest.instance:
+                table = table.append_column(SERIES_COLUMN, pa.array([manifest.instance] * table.num_rows))
+            tables.append(_keyed(table))
+        return tables
 
     def trials(
         self, metrics: Iterable[str] | None = None, *, mode: str | Mapping[str, str] = "min", verify: bool = False
@@ -224,14 +256,16 @@ class Sweep:
 
         ``metrics`` limits the summarised (and read) columns; ``mode`` says whether lower (``min``) or
         higher (``max``) is best, for all metrics or per metric; ``verify=True`` re-hashes every file
-        against its recorded md5.
+        against its recorded md5. ``<metric>_best`` is the best finite value (a diverged value, NaN or
+        ±inf, never ranks best) and ``<metric>_final`` the last value logged (non-finite included); over
+        every series of a trial that holds several. ``steps`` counts the trial's rows.
         """
         import pandas as pd
 
         summary = self._summary_from_footers(metrics, mode)
         if summary is None:
             summary = self._summary_from_scan(metrics, mode)
-        files = {f.trial_id: f for f in self.files()}
+        files = {f.trial_id: f for f in reversed(self.files())}  # a trial's first series names its file
         rows = []
         for execution, stage in self.executions():
             trial_id = trial_id_of(execution)
@@ -247,72 +281,68 @@ class Sweep:
                     **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
                     "md5": file.md5 if file else None,
                     "url": file.url if file else None,
-                    "verified": (file.path.exists() and file_md5(file.path) == file.md5) if (verify and file) else None,
+                    "verified": self._verified(trial_id) if verify else None,
                 }
             )
-        table = pd.DataFrame(rows).join(summary, on="trial_id")
+        table = _recorded_columns(rows).join(summary, on="trial_id")
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
         tail = ["steps", "md5", "url", "verified"]
         return table[[c for c in table.columns if c not in tail] + tail]
+
+    def _verified(self, trial_id: str) -> bool | None:
+        """Whether every committed file of a trial matches its md5 (None: it has none)."""
+        mine = [f for f in self.files() if f.trial_id == trial_id]
+        return all(f.path.exists() and file_md5(f.path) == f.md5 for f in mine) if mine else None
 
     def _summary_from_footers(
         self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]
     ) -> pd.DataFrame | None:
         """best/final/steps per trial from the summaries in the files' footers: no data scan.
 
-        None when a file lacks a summary or holds re-reported steps (a restored trial), which need the scan.
+        None when a file lacks a current summary, holds re-reported steps (a restored trial) or is one of
+        several series of a trial: those need the scan.
         """
         import pandas as pd
 
-        footers = _read_footers(self.files())
+        footers = self._footers()
         summaries = {f.trial_id: footers[f.path][1] for f in self.files() if f.path in footers}
-        if any(s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 for s in summaries.values()):
+        if self._several() or any(
+            s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 for s in summaries.values()
+        ):
             return None
-        schema = (
-            pa.unify_schemas([sch for sch, _ in footers.values()], promote_options="permissive")
-            if footers
-            else pa.schema([])
-        )
-        numeric = [
-            f.name
-            for f in schema
-            if f.name in _metric_columns(schema) and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
-        ]
-        chosen = list(metrics) if metrics is not None else numeric
-        unknown = [m for m in chosen if m not in schema.names]
-        if unknown:
-            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(schema)}")
+        schema = self._schema()
+        chosen = self._summarised(schema, metrics)
         rows = {}
         for trial_id, summary in summaries.items():
+            assert summary is not None
             row: dict[str, Any] = {}
-            for metric in (m for m in chosen if m in numeric):
+            for metric in chosen:
                 stats = summary["columns"].get(metric, {})
-                best = mode.get(metric, "min") if isinstance(mode, Mapping) else mode
-                row[f"{metric}_best"] = stats.get("max" if best == "max" else "min", math.nan)
+                row[f"{metric}_best"] = stats.get("max" if _mode_of(mode, metric) == "max" else "min", math.nan)
                 row[f"{metric}_final"] = stats.get("last", math.nan)
             row["steps"] = summary["rows"]
             rows[trial_id] = row
         return pd.DataFrame.from_dict(rows, orient="index")
 
+    def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
+        """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all)."""
+        numeric = [f.name for f in schema if f.name in _metric_columns(schema) and _is_number(f.type)]
+        chosen = list(metrics) if metrics is not None else numeric
+        unknown = [m for m in chosen if m not in schema.names]
+        if unknown:
+            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(schema)}")
+        return [m for m in chosen if m in numeric]
+
     def _summary_from_scan(self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]) -> pd.DataFrame:
-        """best/final/steps per trial from one scan of the series (latest attempt per step)."""
+        """best/final/steps per trial from one scan of the series (latest attempt per step), nulls kept
+        apart from NaN so that ``_final`` is the last value logged."""
         import pandas as pd
 
-        steps = self.steps(metrics)
-        grouped = steps.groupby(TRIAL_COLUMN, observed=True, sort=False)
-        numeric = [
-            m
-            for m in steps.columns[2:]
-            if pd.api.types.is_numeric_dtype(steps[m]) and not pd.api.types.is_bool_dtype(steps[m])
-        ]
-        stats = grouped[numeric].agg(["min", "max", "last"])
-        summary = pd.DataFrame(index=stats.index.astype(str))
-        for metric in numeric:
-            best = mode.get(metric, "min") if isinstance(mode, Mapping) else mode
-            summary[f"{metric}_best"] = stats[(metric, "max" if best == "max" else "min")].to_numpy()
-            summary[f"{metric}_final"] = stats[(metric, "last")].to_numpy()
-        summary["steps"] = grouped.size().to_numpy()
-        return summary
+        chosen = self._summarised(self._schema(), metrics)
+        table = self._step_table(chosen if metrics is not None else None, None, live=False)
+        if not table.num_rows:
+            return pd.DataFrame(columns=["steps"])
+        return summarize(_tidy(table.to_pandas(types_mapper=_exact_numbers), chosen), chosen, mode)
 
     def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``), best first."""
@@ -397,9 +427,39 @@ class Sweep:
         )
 
 
+def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[str, str]) -> pd.DataFrame:
+    """Per trial of a steps frame: ``<metric>_best`` (the best finite value: NaN and ±inf never rank
+    best), ``<metric>_final`` (the last value logged, non-finite included; nulls skipped when the column
+    keeps them apart, as an Arrow-backed one does) and ``steps`` (its rows)."""
+    import pandas as pd
+
+    trial = frame[TRIAL_COLUMN].astype(str)
+    summary = pd.DataFrame(index=pd.Index(trial.unique(), name=TRIAL_COLUMN))
+    for metric in metrics:
+        values = frame[metric].to_numpy(dtype=float, na_value=np.nan)
+        finite = pd.Series(np.where(np.isfinite(values), values, np.nan), index=frame.index).groupby(trial)
+        summary[f"{metric}_best"] = finite.max() if _mode_of(mode, metric) == "max" else finite.min()
+        last = frame[metric].groupby(trial).last()
+        summary[f"{metric}_final"] = pd.Series(last.to_numpy(dtype=float, na_value=np.nan), index=last.index)
+    summary["steps"] = trial.groupby(trial).size()
+    return summary
+
+
 def trial_id_of(execution: Execution) -> str:
     """The trial id of an execution (its name for executions that are not Tune trials)."""
     return str(properties(execution).get("trial_id", execution.name))
+
+
+def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The trial table's recorded part: a column that some trials lack keeps each value as it was recorded
+    (an int stays an int) and None where it is missing, instead of pandas' NaN, which is a value."""
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    for column in table.columns:
+        if any(column not in row for row in rows):
+            table[column] = pd.Series([row.get(column) for row in rows], index=table.index, dtype=object)
+    return table
 
 
 def _config(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -421,6 +481,21 @@ def _metric_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
 
 
+def _is_number(arrow_type: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type))
+
+
+def _exact_numbers(arrow_type: pa.DataType) -> Any:
+    """Numbers as Arrow-backed pandas columns, where a null is not a NaN."""
+    import pandas as pd
+
+    return pd.ArrowDtype(arrow_type) if _is_number(arrow_type) else None
+
+
+def _mode_of(mode: str | Mapping[str, str], metric: str) -> str:
+    return mode.get(metric, "min") if isinstance(mode, Mapping) else mode
+
+
 def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
     import pandas as pd
 
@@ -428,35 +503,45 @@ def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
 
 
 def _columns(schema: pa.Schema, metrics: list[str] | None) -> list[str]:
-    """The step column, the metric columns (all numeric ones by default) and the attempt column to read."""
+    """The step column, the metric columns (all by default), and the rank and attempt columns, to read."""
     names = schema.names
     step = next((c for c in STEP_CANDIDATES if c in names), None)
     if step is None:
         raise RayCmfError(f"The series has no step column (one of {list(STEP_CANDIDATES)}); it has {names}")
-    chosen = metrics if metrics is not None else _metric_columns(schema)
-    missing = [m for m in chosen if m not in names]
-    if missing:
-        raise RayCmfError(f"Unknown metric(s) {missing}; the series has {_metric_columns(schema)}")
-    return list(dict.fromkeys([step, *chosen] + ([ATTEMPT_COLUMN] if ATTEMPT_COLUMN in names else [])))
+    chosen = [m for m in metrics if m in names] if metrics is not None else _metric_columns(schema)
+    keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN) if c in names]
+    return list(dict.fromkeys([step, *chosen, *keys]))
 
 
-def _tidy(frame: pd.DataFrame, metrics: list[str] | None) -> pd.DataFrame:
-    """(trial_id, step, metrics…) with re-run steps resolved to their latest attempt."""
-    step = next(c for c in STEP_CANDIDATES if c in frame.columns)
+def _keyed(table: pa.Table) -> pa.Table:
+    """A scanned table with its step column named ``step`` (Tune results, Train steps and plain series alike)."""
+    step = next(c for c in STEP_CANDIDATES if c in table.column_names)
+    return table.rename_columns(["step" if name == step else name for name in table.column_names])
+
+
+def _tidy(frame: pd.DataFrame, metrics: list[str] | None, *, overlap: bool = False) -> pd.DataFrame:
+    """(trial_id, [series], [rank], step, metrics…) with re-run steps resolved to their latest attempt
+    (``overlap``: also where a committed version and its spill hold the same step)."""
+    keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in frame.columns]
     if ATTEMPT_COLUMN in frame.columns and len(frame) and frame[ATTEMPT_COLUMN].max() > 1:
-        frame = dedup_attempts(frame, step, by=[TRIAL_COLUMN])
-    frame = frame.drop(columns=[c for c in (ATTEMPT_COLUMN,) if c in frame.columns and c not in (metrics or [])])
-    frame = frame.rename(columns={step: "step"})
-    rest = [c for c in frame.columns if c not in (TRIAL_COLUMN, "step")]
-    return frame[[TRIAL_COLUMN, "step", *rest]]
+        frame = dedup_attempts(frame, "step", by=keys)
+    if overlap:
+        frame = frame.drop_duplicates([*keys, "step"], keep="last")
+    if ATTEMPT_COLUMN in frame.columns and ATTEMPT_COLUMN not in (metrics or []):
+        frame = frame.drop(columns=[ATTEMPT_COLUMN])
+    rest = [c for c in frame.columns if c not in keys and c != "step"]
+    return frame[[*keys, "step", *rest]].reset_index(drop=True)
 
 
 def _metric_names(table: pd.DataFrame) -> set[str]:
     return {c[: -len("_best")] for c in table.columns if c.endswith("_best")}
 
 
-def _scan_with_trials(dataset: pads.Dataset, columns: list[str], files: Sequence[TrialFile]) -> pa.Table:
-    """One projected scan of every distinct file, with a dictionary-encoded trial_id column.
+def _scan_with_trials(
+    dataset: pads.Dataset, columns: list[str], files: Sequence[TrialFile], *, series: bool
+) -> pa.Table:
+    """One projected scan of every distinct file, with dictionary-encoded trial_id (and, when ``series``,
+    series) columns.
 
     Trials whose series have the same content share one file (one artifact, linked to each): its rows
     are read once and given to each of them.
@@ -469,22 +554,25 @@ def _scan_with_trials(dataset: pads.Dataset, columns: list[str], files: Sequence
         codes.append(np.full(tagged.record_batch.num_rows, index_of[tagged.fragment.path], dtype=np.int32))
     table = pa.Table.from_batches(batches, schema=pa.schema([dataset.schema.field(c) for c in columns]))
     path_codes = np.concatenate(codes) if codes else np.empty(0, np.int32)
-    if len(paths) == len(files):
-        trial_of_path = [""] * len(paths)
-        for file in files:
-            trial_of_path[index_of[str(file.path)]] = file.trial_id
-        trial_ids = pa.DictionaryArray.from_arrays(pa.array(path_codes), pa.array(trial_of_path))
-        return table.append_column(TRIAL_COLUMN, trial_ids)
-    rows, trial_codes = [], []
-    for code, file in enumerate(files):
-        mine = np.flatnonzero(path_codes == index_of[str(file.path)])
-        rows.append(mine)
-        trial_codes.append(np.full(len(mine), code, dtype=np.int32))
-    table = table.take(pa.array(np.concatenate(rows)))
-    trial_ids = pa.DictionaryArray.from_arrays(
-        pa.array(np.concatenate(trial_codes)), pa.array([f.trial_id for f in files])
-    )
-    return table.append_column(TRIAL_COLUMN, trial_ids)
+    if len(paths) == len(files):  # one file per series: label each row by its file
+        file_of_path = np.empty(len(paths), dtype=np.int32)
+        for code, file in enumerate(files):
+            file_of_path[index_of[str(file.path)]] = code
+        file_codes = file_of_path[path_codes]
+    else:  # a shared file's rows are given to each series that has it
+        rows = [np.flatnonzero(path_codes == index_of[str(file.path)]) for file in files]
+        table = table.take(pa.array(np.concatenate(rows)))
+        file_codes = np.concatenate([np.full(len(mine), code, dtype=np.int32) for code, mine in enumerate(rows)])
+    table = table.append_column(TRIAL_COLUMN, _labels(file_codes, [f.trial_id for f in files]))
+    return table.append_column(SERIES_COLUMN, _labels(file_codes, [f.instance for f in files])) if series else table
+
+
+def _labels(file_codes: np.ndarray, label_of_file: list[str]) -> pa.DictionaryArray:
+    """Each row's label (its file's), dictionary-encoded over the distinct labels."""
+    names = list(dict.fromkeys(label_of_file))
+    code_of_name = {name: i for i, name in enumerate(names)}
+    label_codes = np.asarray([code_of_name[label] for label in label_of_file], dtype=np.int32)
+    return pa.DictionaryArray.from_arrays(pa.array(label_codes[file_codes]), pa.array(names, pa.string()))
 
 
 def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
@@ -493,11 +581,13 @@ def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dic
 
     footers: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] = {}
     for file in files:
+        if file.path in footers:
+            continue
         try:
             meta = pq.read_metadata(file.path)
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("ray_cmf: skipping trial %s: cannot read %s (%s)", file.trial_id, file.path, exc)
             continue
         raw = (meta.metadata or {}).get(SUMMARY_KEY.encode())
-        footers[file.path] = (meta.schema.to_arrow_schema(), json.loads(raw) if raw else None)
+        footers[file.path] = (meta.schema.to_arrow_schema(), SeriesSummary.parse(raw))
     return footers

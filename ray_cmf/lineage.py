@@ -10,6 +10,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
+from ray_cmf._json import NONFINITE_TEXT, float_of
 from ray_cmf.connection import connection_config, explain, is_url
 from ray_cmf.constants import PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE
 from ray_cmf.errors import StoreError
@@ -33,8 +35,6 @@ _STATES = {
     "CANCELED": mlpb.Execution.CANCELED,
 }
 _EVENTS = {"input": mlpb.Event.INPUT, "output": mlpb.Event.OUTPUT}
-_NONFINITE_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-_NONFINITE_VALUE = {text: float(key) for key, text in _NONFINITE_TEXT.items()}
 _PROPERTY_TYPES = {str: mlpb.STRING, int: mlpb.INT, float: mlpb.DOUBLE}
 _SCHEMA_RACE_PAUSES = (0.2, 0.5, 1.0, 2.0, 4.0)  # seconds between tries while another process makes the schema
 _CREATION_RACES = ("schema_version", "already exists", "duplicate key", "subset of tables", "retry the connection")
@@ -72,7 +72,7 @@ def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
         return mlpb.Value(int_value=value) if -bound <= value < bound else mlpb.Value(string_value=str(value))
     if isinstance(value, float | int):
         if not math.isfinite(value):  # MLMD's SQL writer renders nan/inf as bare words and fails
-            return mlpb.Value(string_value=_NONFINITE_TEXT[str(float(value))])
+            return mlpb.Value(string_value=NONFINITE_TEXT[str(float(value))])
         return mlpb.Value(double_value=float(value))
     if isinstance(value, str):
         return mlpb.Value(string_value=value)
@@ -85,7 +85,7 @@ def python_value(value: mlpb.Value) -> Any:
     if kind is None:
         return None
     raw = getattr(value, kind)
-    return _NONFINITE_VALUE.get(raw, raw) if kind == "string_value" else raw
+    return float_of(raw) if kind == "string_value" else raw
 
 
 def properties(node: Artifact | Execution | Context) -> dict[str, Any]:
@@ -270,8 +270,13 @@ class Lineage:
         typed: Mapping[str, Any],
         custom: Mapping[str, Any] | None = None,
         event: str = "output",
+        instance: str = "",
     ) -> Artifact:
-        """Record an artifact, its event and its attribution in ONE ``put_execution`` transaction."""
+        """Record an artifact, its event and its attribution in ONE ``put_execution`` transaction.
+
+        ``instance`` names which of the execution's series of one name this is (a Train rank's, say): it is
+        the event's path, so content shared by several executions keeps each one's role.
+        """
         if self._int_bits < 64:  # a size or row count may pass 2**31: a double holds it exactly (to 2**53)
             typed = {k: float(v) if type(v) is int else v for k, v in typed.items()}
         type_id = self.type_id("artifact", type_name, {k: type(v) for k, v in typed.items()})
@@ -284,20 +289,19 @@ class Lineage:
             artifact = mlpb.Artifact(type_id=type_id, name=name, uri=uri, state=mlpb.Artifact.LIVE)
             _set(artifact.properties, typed)
             _set(artifact.custom_properties, custom, self._int_bits)
-        ev = mlpb.Event(type=_EVENTS[event])
         try:
             _, [artifact.id], _ = self.store.put_execution(
-                execution, [(artifact, ev)], contexts, reuse_context_if_already_exist=True
+                execution, [(artifact, _event(event, instance))], contexts, reuse_context_if_already_exist=True
             )
         except Exception as exc:  # another writer of a shared database recorded the same content first
             existing = self.store.get_artifact_by_type_and_name(type_name, name) if _duplicate(exc) else None
             if existing is None:
                 raise
             artifact = existing
-            self.link(execution_id, artifact.id, event)
+            self.link(execution_id, artifact.id, event, instance)
         return artifact
 
-    def link(self, execution_id: int, artifact_id: int, event: str) -> None:
+    def link(self, execution_id: int, artifact_id: int, event: str, instance: str = "") -> None:
         """Add an event between an existing execution and artifact (one transaction), attributing the
         artifact to the execution's contexts too."""
         if self._has_event(execution_id, artifact_id, event):
@@ -306,7 +310,7 @@ class Lineage:
         [artifact] = self.store.get_artifacts_by_id([artifact_id])
         self.store.put_execution(
             execution,
-            [(artifact, mlpb.Event(type=_EVENTS[event]))],
+            [(artifact, _event(event, instance))],
             self.contexts_of(execution_id),
             reuse_context_if_already_exist=True,
         )
@@ -330,10 +334,42 @@ class Lineage:
                     seen[artifact.id] = artifact
         return [seen[k] for k in sorted(seen)]
 
-    def producers(self, artifact_ids: list[int]) -> list[tuple[int, int]]:
-        """(execution id, artifact id) of every OUTPUT event of the artifacts, in one query.
+    def producers(self, artifact_ids: list[int]) -> list[Output]:
+        """Every OUTPUT event of the artifacts (one query), oldest first.
 
         A Train run's file is an output of the run and of its Tune trial.
         """
         events = self.store.get_events_by_artifact_ids(artifact_ids) if artifact_ids else []
-        return [(e.execution_id, e.artifact_id) for e in events if e.type == mlpb.Event.OUTPUT]
+        return _outputs(events)
+
+    def outputs(self, execution_ids: list[int]) -> list[Output]:
+        """Every OUTPUT event of the executions (one query), oldest first."""
+        events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
+        return _outputs(events)
+
+
+@dataclass(frozen=True)
+class Output:
+    """An execution's output: which artifact, and which of the execution's series of that name it is."""
+
+    execution_id: int
+    artifact_id: int
+    instance: str
+    when: int  # milliseconds since the epoch
+
+
+def _event(kind: str, instance: str) -> mlpb.Event:
+    event = mlpb.Event(type=_EVENTS[kind])
+    if instance:
+        event.path.steps.add().key = instance
+    return event
+
+
+def _outputs(events: Iterable[mlpb.Event]) -> list[Output]:
+    """OUTPUT events as :class:`Output`, in the order they were recorded (ties: the older artifact first)."""
+    found = [
+        Output(e.execution_id, e.artifact_id, e.path.steps[0].key if e.path.steps else "", e.milliseconds_since_epoch)
+        for e in events
+        if e.type == mlpb.Event.OUTPUT
+    ]
+    return sorted(found, key=lambda o: (o.when, o.artifact_id))

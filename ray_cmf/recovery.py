@@ -50,7 +50,7 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
         artifact = spill.finish(
             manifest.dest,
             lambda finished: store.commit_metrics(
-                manifest.execution_id, manifest.metrics_name, finished, {"recovered": True}
+                manifest.execution_id, manifest.metrics_name, finished, {"recovered": True}, manifest.instance
             ),
         )
         log.warning("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)

@@ -10,12 +10,11 @@ variables and files, never from the store.
 
 from __future__ import annotations
 
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import StoreError
 
 
@@ -52,14 +51,11 @@ class Remote:
 
     def fetch(self, md5: str, dest: Path) -> Path:
         """Download the object of ``md5`` to ``dest`` (atomically; read-only, as DVC's cache keeps it)."""
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f"{dest.name}.{uuid.uuid4().hex}.tmp")
         try:
-            self._fs().get_file(self.object_path(md5), str(tmp))
+            with atomic_write(dest, readonly=True) as pending:
+                self._fs().get_file(self.object_path(md5), str(pending.tmp))
         except FileNotFoundError as exc:
             raise StoreError(f"The remote {self.url} has no object for md5 {md5}; was the store pushed?") from exc
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, dest)
         return dest
 
     def upload(self, md5: str, src: Path) -> bool:

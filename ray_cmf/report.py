@@ -10,7 +10,6 @@ says so.
 from __future__ import annotations
 
 import html
-import json
 import logging
 import math
 import string
@@ -28,6 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
+from ray_cmf._atomic import write_text
+from ray_cmf._json import dumps, jsonable
+from ray_cmf.compare import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, summarize
 from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import properties
 
@@ -60,9 +62,10 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int, mode: str = "min")
     """Indices of at most ``max_points`` points that keep a curve's shape: the minimum and maximum of each
     of ``(max_points - 3) // 2`` equal buckets, plus the first, the last and the best point (``mode``).
 
-    NaN values are left out. Returns sorted indices into ``x`` / ``y``.
+    Non-finite values are left out (the page marks them apart: see :func:`_divergences`). Returns sorted
+    indices into ``x`` / ``y``.
     """
-    finite = np.flatnonzero(~np.isnan(y))
+    finite = np.flatnonzero(np.isfinite(y))
     n = len(finite)
     if n <= max_points:
         return finite
@@ -106,53 +109,100 @@ def _short(value: Any) -> str:
 
 @dataclass
 class _Trials:
-    """The rows of each trial in a steps frame: one stable sort, instead of a groupby per metric."""
+    """The rows of each curve in a steps frame (one per trial, or per series and rank of a trial that holds
+    several): one stable sort, instead of a groupby per metric. Each span: label, trial id, rows."""
 
     order: np.ndarray
-    spans: list[tuple[str, slice]]
+    spans: list[tuple[str, str, slice]]
 
     @classmethod
     def of(cls, steps: pd.DataFrame) -> _Trials:
         import pandas as pd
 
-        column = steps["trial_id"]
-        if isinstance(column.dtype, pd.CategoricalDtype):
-            codes, names = column.cat.codes.to_numpy(), column.cat.categories
-        else:
-            codes, names = pd.factorize(column)
+        keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in steps.columns]
+        codes, names = pd.MultiIndex.from_frame(steps[keys].astype(str)).factorize() if len(keys) > 1 else (
+            pd.factorize(steps[TRIAL_COLUMN].astype(str))
+        )
         order = np.argsort(codes, kind="stable")
         sorted_codes = codes[order]
         bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
         starts, ends = np.r_[0, bounds], np.r_[bounds, len(codes)]
-        spans = [(str(names[sorted_codes[a]]), slice(a, b)) for a, b in zip(starts, ends) if b > a]
+        spans = [(*_label(names[sorted_codes[a]]), slice(a, b)) for a, b in zip(starts, ends, strict=True) if b > a]
         return cls(order, spans)
+
+
+def _label(key: Any) -> tuple[str, str]:
+    """A curve's label and its trial id: ``trial (rank1)`` for one of a trial's several series."""
+    if isinstance(key, str):
+        return key, key
+    trial, *rest = key
+    part = next((p for p in rest if p not in ("", "nan", "<NA>")), "")
+    if len(rest) == 1 and part and part.isdigit():  # only a rank column tells the rows apart
+        part = f"rank{part}"
+    return (f"{trial} ({part})" if part else trial), trial
+
+
+PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff")
+_DIVERGED = {"Infinity": "triangle-up", "NaN": "x", "-Infinity": "triangle-down"}
 
 
 def _curves(
     steps: pd.DataFrame, trials: _Trials, metric: str, hover: dict[str, str], mode: str, max_points: int
 ) -> list[dict[str, Any]]:
-    """One plotly trace per trial: the downsampled curve, the trial id and config on hover."""
+    """One plotly trace per curve: the downsampled curve, the trial id and config on hover. Where a curve
+    holds non-finite values (it diverged), a second trace of its colour marks them at the plot's edge."""
     x_all = steps["step"].to_numpy()[trials.order]
     y_all = steps[metric].to_numpy(dtype=float, na_value=np.nan)[trials.order]
+    finite = y_all[np.isfinite(y_all)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    pad = (high - low) * 0.05 or 1.0
+    edges = {"Infinity": high + pad, "NaN": high + pad, "-Infinity": low - pad}
     traces = []
-    for trial_id, rows in trials.spans:
+    for number, (label, trial_id, rows) in enumerate(trials.spans):
         x, y = x_all[rows], y_all[rows]
         keep = downsample(x, y, max_points, mode)
-        if not len(keep):
-            continue
-        traces.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": trial_id,
-                "x": x[keep].tolist(),
-                "y": y[keep].tolist(),
-                "line": {"width": 1.2},
-                "hovertemplate": f"<b>{html.escape(trial_id)}</b><br>{hover.get(trial_id, '')}"
-                f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
-            }
-        )
+        colour = PALETTE[number % len(PALETTE)]
+        name = html.escape(label)
+        if len(keep):
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": label,
+                    "legendgroup": label,
+                    "x": x[keep].tolist(),
+                    "y": y[keep].tolist(),
+                    "line": {"width": 1.2, "color": colour},
+                    "hovertemplate": f"<b>{name}</b><br>{hover.get(trial_id, '')}"
+                    f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
+                }
+            )
+        odd = _divergences(y, max_points)
+        if len(odd):
+            kinds = [jsonable(float(v)) for v in y[odd]]
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": f"{label} (non-finite)",
+                    "legendgroup": label,
+                    "x": x[odd].tolist(),
+                    "y": [edges[k] for k in kinds],
+                    "text": kinds,
+                    "marker": {"color": colour, "size": 9, "symbol": [_DIVERGED[k] for k in kinds]},
+                    "hovertemplate": f"<b>{name}</b><br>step %{{x}}<br>{html.escape(metric)} %{{text}}<extra></extra>",
+                }
+            )
     return traces
+
+
+def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices of the non-finite values worth marking: where each run of them starts, and the last one."""
+    odd = np.flatnonzero(~np.isfinite(y))
+    if not len(odd):
+        return odd
+    starts = odd[np.r_[True, np.diff(odd) > 1]]
+    return np.unique(np.r_[starts[:max_points], odd[-1]])
 
 
 def _numeric(series: pd.Series) -> bool:
@@ -193,13 +243,14 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
 
 
 def _floats(values: Iterable[Any]) -> list[float | None]:
+    """Plottable numbers: anything that is not a finite number is left out (None) of an axis."""
     out: list[float | None] = []
     for v in values:
         try:
             f = float(v)
         except (TypeError, ValueError):
             f = math.nan
-        out.append(None if math.isnan(f) else f)
+        out.append(f if math.isfinite(f) else None)
     return out
 
 
@@ -288,13 +339,7 @@ def _with_summary(trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str],
     trials = trials.drop(columns=[c for c in trials.columns if c.endswith(("_best", "_final"))] + ["steps"])
     if not len(steps):
         return trials.assign(steps=0)
-    grouped = steps.sort_values("step").groupby("trial_id", observed=True)
-    summary = grouped.size().rename("steps").to_frame()
-    for metric in metrics:
-        summary[f"{metric}_best"] = grouped[metric].min() if mode == "min" else grouped[metric].max()
-        summary[f"{metric}_final"] = grouped[metric].last()
-    summary.index = summary.index.astype(str)
-    table = trials.join(summary, on="trial_id")
+    table = trials.join(summarize(steps.sort_values("step", kind="stable"), metrics, mode), on="trial_id")
     table["steps"] = table["steps"].fillna(0).astype(int)
     return table
 
@@ -366,9 +411,10 @@ def _table(trials: pd.DataFrame, metrics: list[str]) -> str:
         cells = []
         for c in columns:
             value = row[c]
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            sort = "" if not numeric or value != value else f' data-v="{float(value)!r}"'
-            text = "" if value is None or (numeric and value != value) else _short(value)
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            sort = "" if not numeric or value != value else f' data-v="{jsonable(float(value))}"'
+            shown = numeric and value != value and c.endswith(("_best", "_final"))  # a NaN the trial logged
+            text = "" if value is None or (numeric and value != value and not shown) else _short(value)
             cells.append(f"<td{sort}>{text}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     return f'<table id="trials"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
@@ -427,18 +473,13 @@ def _page(
         importance_note=html.escape(importance_note),
         lineage=_lineage_html(lineage),
         plotly=get_plotlyjs(),
-        data=json.dumps(data, allow_nan=False, default=str).replace("</", "<\\/"),
+        data=dumps(data).replace("</", "<\\/"),
     )
 
 
 def write(sweep: Sweep, path: str | Path, **options: Any) -> Path:
     """Write the report of ``sweep`` to ``path`` (see :func:`build` for the options)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(build(sweep, **options), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text(path, build(sweep, **options))
 
 
 # -- the live server -----------------------------------------------------------------------------------

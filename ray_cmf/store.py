@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ray_cmf._atomic import write_bytes, write_text
 from ray_cmf._names import check_name
 from ray_cmf.buffer import FinishedFile
 from ray_cmf.connection import is_url, without_password
@@ -33,7 +34,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import Environment
 from ray_cmf.errors import MetricsNotFoundError, StoreError
-from ray_cmf.lineage import Artifact, Context, Execution, Lineage, properties
+from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, properties
 from ray_cmf.remote import Remote
 from ray_cmf.versioning import DvcRepo, cache_path, tree_md5
 
@@ -105,8 +106,7 @@ class Store:
         config = self._config()
         if all(config.get(k) == v for k, v in entries.items()):
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / STORE_CONFIG).write_text(json.dumps({**config, **entries}, indent=2) + "\n")
+        write_text(self.root / STORE_CONFIG, json.dumps({**config, **entries}, indent=2) + "\n")
 
     def _configured_mlmd(self) -> str:
         """Where the store's config file says its MLMD is (cmflib's ``filepath``), else ``<root>/mlmd.sqlite``."""
@@ -190,9 +190,13 @@ class Store:
         names = (check_name("pipeline", pipeline), check_name("stage", stage), check_name("execution name", run))
         return self.root.joinpath(ARTIFACTS_DIR, *names)
 
-    def series_path(self, pipeline: str, stage: str, run: str, metrics_name: str) -> Path:
-        """Where a series' next version goes; ``{md5}`` becomes the content hash when it is written."""
-        return self.artifact_dir(pipeline, stage, run) / f"{check_name('metrics_name', metrics_name)}-{{md5}}.parquet"
+    def series_path(self, pipeline: str, stage: str, run: str, metrics_name: str, instance: str = "") -> Path:
+        """Where a series' next version goes (``instance``: which of the execution's series of that name);
+        ``{md5}`` becomes the content hash when it is written."""
+        stem = check_name("metrics_name", metrics_name)
+        if instance:
+            stem += f"-{check_name('series instance', instance)}"
+        return self.artifact_dir(pipeline, stage, run) / f"{stem}-{{md5}}.parquet"
 
     def spill_dir(self, key: str) -> Path:
         """A fresh-per-key directory for a buffer's crash-safe segments."""
@@ -246,8 +250,10 @@ class Store:
         metrics_name: str,
         finished: FinishedFile,
         custom: Mapping[str, Any] | None = None,
+        instance: str = "",
     ) -> Artifact:
-        """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction).
+        """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction);
+        ``instance`` says which of the execution's series of that name it is (a Train rank's, say).
 
         The DVC cache copy runs outside the MLMD lock: a large file does not stall other requests.
         """
@@ -262,7 +268,9 @@ class Store:
                 "size": finished.size,
             }
             name = f"{metrics_name}:{finished.md5}"
-            return self.lineage.put_artifact(execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom)
+            return self.lineage.put_artifact(
+                execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom, instance=instance
+            )
 
     def link_output(self, execution_id: int, artifact_id: int) -> None:
         """Also record an existing artifact as an output of another execution (e.g. a Train run's trial)."""
@@ -317,10 +325,7 @@ class Store:
         path = self.root / ENVIRONMENTS_DIR / f"packages-{environment.md5}.txt"
         data = environment.packages.encode()
         if not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_bytes(path, data)
         return self.log_file(execution_id, ENVIRONMENT_TYPE, path, "input", digest=(environment.md5, len(data)))
 
     def log_execution_metrics(self, execution_id: int, metrics_name: str, values: Mapping[str, Any]) -> Artifact:
@@ -332,21 +337,45 @@ class Store:
             )
 
     # -- reads ---------------------------------------------------------------------------------------
-    def find_series(self, pipeline: str, metrics_name: str, commit: str | None = None) -> str:
-        """The url of the newest committed version of ``metrics_name`` in ``pipeline`` (or of version ``commit``)."""
+    def find_series(
+        self, pipeline: str, metrics_name: str, commit: str | None = None, execution_id: int | None = None
+    ) -> str:
+        """The url of the newest committed version of ``metrics_name`` (or of its version ``commit``) that
+        ``execution_id`` produced.
+
+        Without an execution, the pipeline's: by ``commit``, or the newest version when one execution alone
+        has committed that name (which execution is meant is otherwise ambiguous, and that is an error).
+        """
         lineage = self.lineage
-        parent = lineage.find_pipeline(pipeline)
-        contexts = [parent, *lineage.stages(parent)] if parent is not None else []
-        matches = [
-            properties(a)
-            for a in lineage.artifacts(contexts, STEP_METRICS_TYPE)
-            if properties(a)["metrics_name"] == metrics_name
+        if execution_id is not None:
+            outputs, where = lineage.outputs([execution_id]), f"execution {execution_id}"
+        else:
+            parent = lineage.find_pipeline(pipeline)
+            contexts = [parent, *lineage.stages(parent)] if parent is not None else []
+            outputs = lineage.producers([a.id for a in lineage.artifacts(contexts, STEP_METRICS_TYPE)])
+            where = f"pipeline {pipeline!r}"
+        versions = [
+            (output, props)
+            for output, props in self._series_outputs(outputs)
+            if props["metrics_name"] == metrics_name and commit in (None, props["Commit"])
         ]
-        if commit is not None:
-            matches = [p for p in matches if p["Commit"] == commit]
-        if not matches:
+        if not versions:
             which = f" with md5 {commit!r}" if commit else ""
+            raise MetricsNotFoundError(f"No committed metrics {metrics_name!r}{which} in {where} of {self}")
+        producers = sorted({output.execution_id for output, _ in versions})
+        if commit is None and len(producers) > 1:
+            names = [e.name for e in lineage.store.get_executions_by_id(producers)]
             raise MetricsNotFoundError(
-                f"No committed metrics {metrics_name!r}{which} in pipeline {pipeline!r} of {self}"
+                f"{len(producers)} executions of pipeline {pipeline!r} committed {metrics_name!r} ({names}): read it "
+                "from the Cmf of one of them (create_execution(..., execution_name=NAME, create_new_execution=False)), "
+                "by its md5 (commit=...), or compare them with ray_cmf.Sweep"
             )
-        return str(matches[-1]["url"])
+        return str(versions[-1][1]["url"])
+
+    def _series_outputs(self, outputs: list[Output]) -> list[tuple[Output, dict[str, Any]]]:
+        """The outputs that are committed series (Step_Metrics), each with its artifact's properties."""
+        type_id = self.lineage.find_type_id("artifact", STEP_METRICS_TYPE)
+        ids = list({output.artifact_id for output in outputs})
+        found = self.lineage.store.get_artifacts_by_id(ids) if ids else []
+        artifacts = {a.id: a for a in found if a.type_id == type_id}
+        return [(o, properties(artifacts[o.artifact_id])) for o in outputs if o.artifact_id in artifacts]

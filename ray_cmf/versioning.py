@@ -17,9 +17,9 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
+from ray_cmf._atomic import atomic_write, write_text
 from ray_cmf.errors import StoreError
 
 _CHUNK = 1 << 20
@@ -104,14 +104,9 @@ class DvcRepo:
             raise StoreError(f"Cannot track {path} with DVC: it lies outside the store {self.root}")
         obj = self.cache_path(md5)
         if not obj.exists():
-            obj.parent.mkdir(parents=True, exist_ok=True)
-            tmp = obj.with_name(f"{obj.name}.{uuid.uuid4().hex}.tmp")  # two writer threads may track one md5
-            shutil.copyfile(path, tmp)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, obj)
-        dvc_file = path.with_name(path.name + ".dvc")
-        dvc_file.write_text(_DVC_FILE.format(md5=md5, size=size, name=path.name))
-        return dvc_file
+            with atomic_write(obj, readonly=True) as pending:  # two writer threads may track one md5
+                shutil.copyfile(path, pending.tmp)
+        return write_text(path.with_name(path.name + ".dvc"), _DVC_FILE.format(md5=md5, size=size, name=path.name))
 
     def add_remote(self, name: str, url: str, *, default: bool = True, endpoint_url: str | None = None) -> None:
         """Configure a DVC remote (``dvc remote add [-d] NAME URL``; ``endpoint_url`` for an S3-compatible

@@ -247,10 +247,19 @@ class StoreWriter:
         """Record execution-level metrics (no file) as a ``Metrics`` artifact."""
         return self._open(binding.store).log_execution_metrics(binding.execution_id, metrics_name, values)
 
-    def read(self, *, store: Store | None, pipeline: str, metrics_name: str, commit: str | None = None) -> pa.Table:
-        """A committed series (the latest, or the version whose md5 is ``commit``), read where the store is."""
+    def read(
+        self,
+        *,
+        store: Store | None,
+        pipeline: str,
+        metrics_name: str,
+        commit: str | None = None,
+        execution_id: int | None = None,
+    ) -> pa.Table:
+        """A committed series of an execution (the latest, or the version whose md5 is ``commit``), read where
+        the store is (see :meth:`Store.find_series`)."""
         live = self._open(store)
-        return pq.read_table(live.resolve(live.find_series(pipeline, metrics_name, commit)))
+        return pq.read_table(live.resolve(live.find_series(pipeline, metrics_name, commit, execution_id)))
 
     # -- series --------------------------------------------------------------------------------------
     def _series_of(self, key: SeriesKey) -> _Series:
@@ -259,8 +268,8 @@ class StoreWriter:
             series = self._series.get((live, key.spill_name))
             if series is None:
                 b = key.binding
-                dest = live.series_path(b.pipeline, b.stage, b.name, key.metrics_name)
-                manifest = SpillManifest(key.metrics_name, b.execution_id, str(dest))
+                dest = live.series_path(b.pipeline, b.stage, b.name, key.metrics_name, key.instance)
+                manifest = SpillManifest(key.metrics_name, b.execution_id, str(dest), key.instance)
                 series = _Series(Spill(live.spill_dir(key.spill_name), manifest), dest)
                 self._series[(live, key.spill_name)] = series
             return series
@@ -371,7 +380,9 @@ class StoreWriter:
                 return None
             artifact = series.spill.finish(
                 series.dest,
-                lambda finished: live.commit_metrics(manifest.execution_id, manifest.metrics_name, finished, custom),
+                lambda finished: live.commit_metrics(
+                    manifest.execution_id, manifest.metrics_name, finished, custom, manifest.instance
+                ),
             )
         if artifact is not None:
             self._push(live, artifact)

@@ -235,3 +235,25 @@ def test_committing_again_without_new_rows_records_the_same_version(store_dir: P
     second = cmf.commit_metrics("m")  # rebuilt from the first version: new row groups, new bytes
     third = cmf.commit_metrics("m")  # the same bytes as the second: MLMD already has its output event
     assert second is not None and third is not None and third.id == second.id
+
+
+def test_read_metrics_reads_its_own_execution_never_another(store_dir: Path) -> None:
+    """Two executions of one pipeline log and commit a series of the same name: each reads its own rows, and
+    one that has committed nothing yet is told so instead of being given the other's."""
+    first = Cmf(pipeline_name="p", store=store_dir)
+    first.create_execution("Train")
+    for _ in range(5):
+        first.log_metric("steps", {"v": 1.0})
+    first.commit_metrics("steps")
+    second = Cmf(pipeline_name="p", store=store_dir)
+    second.create_execution("Train")
+    for _ in range(3):
+        second.log_metric("steps", {"v": 2.0})
+    with pytest.raises(MetricsNotFoundError, match=r"3 rows .* none committed"):
+        second.read_metrics("steps")  # it logged rows but committed none: not the first one's rows
+    second.commit_metrics("steps")
+    assert first.read_metrics("steps")["v"].tolist() == [1.0] * 5
+    assert second.read_metrics("steps")["v"].tolist() == [2.0] * 3
+    older = properties(first.commit_metrics("steps"))["Commit"]
+    with pytest.raises(MetricsNotFoundError, match="md5"):
+        second.read_metrics("steps", commit=older)  # a version of another execution is not one of its own

@@ -116,3 +116,24 @@ def test_local_cmf_spills_through_the_in_process_writer(store_dir: Path) -> None
     [spill] = (store_dir / SPILL_DIR).iterdir()
     assert sum(b.num_rows for b in read_segments(spill)) == 10  # flush() sealed the last 2 rows too
     assert SpillManifest.read(spill).execution_id == cmf.execution.id
+
+
+def test_per_rank_series_of_one_run_commit_at_once_into_their_own_files(store_dir: Path) -> None:
+    """Two ranks' series of one name and one run, committed on two writer threads at the same moment, many
+    times: each version is its own intact file (destinations name the instance; temporary names are unique)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, key = _writer(store_dir)
+    ranks = [SeriesKey(key.binding, "system_metrics", f"rank{r}") for r in range(2)]
+    for rank, series in enumerate(ranks):
+        rows = list(range(1, 20_001))
+        batch = pa.RecordBatch.from_pydict({SEQUENCE_COLUMN: rows, "rank": [rank] * len(rows)})
+        client.call(StoreWriter.append, key=series, session=f"s{rank}", first_row=1, batch=batch)
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(5):
+            artifacts = list(pool.map(lambda series: client.call(StoreWriter.commit, key=series), ranks))
+            paths = [Store(store_dir).resolve(properties(a)["url"]) for a in artifacts]
+            assert paths[0] != paths[1] and all(f"-rank{r}-" in p.name for r, p in enumerate(paths))
+            for rank, path in enumerate(paths):
+                assert set(pq.read_table(path).column("rank").to_pylist()) == {rank}
+    assert not [p for p in store_dir.rglob("*.tmp")]

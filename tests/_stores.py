@@ -1,0 +1,60 @@
+"""Stores made without Tune: trials registered and series committed through the store's real writer, exactly
+the requests CmfRayLogger and StepLogger send, so read-side tests can build any sweep in milliseconds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray_cmf import MetricBuffer, Store
+from ray_cmf.constants import TRIAL_EXECUTION_TYPE
+from ray_cmf.lineage import config_properties
+from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient
+
+
+@dataclass
+class Trial:
+    """One trial: its config, its series' rows (by series instance; "" for the trial's one series), and how
+    it ended (``RUNNING``: it has not, and its rows are spilled, not committed)."""
+
+    trial_id: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    series: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    status: str = "COMPLETE"
+
+
+def write_trials(
+    store_dir: Path,
+    trials: Sequence[Trial],
+    *,
+    pipeline: str = "sweep",
+    stage: str = "exp",
+    metrics_name: str = "tune_results",
+) -> Store:
+    """Register each trial and commit (or, for a running one, only spill) its series; returns the store."""
+    store = Store(store_dir)
+    client = WriterClient(StoreWriter(store))
+    for trial in trials:
+        props = {**config_properties(trial.config), "trial_id": trial.trial_id, "status": "RUNNING"}
+        binding = client.call(
+            StoreWriter.bind,
+            kind="trial",
+            name=trial.trial_id,
+            pipeline=pipeline,
+            stage=stage,
+            type_name=TRIAL_EXECUTION_TYPE,
+            props=props,
+        )
+        for instance, rows in trial.series.items():
+            key = SeriesKey(binding, metrics_name, instance)
+            buffer = MetricBuffer(sink=client.sink(key), flush_rows=7)
+            for row in rows:
+                buffer.append(row)
+            buffer.close()
+            if trial.status != "RUNNING" and rows:
+                client.call(StoreWriter.commit, key=key)
+        if trial.status != "RUNNING":
+            client.call(StoreWriter.end, kind="trial", name=trial.trial_id, props={"status": trial.status}, state=trial.status)
+    return store
