@@ -1,10 +1,12 @@
-"""Validation of names that become path components or MLMD names."""
+"""Validation of what callers name: names that become path components or MLMD names, and modes."""
 
 from __future__ import annotations
 
 import re
 
-from ray_cmf.errors import InvalidNameError
+from ray_cmf.errors import InvalidArgumentError, InvalidNameError
+
+MODES = ("min", "max")
 
 _UNSAFE = re.compile(r"[/\\\x00]|\.\.|^\.$|^[A-Za-z]:")  # separators, NUL, "..", ".", a drive letter
 
@@ -18,3 +20,10 @@ def check_name(what: str, name: object) -> str:
     if not isinstance(name, str) or not name or _UNSAFE.search(name):
         raise InvalidNameError(what, name)
     return name
+
+
+def check_mode(mode: object, argument: str = "mode") -> str:
+    """Return ``mode`` if it is ``"min"`` or ``"max"`` (whether lower or higher is better), else raise."""
+    if mode not in MODES:
+        raise InvalidArgumentError(f"{argument} must be 'min' or 'max', got {mode!r}")
+    return str(mode)

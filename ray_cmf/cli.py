@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (RayCmfError, ValueError, KeyError) as exc:
+    except RayCmfError as exc:  # what the user named does not exist or cannot be used; anything else is a bug
         print(f"ray-cmf {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

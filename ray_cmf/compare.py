@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from ray_cmf._names import check_mode
 from ray_cmf.buffer import SeriesSummary, SpillManifest, read_segments
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
@@ -29,7 +30,7 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
-from ray_cmf.errors import RayCmfError, StoreError
+from ray_cmf.errors import MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
@@ -79,7 +80,8 @@ class Sweep:
         store: Store directory or :class:`Store` (default ``$RAY_CMF_STORE`` or ``./cmf_store``).
         pipeline: Pipeline name; may be omitted when the store holds exactly one.
         stage: Restrict to one stage (a Tune experiment).
-        metrics_name: Which series to compare (``tune_results`` for CmfRayLogger sweeps).
+        metrics_name: Which series to compare (``tune_results`` for CmfRayLogger sweeps); one that the
+            pipeline does not hold, while it holds others, is an error that lists them.
 
     Example:
         >>> sweep = Sweep("cmf_store", pipeline="lr_sweep")  # doctest: +SKIP
@@ -110,6 +112,30 @@ class Sweep:
         self._files: list[TrialFile] | None = None
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
+        held = self.series_names()
+        if held and metrics_name not in held:
+            raise MetricsNotFoundError(
+                f"No series {metrics_name!r} in pipeline {self.pipeline!r}; it holds {held}: pass one of them"
+            )
+
+    def series_names(self) -> list[str]:
+        """The names of the series the compared executions hold, committed or still spilled, sorted."""
+        artifacts = self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
+        committed = {str(properties(a)["metrics_name"]) for a in artifacts}
+        ids = {e.id for e, _ in self.executions()}
+        spilled = {m.metrics_name for _, m in self._manifests() if m.execution_id in ids}
+        return sorted(committed | spilled)
+
+    def _manifests(self) -> list[tuple[Path, SpillManifest]]:
+        """The store's spill directories and their manifests (those being created are left out)."""
+        spill_root = self.store.root / SPILL_DIR
+        manifests = []
+        for directory in sorted(spill_root.iterdir()) if spill_root.is_dir() else []:
+            try:
+                manifests.append((directory, SpillManifest.read(directory)))
+            except (OSError, ValueError, TypeError):
+                continue  # being created, or not a spill
+        return manifests
 
     def _only_pipeline(self) -> str:
         names = [p.name for p in self.lineage.pipelines()]
@@ -224,15 +250,10 @@ class Sweep:
 
     def _spilled(self, metrics: list[str] | None, trials: set[str] | None) -> list[pa.Table]:
         """The uncommitted rows of this sweep's series, one table per spill directory."""
-        spill_root = self.store.root / SPILL_DIR
         ids = {e.id: trial_id_of(e) for e, _ in self.executions()}
         several = self._several()
         tables = []
-        for directory in sorted(spill_root.iterdir()) if spill_root.is_dir() else []:
-            try:
-                manifest = SpillManifest.read(directory)
-            except (OSError, ValueError, TypeError):
-                continue  # being created, or not a spill
+        for directory, manifest in self._manifests():
             trial = ids.get(manifest.execution_id)
             if manifest.metrics_name != self.metrics_name or trial is None or (trials and trial not in trials):
                 continue
@@ -260,7 +281,6 @@ class Sweep:
         ±inf, never ranks best) and ``<metric>_final`` the last value logged (non-finite included); over
         every series of a trial that holds several. ``steps`` counts the trial's rows.
         """
-        import pandas as pd
 
         summary = self._summary_from_footers(metrics, mode)
         if summary is None:
@@ -346,8 +366,7 @@ class Sweep:
 
     def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``), best first."""
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        check_mode(mode)
         table = self.trials([metric], mode={metric: mode})
         column = f"{metric}_best"
         if column not in table.columns:

@@ -62,6 +62,10 @@ class PrecisionError(RayCmfError, ValueError):
         self.value = value
 
 
+class InvalidArgumentError(RayCmfError, ValueError):
+    """An argument a caller passed (a mode, a count, a column to colour by) that cannot be used."""
+
+
 class StoreError(RayCmfError):
     """The store directory or its MLMD database cannot be opened or written."""
 

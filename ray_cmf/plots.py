@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ray_cmf.errors import InvalidArgumentError  # noqa: E402
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -39,7 +41,7 @@ def curves(
     many = trials["trial_id"].nunique() > _LEGEND_MAX
     key = f"config/{color_by}" if color_by is not None else None
     if key is not None and key not in trials.columns:
-        raise KeyError(
+        raise InvalidArgumentError(
             f"color_by={color_by!r} is not a config key; choose one of "
             f"{sorted(c[len('config/') :] for c in trials.columns if c.startswith('config/'))}"
         )
@@ -85,10 +87,10 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     """One scatter panel per numeric config key: config value against the trial's best ``metric``."""
     best = f"{metric}_best"
     if best not in trials.columns:
-        raise KeyError(f"No metric {metric!r} in the trial table")
+        raise InvalidArgumentError(f"No metric {metric!r} in the trial table")
     keys = [c for c in trials.columns if c.startswith("config/") and _is_numeric(trials[c]) and trials[c].nunique() > 1]
     if not keys:
-        raise ValueError("No numeric config key varies across trials; nothing to plot")
+        raise InvalidArgumentError("No numeric config key varies across trials; nothing to plot")
     cols = min(3, len(keys))
     rows = -(-len(keys) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, layout="constrained")

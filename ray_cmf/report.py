@@ -29,8 +29,9 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._atomic import write_text
 from ray_cmf._json import dumps, jsonable
+from ray_cmf._names import check_mode
 from ray_cmf.compare import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, summarize
-from ray_cmf.errors import RayCmfError
+from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.lineage import properties
 
 if TYPE_CHECKING:
@@ -348,7 +349,7 @@ def _device_sections(sweep: Sweep, hover: dict[str, str], max_points: int, live:
     """Curves of the device metrics that the sweep's Train runs logged (``train_steps``), if any."""
     from ray_cmf.compare import Sweep as SweepType
 
-    if sweep.metrics_name == DEVICE_METRICS_NAME:
+    if sweep.metrics_name == DEVICE_METRICS_NAME or DEVICE_METRICS_NAME not in sweep.series_names():
         return []
     stage = None if len(sweep.stages) != 1 else properties(sweep.stages[0]).get("stage")
     device = SweepType(sweep.store, sweep.pipeline, stage, metrics_name=DEVICE_METRICS_NAME)
@@ -375,9 +376,8 @@ def build(
 ) -> str:
     """The report of ``sweep`` as one HTML page (``live``: include spilled, uncommitted rows)."""
     if max_points < 5:
-        raise ValueError(f"max_points must be >= 5, got {max_points!r}")
-    if mode not in ("min", "max"):
-        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        raise InvalidArgumentError(f"max_points must be >= 5, got {max_points!r}")
+    check_mode(mode)
     trials = sweep.trials(metrics, mode=mode)
     if live:  # the table follows the running trials: best / final / steps from every row so far
         steps = sweep.steps(metrics, live=True)

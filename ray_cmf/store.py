@@ -22,6 +22,7 @@ from ray_cmf.buffer import FinishedFile
 from ray_cmf.connection import is_url, without_password
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
+    ATTEMPT_PROPERTY,
     DEFAULT_STORE,
     ENV_STORE,
     ENVIRONMENT_TYPE,
@@ -243,6 +244,14 @@ class Store:
         """Merge properties into an execution and optionally set RUNNING/COMPLETE/FAILED/CANCELED."""
         with self._lock:
             return self.lineage.update_execution(execution_id, props, state)
+
+    def start_attempt(self, execution_id: int) -> int:
+        """Count one more start of an execution (a trial's or a run's) and return it: 1 for the first."""
+        with self._lock:
+            recorded = properties(self.lineage.get_execution(execution_id)).get(ATTEMPT_PROPERTY, 0)
+            attempt = int(recorded) + 1
+            self.lineage.update_execution(execution_id, {ATTEMPT_PROPERTY: attempt})
+            return attempt
 
     def commit_metrics(
         self,

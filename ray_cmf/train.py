@@ -23,7 +23,6 @@ from ray.train import UserCallback
 from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.constants import (
-    ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
@@ -134,7 +133,6 @@ class StepLogger:
         )
         self.rank = dist_rank(group)
         self.steps_done = 0
-        self.attempt = 1
         self._syncs = 0
         self._samples = 0
         self._last_sync_time = time.time()
@@ -147,7 +145,7 @@ class StepLogger:
             self._writer = connect(named)
         if self.rank == 0:
             run = self._bind(pipeline_name, pipeline_stage, named)
-            self._key = lambda: SeriesKey(run.result(), self.metrics_name)
+            self._key = lambda: SeriesKey(run.result(), self.metrics_name, attempts=True)
             self._buffer = MetricBuffer(
                 sink=self._writer.sink(self._key), flush_rows=flush_rows, flush_seconds=flush_seconds
             )
@@ -207,6 +205,7 @@ class StepLogger:
             props=props,
             store=store,
             environment=capture(code=False),
+            start=True,
         )
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
@@ -250,7 +249,7 @@ class StepLogger:
         samples = row.pop(SAMPLES, 0.0)
         elapsed = launched - self._last_sync_time
         self._last_sync_time = launched
-        row = {"step": step, **row, "wall_time": launched, ATTEMPT_COLUMN: self.attempt}
+        row = {"step": step, **row, "wall_time": launched}
         if samples:
             row["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
         if self._buffer is not None:
@@ -261,19 +260,19 @@ class StepLogger:
         return row
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpointable state: the step, the attempt and the global metric state. Makes rows so far durable."""
+        """Checkpointable state: the step and the global metric state. Makes rows so far durable."""
         self._drain()
         if self._buffer is not None:
             try:
                 self._buffer.flush()
             except RayCmfError as exc:  # logging never kills training
                 log.warning("ray_cmf: rows before this checkpoint may not be durable: %s", exc)
-        return {"step": self.steps_done, "attempt": self.attempt, "metrics": self.metrics.state_dict()}
+        return {"step": self.steps_done, "metrics": self.metrics.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a checkpoint: the series resumes after its step; rows re-run later win on read."""
+        """Continue from a checkpoint: the series resumes after its step; rows re-run later win on read (the
+        store counts the run's starts, so each restart's rows carry a later attempt)."""
         self.steps_done = int(state["step"])
-        self.attempt = int(state["attempt"]) + 1
         self.metrics.load_state_dict(state["metrics"])
 
     def finish(self) -> Artifact | None:
@@ -396,8 +395,7 @@ class CmfTrainCallback(UserCallback):
         rt = self._rt(run_context)
         rt.reports += 1
         for rank, reported in enumerate(metrics):
-            row = result_row({k: v for k, v in reported.items() if k != FINAL_FLAG}, attempt=1)
-            row.pop(ATTEMPT_COLUMN)
+            row = result_row({k: v for k, v in reported.items() if k != FINAL_FLAG})
             rt.buffer.append({"report": rt.reports, "rank": rank, **row, "checkpointed": checkpoint is not None})
         if any(m.get(FINAL_FLAG) for m in metrics):  # every rank finished: commit what the workers left too
             self._commit(rt, {"status": "COMPLETE"}, "COMPLETE", end=True)

@@ -20,12 +20,11 @@ from typing import Any
 
 from ray import tune
 
-from ray_cmf._names import check_name
+from ray_cmf._names import check_mode, check_name
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.cmf import Cmf
 from ray_cmf.connection import without_password
 from ray_cmf.constants import (
-    ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
@@ -39,7 +38,7 @@ from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
-from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, start_writer
+from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, ray_driver, start_writer
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,6 @@ _BOOKKEEPING = frozenset(
         "checkpoint_dir_name",
     }
 )
-_MODES = ("min", "max")
 
 
 _TRIAL_CMFS: dict[str, Cmf] = {}
@@ -78,7 +76,8 @@ def trial_cmf(
 ) -> Cmf:
     """The Cmf of a trial (cached per process), bound to the execution that CmfRayLogger created for it.
 
-    Works in the trial's own process, on any node, and on the driver. Waits up to ``timeout`` seconds for
+    Works in the trial's own process, on any node, and on the driver (which holds every trial's at once:
+    cmflib's ``logger.cmf_obj[trial_id]``). Waits up to ``timeout`` seconds for
     the callback to register the trial (it may start before Tune calls ``on_trial_start``).
     ``buffer_options`` (``flush_rows``, ``flush_seconds``) apply to the series it logs.
 
@@ -89,8 +88,9 @@ def trial_cmf(
     """
     if trial_id in _TRIAL_CMFS:
         return _TRIAL_CMFS[trial_id]
-    for ended in list(_TRIAL_CMFS):  # this process now runs another trial (Tune reuses actors): hand over
-        _TRIAL_CMFS.pop(ended).close()
+    if not ray_driver():  # a trial's process now runs another trial (Tune reuses actors): hand over
+        for ended in list(_TRIAL_CMFS):
+            _TRIAL_CMFS.pop(ended).close()
     writer = connect()
     binding = writer.wait_binding("trial", trial_id, timeout)
     if binding is None:
@@ -223,9 +223,9 @@ class TrialCmfs(Mapping[str, Cmf]):
 
 @dataclass
 class _TrialState:
-    """What the driver keeps per trial; ``persisted()`` is what survives a Tune restore."""
+    """What the driver keeps per trial; ``persisted()`` is what survives a Tune restore (the attempt is not:
+    the store counts a trial's starts, see :meth:`StoreWriter.bind`)."""
 
-    attempt: int = 0
     best: float | None = None
     committed: bool = False
     binding: Reply | None = None  # the trial's registration with the writer
@@ -235,7 +235,7 @@ class _TrialState:
     host: str | None = None  # where the trial runs, from its results
 
     def persisted(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "best": self.best, "committed": self.committed}
+        return {"best": self.best, "committed": self.committed}
 
 
 @dataclass
@@ -251,7 +251,7 @@ class _Runtime:
     replies: list[Reply] = field(default_factory=list)
 
 
-def result_row(result: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
     """The loggable part of a Tune result: numbers, bools and None (nested dicts flattened with ``/``).
 
     Config keys, Tune's bookkeeping and strings are dropped; NaN and inf are kept as data.
@@ -272,8 +272,31 @@ def result_row(result: Mapping[str, Any], attempt: int) -> dict[str, Any]:
                 row[name] = value
 
     visit("", result)
-    row[ATTEMPT_COLUMN] = attempt
     return row
+
+
+def _existing(argument: str, path: str | os.PathLike[str]) -> str:
+    """``path`` made absolute, if it exists (here, on the driver, before any trial starts)."""
+    found = os.path.abspath(path)
+    if not os.path.exists(found):
+        raise ValueError(
+            f"{argument}={os.fspath(path)!r} does not exist (looked for {found}); CmfRayLogger logs it as every "
+            f"trial's input dataset: create it, or leave {argument} out"
+        )
+    return found
+
+
+def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
+    """A Tune hook whose failure is a warning: nothing the logger does may end a sweep."""
+
+    @functools.wraps(hook)
+    def guarded(self: CmfRayLogger, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception as exc:
+            log.warning("ray_cmf: %s failed, the sweep goes on: %s: %s", hook.__name__, type(exc).__name__, exc)
+
+    return guarded
 
 
 class CmfRayLogger(tune.Callback):
@@ -324,8 +347,8 @@ class CmfRayLogger(tune.Callback):
         if order is not None and mode is not None and order != mode:
             raise ValueError(f"order={order!r} and mode={mode!r} disagree; pass one of them")
         mode = order if order is not None else mode
-        if mode is not None and mode not in _MODES:
-            raise ValueError(f"order/mode must be 'min' or 'max', got {mode!r}")
+        if mode is not None:
+            check_mode(mode, "order/mode")
         if top_n is not None and (metric is None or top_n < 1):
             raise ValueError(f"top_n={top_n!r} needs a metric and must be >= 1")
         self.pipeline_name = check_name("pipeline_name", pipeline_name)
@@ -334,7 +357,7 @@ class CmfRayLogger(tune.Callback):
         self.metric, self.mode, self.top_n = metric, mode or "min", top_n
         self.store = Store(store, mlmd=file_path)  # resolved here, on the driver; a name only, never opened here
         self.root, self.mlmd = str(self.store.root), self.store.mlmd
-        self.data_dir = os.path.abspath(data_dir) if data_dir is not None else None
+        self.data_dir = _existing("data_dir", data_dir) if data_dir is not None else None
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
         self.push = push
         self.cmf_obj = TrialCmfs(self)
@@ -381,10 +404,11 @@ class CmfRayLogger(tune.Callback):
     def _stage(self, trial: Any) -> str:
         return self.pipeline_stage or getattr(trial, "experiment_dir_name", None) or "tune"
 
-    def _state(self, trial: Any) -> _TrialState:
-        """The trial's state, registered with the writer (once per driver) and with an open buffer."""
+    def _state(self, trial: Any, *, start: bool = False) -> _TrialState:
+        """The trial's state, registered with the writer (once per driver, and again at each ``start``) and
+        with an open buffer."""
         state = self._trials.setdefault(trial.trial_id, _TrialState())
-        if state.binding is None:
+        if state.binding is None or start:
             state.binding = self._rt.writer.send(
                 StoreWriter.bind,
                 kind="trial",
@@ -392,43 +416,44 @@ class CmfRayLogger(tune.Callback):
                 pipeline=self.pipeline_name,
                 stage=self._stage(trial),
                 type_name=TRIAL_EXECUTION_TYPE,
-                props=self._props(trial, state),
+                props=self._props(trial),
                 store=self.store,
                 data_dir=self.data_dir,
                 environment=self._rt.environment,
+                start=start,
             )
         if state.buffer is None:
             binding = state.binding
-            state.key = lambda: SeriesKey(binding.result(), self.metrics_name)
+            state.key = lambda: SeriesKey(binding.result(), self.metrics_name, attempts=True)
             sink = self._rt.writer.sink(state.key)
             state.buffer = MetricBuffer(sink=sink, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
         return state
 
-    def _props(self, trial: Any, state: _TrialState) -> dict[str, Any]:
+    def _props(self, trial: Any) -> dict[str, Any]:
         return {
             **config_properties(trial.config),
             "trial_id": trial.trial_id,
             "status": "RUNNING",
             "experiment": self._stage(trial),
-            "attempt": state.attempt,
         }
 
     # -- Tune hooks ----------------------------------------------------------------------------------
+    @_never_raises
     def setup(self, **info: Any) -> None:
         self._rt  # start the writer on the driver before the first trial
 
+    @_never_raises
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         state = self._trials.setdefault(trial.trial_id, _TrialState())
-        state.attempt += 1
         state.committed = False
-        state.binding = None  # (re)register: marks the execution RUNNING with this attempt
-        self._state(trial)
+        self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
 
+    @_never_raises
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
     ) -> None:
         state = self._state(trial)
-        row = result_row(result, state.attempt)
+        row = result_row(result)
         while True:
             try:
                 state.buffer.append(row)  # type: ignore[union-attr]
@@ -441,8 +466,9 @@ class CmfRayLogger(tune.Callback):
         model_path = result.get("model_path")
         if isinstance(model_path, str) and model_path not in state.models and os.path.exists(model_path):
             state.models.add(model_path)
-            binding = state.binding.result()  # type: ignore[union-attr]  # done long before a result
-            self._send(StoreWriter.log_file, binding=binding, type_name=MODEL_TYPE, path=model_path, event="output")
+            self._send(
+                StoreWriter.log_file, binding=state.binding, type_name=MODEL_TYPE, path=model_path, event="output"
+            )
 
     def _record_host(self, state: _TrialState, result: Mapping[str, Any]) -> None:
         """Record the host and node IP that Tune reports with each result, once per trial start (a trial that
@@ -451,23 +477,23 @@ class CmfRayLogger(tune.Callback):
         if isinstance(host, str) and host != state.host:
             state.host = host
             props = {"env_host": host, **({"env_node_ip": result["node_ip"]} if "node_ip" in result else {})}
-            binding = state.binding.result()  # type: ignore[union-attr]  # done long before a result
-            self._send(
-                StoreWriter.update_execution, execution_id=binding.execution_id, props=props, store=binding.store
-            )
+            self._send(StoreWriter.update_binding, binding=state.binding, props=props)
 
     def _track_best(self, state: _TrialState, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return
         if state.best is None or (value < state.best if self.mode == "min" else value > state.best):
             state.best = float(value)
 
+    @_never_raises
     def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
         self._state(trial).buffer.seal()  # type: ignore[union-attr]  # rows up to a checkpoint survive a crash
 
+    @_never_raises
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, "COMPLETE")
 
+    @_never_raises
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, "FAILED")
 
@@ -492,6 +518,7 @@ class CmfRayLogger(tune.Callback):
             self._rt.writer.call(StoreWriter.commit, key=key())
         self._rt.writer.call(StoreWriter.end, kind="trial", name=trial_id, props=props, state=status)
 
+    @_never_raises
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
         """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain."""
         for trial in trials:
@@ -548,5 +575,9 @@ class CmfRayLogger(tune.Callback):
         return {"trials": {tid: t.persisted() for tid, t in self._trials.items()}}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue a restored experiment: same executions, spilled rows adopted, attempts counted on."""
-        self._trials = {tid: _TrialState(**saved) for tid, saved in state.get("trials", {}).items()}
+        """Continue a restored experiment: same executions, spilled rows adopted, attempts counted on (by the
+        store: this state may be older than what the store holds)."""
+        self._trials = {
+            tid: _TrialState(best=saved.get("best"), committed=saved.get("committed", False))
+            for tid, saved in state.get("trials", {}).items()
+        }

@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from ray_cmf._atomic import atomic_write, write_text
@@ -41,17 +41,19 @@ def file_md5(path: str | os.PathLike[str]) -> str:
 
 
 def tree_md5(path: str | os.PathLike[str]) -> tuple[str, int]:
-    """(md5, total size) of a file, or of a directory as DVC does: md5 of its sorted (relpath, md5) listing."""
+    """(md5, total size) of a file, or of a directory as DVC records it (``<md5>.dir``), computed by DVC's own
+    code (``dvc_data``): the same value ``dvc add`` writes."""
     root = Path(path)
     if root.is_file():
         return file_md5(root), root.stat().st_size
-    entries = []
-    size = 0
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        entries.append({"md5": file_md5(file), "relpath": file.relative_to(root).as_posix()})
-        size += file.stat().st_size
-    listing = json.dumps(entries, sort_keys=True, separators=(", ", ": "))
-    return hashlib.md5(listing.encode()).hexdigest() + ".dir", size
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory() as scratch:  # dry_run: nothing is written into it
+        _, meta, tree = build(HashFileDB(fs, scratch), str(root.absolute()), fs, "md5", dry_run=True)
+    return str(tree.hash_info.value), int(meta.size or 0)
 
 
 def cache_path(root: str | os.PathLike[str], md5: str) -> Path:

@@ -24,17 +24,18 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ray_cmf._names import check_name
 from ray_cmf.buffer import Spill, SpillManifest
-from ray_cmf.constants import DATASET_TYPE, SEQUENCE_COLUMN
+from ray_cmf.constants import ATTEMPT_COLUMN, ATTEMPT_PROPERTY, DATASET_TYPE, SEQUENCE_COLUMN
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, properties
@@ -53,26 +54,34 @@ _WRITER_THREADS = 8
 
 @dataclass(frozen=True)
 class Binding:
-    """An execution and the store it lives in: all that any process needs to log into it."""
+    """An execution and the store it lives in: all that any process needs to log into it.
+
+    ``attempt`` counts the starts of a trial or run as the store records them (1 for the first): a restored
+    or restarted one continues the count, whatever state the restarting process brought with it.
+    """
 
     store: Store
     pipeline: str
     stage: str
     name: str
     execution_id: int
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
 class SeriesKey:
     """One metric series of an execution at the writer.
 
-    ``instance`` separates loggers whose rows must not continue one another (each ``Cmf`` object); it is
-    empty for series that a restarted process continues (a trial's results, a run's steps).
+    ``instance`` separates loggers whose rows must not continue one another (each ``Cmf`` object, each
+    Train rank); it is empty for series that a restarted process continues (a trial's results, a run's
+    steps). The writer stamps each row of an ``attempts`` series with the binding's attempt, so that rows a
+    restart logs again supersede the earlier ones on read (latest attempt wins).
     """
 
     binding: Binding
     metrics_name: str
     instance: str = ""
+    attempts: bool = False
 
     @property
     def spill_name(self) -> str:
@@ -96,7 +105,9 @@ class _Series:
         self.lock = threading.Lock()
         self.sessions: dict[str, _Session] = {}
 
-    def append(self, session: str, first_row: int, batch: pa.RecordBatch) -> None:
+    def append(self, session: str, first_row: int, batch: pa.RecordBatch, attempt: int | None) -> None:
+        if attempt is not None:
+            batch = _with_column(batch, ATTEMPT_COLUMN, pa.array(np.full(batch.num_rows, attempt, dtype=np.int64)))
         current = self.sessions.get(session)
         if current is None:
             current = self.sessions[session] = _Session(self.spill.rows)
@@ -104,10 +115,15 @@ class _Series:
         while current.next_row in current.parked:
             ready = current.parked[current.next_row]
             if current.offset:
-                index = ready.schema.get_field_index(SEQUENCE_COLUMN)
-                ready = ready.set_column(index, SEQUENCE_COLUMN, pc.add(ready.column(index), current.offset))
+                ready = _with_column(ready, SEQUENCE_COLUMN, pc.add(ready.column(SEQUENCE_COLUMN), current.offset))
             self.spill.write(ready)  # on failure the chunk stays parked, and the client sends it again
             current.next_row += current.parked.pop(current.next_row).num_rows
+
+
+def _with_column(batch: pa.RecordBatch, name: str, values: pa.Array) -> pa.RecordBatch:
+    """``batch`` with column ``name`` set to ``values`` (replaced, or appended when it has none)."""
+    index = batch.schema.get_field_index(name)
+    return batch.set_column(index, name, values) if index >= 0 else batch.append_column(name, values)
 
 
 class StoreWriter:
@@ -162,20 +178,30 @@ class StoreWriter:
         store: Store | None = None,
         data_dir: str | None = None,
         environment: Environment | None = None,
+        start: bool = False,
     ) -> Binding:
         """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data
-        once, and merge in what it runs on (``environment``, see :meth:`record_environment`)."""
+        once, and merge in what it runs on (``environment``, see :meth:`record_environment`).
+
+        ``start``: this is a start of the trial or run (not another process joining it): its attempt is the
+        one after the last the store records (the store, not the caller, knows how many there were).
+        """
         binding, execution = self.execution(
             pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store
         )
         live = binding.store
+        attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
+        binding = replace(binding, attempt=attempt)
         live.update_execution(execution.id, props, "RUNNING")
         with self._lock:
             first = (kind, name) not in self._bindings
             self._bindings[(kind, name)] = binding
             self._ended.discard((live, execution.id))
         if data_dir is not None and first:
-            live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+            try:
+                live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+            except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
+                log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
         if environment is not None:  # the callback's and the workers' records complete each other
             live.log_environment(execution.id, environment)
         return binding
@@ -212,6 +238,10 @@ class StoreWriter:
         live = self._open(store)
         execution = live.execution(pipeline, stage, type_name, name, props)
         return Binding(live, pipeline, stage, name, execution.id), execution
+
+    def update_binding(self, *, binding: Binding, props: Mapping[str, Any]) -> Execution:
+        """Merge properties into a bound execution (``binding`` may be the reply of its :meth:`bind`)."""
+        return self._open(binding.store).update_execution(binding.execution_id, props)
 
     def update_execution(
         self,
@@ -282,7 +312,7 @@ class StoreWriter:
         """
         series = self._series_of(key)
         with series.lock:
-            series.append(session, first_row, batch)
+            series.append(session, first_row, batch, key.binding.attempt if key.attempts else None)
         live = self._open(key.binding.store)
         with self._lock:
             late = (live, key.binding.execution_id) in self._ended
@@ -412,6 +442,11 @@ class Reply:
     def __init__(self, ref: Any = None, value: Any = None, error: BaseException | None = None) -> None:
         self._ref, self._value, self._error = ref, value, error
 
+    @property
+    def ref(self) -> Any:
+        """The Ray object of the reply (an actor call's), for a request that depends on it."""
+        return self._ref
+
     def done(self) -> bool:
         if self._ref is None:
             return True
@@ -441,13 +476,19 @@ class WriterClient:
         self._local = isinstance(target, StoreWriter)
 
     def send(self, request: Callable[..., T], **kwargs: Any) -> Reply:
-        """Start a request without waiting; it never raises here (see :meth:`Reply.result`)."""
+        """Start a request without waiting; it never raises here (see :meth:`Reply.result`).
+
+        An argument may be the :class:`Reply` of an earlier request: the request then runs once that one is
+        done, with its result (and fails with its error), and the caller never waits for it.
+        """
         if self._local:
             try:
-                return Reply(value=request(self._target, **kwargs))
+                resolved = {k: v.result() if isinstance(v, Reply) else v for k, v in kwargs.items()}
+                return Reply(value=request(self._target, **resolved))
             except Exception as exc:
                 return Reply(error=exc)
-        return Reply(ref=getattr(self._target, request.__name__).remote(**kwargs))
+        refs = {k: v.ref if isinstance(v, Reply) else v for k, v in kwargs.items()}
+        return Reply(ref=getattr(self._target, request.__name__).remote(**refs))
 
     def call(self, request: Callable[..., T], **kwargs: Any) -> T:
         """Run a request and return its result (its error is raised here)."""

@@ -100,7 +100,7 @@ def test_plots_are_written(sweep: dict[str, Any], tmp_path: Path) -> None:
     ):
         data = Path(path).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    with pytest.raises(KeyError, match="color_by='nope'"):
+    with pytest.raises(RayCmfError, match="color_by=.nope."):
         s.plot_curves("loss", tmp_path / "x.png", color_by="nope")
 
 

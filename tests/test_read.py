@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ray_cmf import Sweep
+from ray_cmf import MetricsNotFoundError, Sweep
 from ray_cmf.cli import main
 from tests._stores import Trial, write_trials
 
@@ -42,8 +42,18 @@ def test_every_rank_of_a_run_is_read_back(tmp_path: Path, capsys: pytest.Capture
     ]
     [row] = sweep.trials(["cpu"]).to_dict(orient="records")
     assert row["steps"] == 8 and row["cpu_best"] == 1.0 and row["cpu_final"] == 14.0
-    code, exported = _cli(capsys, "export", "--store", str(store.root), "--metrics-name", "system_metrics",
-                          "--format", "csv", "-o", str(tmp_path / "s.csv"))
+    code, exported = _cli(
+        capsys,
+        "export",
+        "--store",
+        str(store.root),
+        "--metrics-name",
+        "system_metrics",
+        "--format",
+        "csv",
+        "-o",
+        str(tmp_path / "s.csv"),
+    )
     assert code == 0 and exported[0]["rows"] == 8
     page = (sweep.report(tmp_path / "r.html", metrics=["cpu"])).read_text()
     assert "run (rank0)" in page and "run (rank1)" in page
@@ -53,6 +63,7 @@ def test_a_diverged_trial_is_shown_never_best_and_written_as_strict_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A trial whose loss becomes inf (and one that becomes NaN, and one with -inf) beside a healthy one."""
+
     def losses(*values: float) -> dict[str, list[dict[str, Any]]]:
         return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
 
@@ -72,7 +83,12 @@ def test_a_diverged_trial_is_shown_never_best_and_written_as_strict_json(
     assert sweep.best("loss", "max", n=1)["trial_id"].tolist() == ["inf"]  # its best finite value, 1.0
     steps = sweep.steps(["loss"])
     assert steps.loc[steps["trial_id"] == "inf", "loss"].tolist() == [1.0, math.inf, math.inf]
-    for command in (["trials"], ["compare", "--metric", "loss", "--top", "4"], ["show", "inf"], ["diff", "good", "inf"]):
+    for command in (
+        ["trials"],
+        ["compare", "--metric", "loss", "--top", "4"],
+        ["show", "inf"],
+        ["diff", "good", "inf"],
+    ):
         code, out = _cli(capsys, *command, "--store", str(store.root))
         assert code == 0 and out
     code, shown = _cli(capsys, "show", "inf", "--store", str(store.root))
@@ -83,3 +99,30 @@ def test_a_diverged_trial_is_shown_never_best_and_written_as_strict_json(
     assert main(["report", "--store", str(store.root), "-o", str(tmp_path / "cli.html")]) == 0
     plotted = sweep.plot_curves("loss", tmp_path / "c.png", color_by="lr")
     assert plotted.stat().st_size > 0 and sweep.plot_params("loss", tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_series_name_that_matches_nothing_is_an_error_that_lists_what_exists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = {"": [{"step": 1, "loss": 1.0}]}
+    store = write_trials(tmp_path / "store", [Trial("a", {}, rows)], metrics_name="steps")
+    with pytest.raises(MetricsNotFoundError, match=r"No series 'step' .*\['steps'\]"):
+        Sweep(store, metrics_name="step")
+    assert main(["trials", "--store", str(store.root), "--metrics-name", "step"]) == 2  # was: 0, every trial 0 steps
+    assert "['steps']" in capsys.readouterr().err
+
+
+def test_the_cli_shows_a_bug_as_a_bug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 2 is for what the user typed; an internal error keeps its traceback (the console script exits 1)."""
+    store = write_trials(tmp_path / "store", [Trial("a", {}, {"": [{"step": 1, "loss": 1.0}]})])
+    assert main(["trials", "--store", str(store.root), "--mode", "max", "--metric", "nope"]) == 2
+    assert "Unknown metric" in capsys.readouterr().err
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise KeyError("an internal bug")
+
+    monkeypatch.setattr(Sweep, "trials", broken)
+    with pytest.raises(KeyError, match="an internal bug"):
+        main(["trials", "--store", str(store.root)])

@@ -206,10 +206,9 @@ def test_result_row_filters_values() -> None:
             "obj": object(),
             "nested": {"deep": {"x": 1}},
             "training_iteration": 4,
-        },
-        attempt=2,
+        }
     )
-    assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4, "attempt": 2}
+    assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4}
 
 
 def test_logger_is_picklable_and_validates_arguments(tmp_path: Path) -> None:
@@ -256,7 +255,7 @@ RESTORE_DRIVER = textwrap.dedent(
         tuner = tune.Tuner(trainable, param_space={"lr": tune.grid_search([0.05, 0.1, 0.2])},
                            run_config=tune.RunConfig(name="exp", storage_path=results, callbacks=[logger], verbose=0))
     else:
-        tuner = tune.Tuner.restore(os.path.join(results, "exp"), trainable=trainable)
+        tuner = tune.Tuner.restore(os.path.join(results, "exp"), trainable=trainable, resume_unfinished=True)
     print("fit", flush=True)
     tuner.fit()
     print("done", flush=True)
@@ -264,24 +263,27 @@ RESTORE_DRIVER = textwrap.dedent(
 )
 
 
+def _spilled_rows(spill: Path) -> list[int]:
+    """Rows in each spill directory (complete batches only), while a writer appends to them."""
+    from ray_cmf.buffer import read_segments
+
+    return [sum(b.num_rows for b in read_segments(d)) for d in spill.iterdir()] if spill.is_dir() else []
+
+
 @pytest.mark.slow
 def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: Path) -> None:
+    """Under Tune's default settings (its experiment checkpoint, and the callback state in it, may be older
+    than what the store holds), the driver is killed 12 results into two 30-result trials, then restored."""
     store, results = tmp_path / "store", tmp_path / "results"
-    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0.5", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     first = subprocess.Popen(
         [sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "first"], env=env, start_new_session=True
     )
     deadline = time.monotonic() + 120
-    spill = store / "spill"
-    while time.monotonic() < deadline:  # wait until both trials have spilled some rows
-        if (
-            spill.exists()
-            and len(list(spill.glob("*/seg-*.arrows"))) >= 2
-            and all(p.stat().st_size > 2000 for p in spill.glob("*/seg-*.arrows"))
-        ):
+    while time.monotonic() < deadline:  # until both long trials have 12 results in the store
+        if sorted(_spilled_rows(store / "spill"))[-2:] >= [12, 12]:
             break
-        time.sleep(0.2)
-    time.sleep(1.0)
+        time.sleep(0.1)
     os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started, for real
     first.wait()
     second = subprocess.run(
@@ -355,3 +357,70 @@ def test_a_trial_that_tune_stops_hands_over_every_row(ray_session: None, tmp_pat
         assert properties(fine)["at_end"] is True
         rows = pq.read_table(store / properties(fine)["url"]).to_pandas()
         assert rows[["it", "sub"]].values.tolist() == [[i, s] for i in range(3) for s in range(5)]
+
+
+def test_a_diverged_result_never_becomes_a_trials_best(tmp_path: Path) -> None:
+    """Tune's driver-side best (MLMD's best_<metric> and the top-N) skips NaN and ±inf."""
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import _TrialState
+
+    for mode, expected in (("min", 0.4), ("max", 0.5)):
+        logger, state = CmfRayLogger("p", metric="loss", mode=mode, store=str(tmp_path)), _TrialState()
+        for value in (0.5, -math.inf, math.nan, math.inf, 0.4):
+            logger._track_best(state, value)
+        assert state.best == expected
+
+
+def test_a_data_dir_that_does_not_exist_is_refused_before_any_trial_starts(tmp_path: Path) -> None:
+    from ray_cmf import CmfRayLogger
+
+    with pytest.raises(ValueError, match=r"data_dir='missing/'.*does not exist"):
+        CmfRayLogger("p", data_dir="missing/", store=str(tmp_path / "store"))
+
+
+def _logs_steps(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    import ray_cmf.tune
+
+    cmf = ray_cmf.tune.get_cmf(system_metrics=None)
+    for it in range(3):
+        cmf.log_metric("steps", {"it": it})
+        tune.report({"loss": config["lr"] / (it + 1)})
+    cmf.commit_metrics("steps")
+
+
+def test_logging_never_ends_a_sweep(ray_session: None, tmp_path: Path) -> None:
+    """The data directory disappears after the logger was built, so logging it fails for every trial: the
+    sweep still finishes, and every trial keeps its results and its steps."""
+    import shutil
+
+    from ray_cmf import CmfRayLogger, Sweep
+    from tests._sweeps import run_grid
+
+    data = tmp_path / "data"
+    data.mkdir()
+    logger = CmfRayLogger("fragile", data_dir=str(data), metric="loss", store=str(tmp_path / "store"))
+    shutil.rmtree(data)
+    run_grid(_logs_steps, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)  # raised TuneError before
+    table = Sweep(tmp_path / "store").trials(["loss"])
+    assert table["status"].tolist() == ["COMPLETE", "COMPLETE"] and table["steps"].tolist() == [3, 3]
+    assert Sweep(tmp_path / "store", metrics_name="steps").trials()["steps"].tolist() == [3, 3]
+
+
+def test_the_driver_holds_every_trials_cmf_at_once(ray_session: None, tmp_path: Path) -> None:
+    """cmflib's ``logger.cmf_obj[trial_id]`` on the driver: asking for trial b's Cmf leaves trial a's open."""
+    from ray_cmf.constants import TRIAL_EXECUTION_TYPE
+    from ray_cmf.tune import trial_cmf
+    from ray_cmf.writer import StoreWriter, start_writer
+
+    client = start_writer(tmp_path / "store")
+    for trial in ("driver-a", "driver-b"):
+        client.call(StoreWriter.bind, kind="trial", name=trial, pipeline="p", stage="s", type_name=TRIAL_EXECUTION_TYPE)
+    a = trial_cmf("driver-a")
+    a.log_metric("m", {"x": 1})
+    b = trial_cmf("driver-b")
+    b.log_metric("m", {"x": 2})
+    a.log_metric("m", {"x": 3})  # raised "MetricBuffer is closed": b's Cmf had closed a's
+    assert a.commit_metrics("m") is not None and b.commit_metrics("m") is not None
+    assert a.read_metrics("m")["x"].tolist() == [1, 3] and b.read_metrics("m")["x"].tolist() == [2]

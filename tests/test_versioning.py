@@ -1,0 +1,34 @@
+"""DVC's formats, checked against DVC itself: what the store writes and hashes is what `dvc add` would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from dvc.utils.serialize import load_yaml
+
+from ray_cmf.versioning import tree_md5
+
+
+def _dvc_add(repo: Path, target: str) -> dict[str, object]:
+    for args in (["init", "--no-scm", "-q"], ["add", "-q", target]):
+        done = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    return load_yaml(repo / f"{target}.dvc")["outs"][0]
+
+
+def test_a_directory_hashes_as_dvc_add_hashes_it(tmp_path: Path) -> None:
+    """``a/`` beside ``a.txt`` and ``a-b``: DVC orders the listing by relpath string, not by path parts."""
+    data = tmp_path / "data"
+    (data / "a" / "deeper").mkdir(parents=True)
+    for name, text in {"a.txt": "1\n", "a/b.txt": "2\n", "a-b": "3\n", "a/deeper/ü.bin": "4\n", "B": ""}.items():
+        (data / name).write_text(text, encoding="utf-8")
+    recorded = _dvc_add(tmp_path, "data")
+    assert tree_md5(data) == (recorded["md5"], recorded["size"])
+
+
+def test_a_file_hashes_as_dvc_add_hashes_it(tmp_path: Path) -> None:
+    (tmp_path / "model.bin").write_bytes(b"\r\nweights\x00" * 1000)  # CRLF: DVC 3 hashes the bytes as they are
+    recorded = _dvc_add(tmp_path, "model.bin")
+    assert tree_md5(tmp_path / "model.bin") == (recorded["md5"], recorded["size"])
