@@ -24,6 +24,7 @@ class Finding:
     url: str
     md5: str
     status: str  # ok | missing | modified | dvc-mismatch | cache-missing | symlink-out | remote-missing
+    rows_lost: int = 0  # rows its logger could not hand over (the file is intact; the series has holes)
 
     @property
     def ok(self) -> bool:
@@ -38,8 +39,8 @@ def _dvc_md5(dvc_file: Path) -> str | None:
     return None
 
 
-def _recorded(store: Store) -> Iterator[tuple[str, str, Path]]:
-    """(url, md5, path) of every file artifact that MLMD records for the store."""
+def _recorded(store: Store) -> Iterator[tuple[str, str, Path, int]]:
+    """(url, md5, path, rows lost) of every file artifact that MLMD records for the store."""
     lineage = Lineage(store.mlmd, readonly=True)
     for type_name in _AUDITED_TYPES:
         if lineage.find_type_id("artifact", type_name) is None:
@@ -47,18 +48,18 @@ def _recorded(store: Store) -> Iterator[tuple[str, str, Path]]:
         for artifact in lineage.store.get_artifacts_by_type(type_name):
             props = properties(artifact)
             url, md5 = str(props.get("url", artifact.uri)), str(props.get("Commit", ""))
-            yield url, md5, store.resolve(url)
+            yield url, md5, store.resolve(url), int(props.get("rows_lost") or 0)
 
 
 def audit(store: Store, *, remote: bool = False) -> Iterator[Finding]:
     """Re-hash every file artifact of the store and check it against MLMD and DVC (``remote``: and check that
     the store's remote holds it)."""
     pushed = store.require_remote() if remote else None
-    for url, md5, path in _recorded(store):
+    for url, md5, path, lost in _recorded(store):
         status = _local_status(store, md5, path)
         if status == "ok" and pushed is not None and not md5.endswith(".dir") and not pushed.exists(md5):
             status = "remote-missing"
-        yield Finding(url, md5, status)
+        yield Finding(url, md5, status, lost)
 
 
 def _local_status(store: Store, md5: str, path: Path) -> str:
@@ -83,7 +84,7 @@ def pull(store: Store) -> list[Path]:
     then its place in the store). Returns the files restored."""
     remote = store.require_remote()
     restored = []
-    for _, md5, path in _recorded(store):
+    for _, md5, path, _lost in _recorded(store):
         if path.exists() or md5.endswith(".dir") or not path.is_relative_to(store.root) or store.escapes(path):
             continue
         cached = store.fetch(md5)

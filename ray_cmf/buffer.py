@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -274,7 +275,8 @@ class Spill:
 class _SpillThread(threading.Thread):
     """Hands sealed chunks to the sink in the background so that ``append`` never does I/O.
 
-    The queue is bounded: when the sink falls behind, sealing waits instead of growing memory.
+    The queue is bounded: when the sink falls behind, sealing waits instead of growing memory. A chunk
+    the sink refuses is lost, counted and warned about; the next chunks are still handed over.
     """
 
     _STOP = object()
@@ -282,7 +284,8 @@ class _SpillThread(threading.Thread):
     def __init__(self, sink: Sink, name: str) -> None:
         super().__init__(name=f"ray_cmf-spill-{name}", daemon=True)
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=_MAX_QUEUED_CHUNKS)
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # the last refusal not yet reported by flush()
+        self.rows_lost = 0
         self._sink = sink
 
     def run(self) -> None:
@@ -291,13 +294,26 @@ class _SpillThread(threading.Thread):
             try:
                 if item is self._STOP:
                     return
-                if self.error is None:
-                    self._sink.write(_chunk_to_batch(*item))
-            except BaseException as exc:  # reported by flush(); training must not die here
+                if isinstance(item, Future):  # every chunk before it is written: make them durable, then say so
+                    self._settle(item)
+                    continue
+                self._sink.write(_chunk_to_batch(*item))
+            except BaseException as exc:  # reported by flush() and close(); training must not die here
                 self.error = exc
-                log.warning("ray_cmf: spilling metrics to %s failed: %r", self._sink, exc)
+                self.rows_lost += item[2]
+                log.warning(
+                    "ray_cmf: spilling metrics to %s failed (%d rows lost so far): %r", self._sink, self.rows_lost, exc
+                )
             finally:
                 self.queue.task_done()
+
+    def _settle(self, done: Future[None]) -> None:
+        try:
+            self._sink.flush()
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
 
 
 class _HashingFile(io.RawIOBase):
@@ -465,6 +481,8 @@ class MetricBuffer:
         self._first_row = 1 + (self._sink.rows if isinstance(self._sink, Spill) else 0)
         self._last_spill = time.monotonic()
         self._spiller: _SpillThread | None = None
+        self._spill_losses = 0  # rows of chunks that the sink refused, from spill threads already stopped
+        self._owner: int | None = None  # the thread that appends: the only one that may seal or flush
         self._closed = False
         track(self)
 
@@ -472,6 +490,14 @@ class MetricBuffer:
     def rows(self) -> int:
         """Rows appended so far, including those already spilled or finished."""
         return self._first_row - 1 + self._n
+
+    @property
+    def rows_lost(self) -> int:
+        """Rows that may not have reached the sink: chunks it refused, or dropped while it could not deliver
+        them (an upper bound: a writer may hold a chunk that its sender gave up on; what a committed series
+        lacks is recorded on its artifact, ``rows_lost``)."""
+        spilling = self._spiller.rows_lost if self._spiller is not None else 0
+        return self._spill_losses + spilling + int(getattr(self._sink, "dropped_rows", 0))
 
     @property
     def pending_rows(self) -> int:
@@ -512,6 +538,8 @@ class MetricBuffer:
 
     def _append_slow(self, key: str, value: Any, n: int) -> None:
         """Handle a new column, a null, a numeric widening or a type error."""
+        if self._owner is None:
+            self._owner = threading.get_ident()
         if not isinstance(key, str):
             raise InvalidValueError(repr(key), key, "Metric names must be strings.")
         column = self._columns.get(key)
@@ -581,20 +609,43 @@ class MetricBuffer:
             self._n = 0
         self._last_spill = time.monotonic()
 
+    def _check_owner(self, what: str) -> None:
+        """Only the thread that appends may seal: a row half-appended by it would be torn."""
+        if self._owner is not None and self._owner != threading.get_ident():
+            raise RayCmfError(
+                f"MetricBuffer.{what}() was called from a thread that does not append to it; call it from the "
+                "appending thread, or wait there for sealed() and hand its future to the other thread"
+            )
+
     def seal(self) -> None:
         """Hand the current rows to the spill thread now, without waiting for the write."""
+        self._check_owner("seal")
         self._seal()
+
+    def sealed(self) -> Future[None]:
+        """Seal the current rows now and return a future that completes once the sink holds every row sealed
+        so far (or fails with the sink's error): another thread may wait on it, then commit."""
+        self._check_owner("sealed")
+        self._seal()
+        if self._spiller is None:
+            self._spiller = _SpillThread(self._sink, str(id(self)))
+            self._spiller.start()
+        done: Future[None] = Future()
+        self._spiller.queue.put(done)
+        return done
 
     def flush(self) -> None:
         """Seal the current rows and block until every sealed chunk is written (or acknowledged) by the sink."""
+        self._check_owner("flush")
         self._seal()
         if self._spiller is not None:
             self._spiller.queue.join()
-            if self._spiller.error is not None:
+            error, self._spiller.error = self._spiller.error, None
+            if error is not None:
                 raise RayCmfError(
-                    f"Spilling metrics to {self._sink} failed: {self._spiller.error!r}. "
-                    "What was spilled before stays there; ray_cmf.recover() commits it."
-                ) from self._spiller.error
+                    f"Spilling metrics to {self._sink} failed: {error!r}; {self.rows_lost} rows are lost so far. "
+                    "What was spilled stays there (ray_cmf.recover() commits it), and later rows are spilled again."
+                ) from error
         self._sink.flush()
 
     def finish(self, dest: str | os.PathLike[str]) -> FinishedFile:
@@ -616,8 +667,11 @@ class MetricBuffer:
         if self._spiller is not None:
             self._spiller.queue.put(_SpillThread._STOP)
             self._spiller.join()
+            self._spill_losses += self._spiller.rows_lost
             self._spiller = None
         self._sink.close()
+        if self.rows_lost:
+            log.warning("ray_cmf: %d rows logged to %s may not have reached it", self.rows_lost, self._sink)
 
     def __enter__(self) -> MetricBuffer:
         return self

@@ -120,6 +120,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 "type": lineage.store.get_artifact_types_by_id([artifact.type_id])[0].name,
                 "name": props.get("metrics_name", artifact.name),
                 "rows": props.get("rows"),
+                "rows_lost": props.get("rows_lost"),
                 "md5": props.get("Commit"),
                 "url": props.get("url"),
             }
@@ -183,10 +184,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     findings = list(audit(Store(args.store), remote=args.remote))
     if not findings:
         raise RayCmfError(f"The store {Store(args.store).root} records no files to verify")
-    _emit(args, [{"status": f.status, "md5": f.md5, "url": f.url} for f in findings], "verify")
+    rows = [{"status": f.status, "md5": f.md5, "url": f.url, "rows_lost": f.rows_lost} for f in findings]
+    _emit(args, rows, "verify")
     bad = [f for f in findings if not f.ok]
     if bad and not args.json:
         print(f"{len(bad)} of {len(findings)} files failed verification", file=sys.stderr)
+    holed = [f for f in findings if f.rows_lost]
+    if holed:  # the files are intact, but their loggers said rows never reached the store
+        lost = sum(f.rows_lost for f in holed)
+        print(f"{len(holed)} files record {lost} rows that their loggers could not hand over", file=sys.stderr)
     return EXIT_FAILED if bad else EXIT_OK
 
 

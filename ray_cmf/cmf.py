@@ -220,7 +220,8 @@ class Cmf:
 
         Committing the same name again creates a new version holding every row logged so far. A store
         failure is a warning, not an error (the rows are kept for a later commit or
-        :func:`ray_cmf.recover`), and then None is returned.
+        :func:`ray_cmf.recover`), and then None is returned. Rows that could not be handed over are
+        counted on the artifact (``rows_lost``).
 
         Raises:
             MetricsNotFoundError: Nothing was logged under ``metrics_name``.

@@ -408,18 +408,24 @@ class CmfTrainCallback(UserCallback):
         self._commit(rt, {"status": "FAILED", "error": errors[:2000]}, "FAILED", end=True)
 
     def _commit(self, rt: _CallbackRuntime, props: dict[str, Any], state: str | None, end: bool = False) -> None:
-        """On the commit thread: hand the rows to the writer, commit a version, then set props and state
-        (``end``: also commit what the run's workers left uncommitted)."""
+        """Hand the rows to the writer (sealed here, on the controller thread that appends them), then, on the
+        commit thread, commit a version and set props and state (``end``: also commit what the run's workers
+        left uncommitted)."""
+        handed_over = rt.buffer.sealed()
 
         def commit() -> None:
             try:
-                rt.buffer.flush()
+                handed_over.result()
                 key = SeriesKey(rt.binding.result(), self.metrics_name)
-                rt.writer.call(StoreWriter.commit, key=key, props=None if end else props, state=None if end else state)
+                rt.writer.call(
+                    StoreWriter.commit,
+                    key=key,
+                    props=None if end else props,
+                    state=None if end else state,
+                )
                 if end:
                     rt.writer.call(StoreWriter.end, kind="run", name=rt.run, props=props, state=state)
             except Exception as exc:  # logging never kills training
                 log.warning("ray_cmf: committing the reports of run %r failed: %s", rt.run, exc)
 
-        rt.buffer.seal()
         rt.commits.submit(commit)

@@ -96,6 +96,7 @@ class _Session:
         self.offset = offset  # rows the series held when this client started: its numbering continues them
         self.next_row = 1
         self.parked: dict[int, pa.RecordBatch] = {}
+        self.holes: dict[int, int] = {}  # first row -> rows that the client dropped and will never send
 
 
 class _Series:
@@ -104,20 +105,41 @@ class _Series:
         self.dest = dest
         self.lock = threading.Lock()
         self.sessions: dict[str, _Session] = {}
+        self.rows_lost = 0  # rows its loggers dropped, stepped over in the numbering (recorded on each version)
 
-    def append(self, session: str, first_row: int, batch: pa.RecordBatch, attempt: int | None) -> None:
+    def append(
+        self,
+        session: str,
+        first_row: int,
+        batch: pa.RecordBatch,
+        attempt: int | None,
+        skipped: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        """Park the chunk, then spill the session's chunks in order; a range the client ``skipped`` (rows it
+        dropped, see :class:`WriterSink`) is stepped over and counted in ``rows_lost``, so the rows after
+        it are not held back for ever."""
         if attempt is not None:
             batch = _with_column(batch, ATTEMPT_COLUMN, pa.array(np.full(batch.num_rows, attempt, dtype=np.int64)))
         current = self.sessions.get(session)
         if current is None:
             current = self.sessions[session] = _Session(self.spill.rows)
+        current.holes.update((start, rows) for start, rows in skipped if start >= current.next_row)
         current.parked[first_row] = batch
-        while current.next_row in current.parked:
-            ready = current.parked[current.next_row]
-            if current.offset:
-                ready = _with_column(ready, SEQUENCE_COLUMN, pc.add(ready.column(SEQUENCE_COLUMN), current.offset))
-            self.spill.write(ready)  # on failure the chunk stays parked, and the client sends it again
-            current.next_row += current.parked.pop(current.next_row).num_rows
+        while True:
+            if current.next_row in current.parked:  # a chunk the client dropped may have arrived after all
+                ready = current.parked[current.next_row]
+                if current.offset:
+                    shifted = pc.add(ready.column(SEQUENCE_COLUMN), current.offset)
+                    ready = _with_column(ready, SEQUENCE_COLUMN, shifted)
+                self.spill.write(ready)  # on failure the chunk stays parked, and the client sends it again
+                current.holes.pop(current.next_row, None)
+                current.next_row += current.parked.pop(current.next_row).num_rows
+            elif current.next_row in current.holes:
+                rows = current.holes.pop(current.next_row)
+                self.rows_lost += rows
+                current.next_row += rows
+            else:
+                break
 
 
 def _with_column(batch: pa.RecordBatch, name: str, values: pa.Array) -> pa.RecordBatch:
@@ -304,15 +326,24 @@ class StoreWriter:
                 self._series[(live, key.spill_name)] = series
             return series
 
-    def append(self, *, key: SeriesKey, session: str, first_row: int, batch: pa.RecordBatch) -> None:
-        """Append one sealed chunk of a client's rows to the series' spill (in the client's order).
+    def append(
+        self,
+        *,
+        key: SeriesKey,
+        session: str,
+        first_row: int,
+        batch: pa.RecordBatch,
+        skipped: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        """Append one sealed chunk of a client's rows to the series' spill (in the client's order);
+        ``skipped``: (first row, rows) of chunks the client dropped, which will never come.
 
         A chunk that arrives after its trial or run ended (a process handing over its last rows as it
         exits) is committed at once.
         """
         series = self._series_of(key)
         with series.lock:
-            series.append(session, first_row, batch, key.binding.attempt if key.attempts else None)
+            series.append(session, first_row, batch, key.binding.attempt if key.attempts else None, skipped)
         live = self._open(key.binding.store)
         with self._lock:
             late = (live, key.binding.execution_id) in self._ended
@@ -331,7 +362,8 @@ class StoreWriter:
         """Write the series' next version (every row so far) as Parquet, track it with DVC and register it in
         one MLMD transaction (also as an output of ``link_trial``); then set the execution's props and state.
 
-        Returns None when the series has no rows.
+        Each version records ``rows_lost``: the rows its loggers dropped (they could not hand them over),
+        which the series therefore lacks. Returns None when the series has no rows.
         """
         series = self._series_of(key)
         live = self._open(key.binding.store)
@@ -405,13 +437,14 @@ class StoreWriter:
         """
         manifest = series.spill.manifest
         assert manifest is not None
+        recorded = {**(custom or {}), "rows_lost": series.rows_lost}
         with series.lock:
             if not (series.spill.rows if every else series.spill.pending):
                 return None
             artifact = series.spill.finish(
                 series.dest,
                 lambda finished: live.commit_metrics(
-                    manifest.execution_id, manifest.metrics_name, finished, custom, manifest.instance
+                    manifest.execution_id, manifest.metrics_name, finished, recorded, manifest.instance
                 ),
             )
         if artifact is not None:
@@ -520,8 +553,9 @@ class WriterSink:
         self.client = client
         self._key = key
         self.session = uuid.uuid4().hex
-        self._inflight: collections.deque[tuple[Reply, int, Any, int]] = collections.deque()
+        self._inflight: collections.deque[tuple[Reply, int, Any, int, int]] = collections.deque()
         self._inflight_bytes = 0
+        self._skipped: list[tuple[int, int]] = []  # dropped chunks the writer has not been told of yet
         self._retained: collections.deque[tuple[int, Any, int]] = collections.deque()
         self._retained_bytes = 0
         self.dropped_rows = 0
@@ -544,19 +578,22 @@ class WriterSink:
             self._settle_oldest()  # wait while too much is in flight; drop what the writer has taken
 
     def _send(self, first_row: int, batch: pa.RecordBatch, nbytes: int) -> None:
+        skipped = tuple(self._skipped)
         reply = self.client.send(
-            StoreWriter.append, key=self.key, session=self.session, first_row=first_row, batch=batch
+            StoreWriter.append, key=self.key, session=self.session, first_row=first_row, batch=batch, skipped=skipped
         )
-        self._inflight.append((reply, first_row, batch, nbytes))
+        self._inflight.append((reply, first_row, batch, nbytes, len(skipped)))
         self._inflight_bytes += nbytes
 
     def _settle_oldest(self) -> None:
-        reply, first_row, payload, nbytes = self._inflight.popleft()
+        reply, first_row, payload, nbytes, told = self._inflight.popleft()
         self._inflight_bytes -= nbytes
         try:
             reply.result()
         except Exception as exc:
             self._retain(first_row, payload, nbytes, exc)
+        else:
+            del self._skipped[:told]  # the writer knows of those holes now
 
     def _retain(self, first_row: int, payload: Any, nbytes: int, exc: BaseException) -> None:
         if not self._retained:
@@ -564,10 +601,11 @@ class WriterSink:
         self._retained.append((first_row, payload, nbytes))
         self._retained_bytes += nbytes
         while self._retained_bytes > MAX_RETAINED_BYTES and len(self._retained) > 1:
-            _, dropped, size = self._retained.popleft()
+            first, dropped, size = self._retained.popleft()
             self._retained_bytes -= size
             rows = dropped.num_rows
             self.dropped_rows += rows
+            self._skipped.append((first, rows))
             log.warning("ray_cmf: dropped %d unsent rows of %s (the writer is unreachable)", rows, self.key.spill_name)
 
     def _retry(self) -> None:
@@ -578,8 +616,9 @@ class WriterSink:
             self._send(first_row, payload, nbytes)
 
     def flush(self, retries: tuple[float, ...] | None = None) -> None:
-        """Wait until the writer has every chunk; retry kept ones (after each pause of ``retries``, by default
-        :data:`_RETRY_SECONDS`); raise if some still failed."""
+        """Wait until the writer has every chunk; send kept ones again at once, and after each pause of
+        ``retries`` (by default :data:`_RETRY_SECONDS`); raise if some still failed."""
+        self._retry()
         for pause in (*(_RETRY_SECONDS if retries is None else retries), None):
             while self._inflight:
                 self._settle_oldest()
@@ -597,7 +636,6 @@ class WriterSink:
         """Hand every chunk to the writer, trying kept ones once more (at exit there is no time to wait);
         what still fails is warned about and dropped."""
         try:
-            self._retry()
             self.flush(retries=())
         except StoreError as exc:
             log.warning("ray_cmf: %s; closing drops them", exc)

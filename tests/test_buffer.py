@@ -6,12 +6,13 @@ import hashlib
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from ray_cmf import InvalidValueError, MetricBuffer, SchemaError
+from ray_cmf import InvalidValueError, MetricBuffer, RayCmfError, SchemaError
 from ray_cmf.buffer import read_segments
 
 
@@ -146,3 +147,52 @@ def test_bad_arguments(tmp_path: Path) -> None:
         MetricBuffer(tmp_path, flush_rows=0)
     with pytest.raises(ValueError, match="flush_seconds"):
         MetricBuffer(tmp_path, flush_seconds=0)
+
+
+def test_a_refused_chunk_is_counted_and_later_chunks_still_spill(tmp_path: Path) -> None:
+    """A spill that fails for a while (a file where its directory must go) loses what it refused, says how
+    much, and takes the rows that come after the fault (it used to drop every later chunk silently)."""
+    blocked = tmp_path / "spill"
+    blocked.write_text("not a directory")
+    buffer = MetricBuffer(blocked, flush_rows=10)
+    for step in range(20):
+        buffer.append({"step": step})
+    with pytest.raises(RayCmfError, match="20 rows are lost"):
+        buffer.flush()
+    blocked.unlink()
+    for step in range(20, 30):
+        buffer.append({"step": step})
+    buffer.flush()
+    assert buffer.rows_lost == 20
+    done = buffer.finish(tmp_path / "out.parquet")
+    assert pq.read_table(done.path).column("step").to_pylist() == list(range(20, 30))
+
+
+def test_a_buffer_is_sealed_only_by_the_thread_that_appends_to_it(tmp_path: Path) -> None:
+    """The Train callback appended on the controller thread while its commit thread sealed the same buffer:
+    a row half-appended could be torn. Another thread now waits on ``sealed()`` instead, under contention."""
+    import threading
+
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=1_000_000)
+    handed: list[Any] = []
+    stop = threading.Event()
+
+    def waiter() -> None:
+        while not stop.is_set() or handed:
+            if handed:
+                handed.pop(0).result()
+        with pytest.raises(RayCmfError, match="does not append"):
+            buffer.flush()
+
+    other = threading.Thread(target=waiter)
+    other.start()
+    for step in range(30_000):
+        buffer.append({"step": step, "x": float(step)})
+        if step % 500 == 0:
+            handed.append(buffer.sealed())
+    stop.set()
+    other.join()
+    done = buffer.finish(tmp_path / "out.parquet")
+    table = pq.read_table(done.path)
+    assert table.column("step").to_pylist() == list(range(30_000))
+    assert table.column("SequenceNumber").to_pylist() == list(range(1, 30_001))

@@ -137,3 +137,47 @@ def test_per_rank_series_of_one_run_commit_at_once_into_their_own_files(store_di
             for rank, path in enumerate(paths):
                 assert set(pq.read_table(path).column("rank").to_pylist()) == {rank}
     assert not [p for p in store_dir.rglob("*.tmp")]
+
+
+def test_a_dropped_chunk_is_a_counted_hole_and_the_rows_after_it_are_kept(
+    store_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A client gave up on rows 11-20 (the writer was unreachable) and says so with its next chunk: the writer
+    steps over them (it used to hold every later chunk back for ever, waiting for row 11), records the
+    count on every later version, and ``ray-cmf show`` and ``verify`` list it."""
+    import json
+
+    from ray_cmf.cli import main
+
+    client, key = _writer(store_dir)
+    client.call(StoreWriter.append, key=key, session="a", first_row=1, batch=_batch(1, 10))
+    client.call(StoreWriter.append, key=key, session="a", first_row=21, batch=_batch(21, 10), skipped=((11, 10),))
+    client.call(StoreWriter.append, key=key, session="a", first_row=31, batch=_batch(31, 5))
+    artifact = client.call(StoreWriter.commit, key=key)
+    table = pq.read_table(Store(store_dir).resolve(properties(artifact)["url"]))
+    assert table.column(SEQUENCE_COLUMN).to_pylist() == [*range(1, 11), *range(21, 36)]  # the hole shows
+    assert properties(artifact)["rows_lost"] == 10
+    capsys.readouterr()
+    assert main(["show", "r", "--store", str(store_dir), "--metrics-name", "steps", "--json"]) == 0
+    [shown] = [f for f in json.loads(capsys.readouterr().out)["files"] if f["name"] == "steps"]
+    assert shown["rows_lost"] == 10
+    assert main(["verify", "--store", str(store_dir)]) == 0  # the file itself is intact
+    assert "10 rows that their loggers could not hand over" in capsys.readouterr().err
+
+
+def test_rows_a_client_gave_up_on_but_the_writer_kept_are_not_lost(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process, a chunk the spill refused stays parked at the writer: the client's warning over-counts,
+    the committed series has every row and records no loss."""
+    monkeypatch.setattr(writer_module, "MAX_RETAINED_BYTES", 1000)
+    monkeypatch.setattr(writer_module, "_RETRY_SECONDS", ())
+    cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=10)
+    blocker = _block_spill(store_dir)
+    for step in range(200):
+        cmf.log_metric("train", {"step": float(step)})
+    assert cmf.commit_metrics("train") is None and cmf.metrics["train"].rows_lost >= 100
+    blocker.unlink()
+    artifact = cmf.commit_metrics("train")
+    assert artifact is not None and properties(artifact)["rows_lost"] == 0
+    assert cmf.read_metrics("train")["step"].tolist() == [float(s) for s in range(200)]
