@@ -75,15 +75,25 @@ class Store:
         scm: bool = False,
     ) -> None:
         self.root = resolve_root(root)
-        self.mlmd = _location(mlmd) if mlmd is not None else self._configured_mlmd()
+        self._mlmd = _location(mlmd) if mlmd is not None else None  # else read from the store, on first use
         self.scm = scm
         self._lineage: Lineage | None = None
         self._dvc: DvcRepo | None = None
         self._lock = threading.RLock()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle only the location; connections reopen lazily where the object lands."""
-        return {"root": self.root, "mlmd": self.mlmd, "scm": self.scm}
+        """Pickle only the location; connections reopen lazily where the object lands. An MLMD location not
+        read yet stays unread: a worker that names the store sends its path, and the writer, where the store
+        is, reads the store's config file."""
+        return {"root": self.root, "mlmd": self._mlmd, "scm": self.scm}
+
+    @property
+    def mlmd(self) -> str:
+        """The MLMD database: as given, else the one the store's config file names, else ``<root>/mlmd.sqlite``
+        (read on first use, on the machine that uses it)."""
+        if self._mlmd is None:
+            self._mlmd = self._configured_mlmd()
+        return self._mlmd
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["root"], mlmd=state["mlmd"], scm=state["scm"])  # type: ignore[misc]

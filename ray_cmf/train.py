@@ -64,10 +64,17 @@ def _train_context() -> Any:
 
 def _store_name(store: str | os.PathLike[str] | None) -> Store | None:
     """The store a Train object names: resolved here on a driver or without Ray (argument, else
-    ``$RAY_CMF_STORE``, else ``./cmf_store``); in a Ray worker, the argument as a path on the driver's
-    node, or None for the store the driver named."""
-    if store is None and ray.is_initialized() and not ray_driver():
-        return None
+    ``$RAY_CMF_STORE``, else ``./cmf_store``); in a Ray worker, the argument as an absolute path on the
+    driver's node (its config file is read there, by the writer), or None for the store the driver named."""
+    if ray.is_initialized() and not ray_driver():
+        if store is None:
+            return None
+        if not os.path.isabs(store):
+            raise RayCmfError(
+                f"store={os.fspath(store)!r} in a Ray worker: a relative path would be resolved on this worker, "
+                "not on the driver's node, where the store is; pass an absolute path, or name the store on the "
+                "driver (CmfTrainCallback(store=...)) and leave store out here"
+            )
     return Store(store)
 
 
@@ -90,6 +97,8 @@ class StepLogger:
         run_name: The Train run (default: Ray Train's experiment name).
         system_metrics: Inside Ray Train, every worker samples its process and node into the run's
             ``system_metrics`` series (one per rank) every this many seconds; None switches it off.
+        registration_timeout: How long rank 0 waits for ``trial_id``'s registration by the driver (and the
+            other ranks for the run's), in seconds.
 
     Example:
         >>> def train_loop_per_worker(config):  # doctest: +SKIP
@@ -118,6 +127,7 @@ class StepLogger:
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
+        registration_timeout: float = _BIND_TIMEOUT_S,
     ) -> None:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
@@ -127,6 +137,7 @@ class StepLogger:
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.group = group
         self.trial_id = trial_id
+        self._registration_timeout = registration_timeout
         self._context = _train_context()
         self.run_name = run_name or (
             self._context.get_experiment_name() if self._context else f"local-{uuid.uuid4().hex[:8]}"
@@ -155,9 +166,11 @@ class StepLogger:
 
     def _system_key(self) -> SeriesKey:
         """This worker's ``system_metrics`` series (one per rank), once rank 0 has registered the run."""
-        run = self._writer.wait_binding("run", self.run_name, timeout=_BIND_TIMEOUT_S)
+        run = self._writer.wait_binding("run", self.run_name, timeout=self._registration_timeout)
         if run is None:
-            raise RayCmfError(f"Train run {self.run_name!r} was not registered by rank 0 in {_BIND_TIMEOUT_S} s")
+            raise RayCmfError(
+                f"Train run {self.run_name!r} was not registered by rank 0 in {self._registration_timeout:g} s"
+            )
         return SeriesKey(run, SYSTEM_METRICS_NAME, f"rank{self.rank}")
 
     def _hand_over(self) -> None:
@@ -173,7 +186,7 @@ class StepLogger:
     def log_seeds(self, **seeds: int) -> None:
         """Rank 0: record the run's seeds (``seed_<name>`` properties; ints) and torch's initial seed."""
         if self.rank == 0:
-            run = self._writer.wait_binding("run", self.run_name, timeout=_BIND_TIMEOUT_S)
+            run = self._writer.wait_binding("run", self.run_name, timeout=self._registration_timeout)
             assert run is not None  # rank 0 registered it
             props = torch_seed() | seed_props(seeds)
             self._writer.call(StoreWriter.update_execution, execution_id=run.execution_id, props=props, store=run.store)
@@ -184,10 +197,13 @@ class StepLogger:
         The registration is not waited for: the series' chunks wait for it on the spill thread, and a
         failure is warned about there and at ``finish``.
         """
-        if self.trial_id is not None:
-            trial = self._writer.call(StoreWriter.binding, kind="trial", name=self.trial_id)
+        if self.trial_id is not None:  # the driver's writer may register the trial a moment after it started
+            trial = self._writer.wait_binding("trial", self.trial_id, self._registration_timeout)
             if trial is None:
-                raise ValueError(f"trial_id={self.trial_id!r} is not a trial of a sweep running CmfRayLogger")
+                raise RayCmfError(
+                    f"trial_id={self.trial_id!r} is not a trial of a sweep running CmfRayLogger (none was "
+                    f"registered in {self._registration_timeout:g} s); pass the id of the trial that runs this loop"
+                )
             pipeline, stage, store = trial.pipeline, trial.stage, trial.store
         props = {
             "run_name": self.run_name,

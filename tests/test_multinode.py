@@ -71,7 +71,7 @@ def loop(config):
     rank = ray.train.get_context().get_world_rank()
     metrics = MetricCollection({"loss": Mean(), "top": Max()})
     steps = StepLogger(metrics, sync_every=5, report_every=1, pipeline_name=config["pipeline"],
-                       trial_id=config.get("trial_id"), flush_rows=2)
+                       trial_id=config.get("trial_id"), store=config.get("store"), flush_rows=2)
     for step in range(1, 51):
         metrics.update(loss=torch.tensor(float(step * (rank + 1))), top=torch.tensor(float(step)))
         steps.step(samples=4)
@@ -79,12 +79,12 @@ def loop(config):
     if rank == 0:
         (shared / f"where-{config['pipeline']}.json").write_text(json.dumps(where()))
 
-def trainer(name, pipeline, store=None, **config):
+def trainer(name, pipeline, store=None, worker_store=None, **config):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     return TorchTrainer(
         loop,
-        train_loop_config={"pipeline": pipeline, **config},
+        train_loop_config={"pipeline": pipeline, "store": worker_store, **config},
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "far": 0.9}),
         run_config=RunConfig(name=name, storage_path=str(shared / "results"),
                              callbacks=[ray_cmf.CmfTrainCallback(pipeline, store=store)]),
@@ -97,6 +97,19 @@ TRAIN_DRIVER = (
     + textwrap.dedent(
         """
     result = trainer("mn_train_run", "mn_train", store=sys.argv[4]).fit()
+    assert result.error is None, result.error
+    print(json.dumps({"driver": DRIVER_NODE}))
+    """
+    )
+)
+
+ELSEWHERE_DRIVER = (
+    PRELUDE
+    + TRAIN_LOOP
+    + textwrap.dedent(
+        """
+    ray_cmf.Cmf(filepath=sys.argv[5], pipeline_name="setup", store=sys.argv[4])  # the store's MLMD is elsewhere
+    result = trainer("mn_elsewhere_run", "mn_elsewhere", store=sys.argv[4], worker_store=sys.argv[4]).fit()
     assert result.error is None, result.error
     print(json.dumps({"driver": DRIVER_NODE}))
     """
@@ -229,6 +242,21 @@ def test_train_run_on_the_worker_node_lands_in_the_drivers_store(
     assert steps["top"].tolist() == [float(s) for s in range(5, 51, 5)]
     reports = Sweep(store, pipeline="mn_train", metrics_name="train_reports").steps(["rank"])
     assert sorted(set(reports["rank"])) == [0, 1]
+
+
+def test_a_worker_that_names_the_store_uses_the_drivers_description_of_it(
+    cluster: TwoNodeCluster, hidden: Path, tmp_path: Path
+) -> None:
+    """StepLogger(store=PATH) on the blind node: the store's config file (its MLMD lives elsewhere) is read
+    by the writer, where the store is; the worker used to read its own disk, find no config, and point the
+    writer at a new SQLite file inside the store."""
+    store, elsewhere = hidden / "elsewhere_store", hidden / "elsewhere.sqlite"
+    _driver(cluster, ELSEWHERE_DRIVER, hidden, tmp_path, str(store), str(elsewhere))
+    assert not (store / "mlmd.sqlite").exists()
+    runs = [e for e in Lineage(elsewhere, readonly=True).store.get_executions() if e.name == "mn_elsewhere_run"]
+    assert len(runs) == 1 and runs[0].last_known_state == mlpb.Execution.COMPLETE
+    steps = Sweep(store, pipeline="mn_elsewhere", metrics_name="train_steps").steps(["loss"])
+    assert steps["step"].tolist() == list(range(5, 51, 5))
 
 
 def test_torch_trainer_inside_a_tune_trial_on_the_worker_node(

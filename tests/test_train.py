@@ -274,3 +274,32 @@ def test_torch_trainer_inside_a_tune_trial_is_linked(ray_session: None, tmp_path
     [stage] = [c for c in lineage.store.get_contexts() if c.name == "sweep_train/outer"]
     assert artifact.id in {a.id for a in lineage.store.get_artifacts_by_context(stage.id)}
     assert run.id in {e.id for e in lineage.store.get_executions_by_context(stage.id)}
+
+
+def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_path: Path) -> None:
+    """A Train run inside a Tune trial may start before the driver's writer has registered the trial: the
+    StepLogger waits for it (it raised ValueError into the training loop), and an id that never comes is a
+    clear error."""
+    import threading
+
+    from ray_cmf import RayCmfError
+    from ray_cmf.constants import TRIAL_EXECUTION_TYPE
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+    from ray_cmf.writer import StoreWriter, start_writer
+
+    client = start_writer(tmp_path / "store")
+
+    def register() -> None:
+        time.sleep(1.0)
+        client.call(
+            StoreWriter.bind, kind="trial", name="late", pipeline="p", stage="s", type_name=TRIAL_EXECUTION_TYPE
+        )
+
+    threading.Thread(target=register).start()
+    steps = StepLogger(MetricCollection({"loss": Mean()}), sync_every=1, trial_id="late", system_metrics=None)
+    steps.metrics.update(loss=torch.tensor(1.0))
+    steps.step()
+    assert steps.finish() is not None
+    with pytest.raises(RayCmfError, match="'never'"):
+        StepLogger(MetricCollection({"loss": Mean()}), trial_id="never", system_metrics=None, registration_timeout=1)
