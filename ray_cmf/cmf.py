@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 import uuid
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ray_cmf._names import check_name
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
-from ray_cmf.environment import capture, seed_props, torch_seed
+from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution
 from ray_cmf.store import Store
@@ -151,7 +150,7 @@ class Cmf:
         if execution_name is None:
             execution_name = f"{execution_type}-{uuid.uuid4().hex[:12]}" if create_new_execution else execution_type
         props = {
-            "Execution": cmd if cmd is not None else shlex.join(sys.argv),
+            "Execution": cmd if cmd is not None else redact_command(sys.argv),
             "Context_Type": self._stage,
             "Pipeline_Type": self.pipeline_name,
             **(custom_properties or {}),

@@ -16,6 +16,7 @@ import importlib.metadata
 import os
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -30,6 +31,11 @@ SEED_PREFIX = "seed_"
 ENV_COLUMNS = ("git_commit", "git_dirty", "host", "gpu_model")  # the ones Sweep.trials() shows
 _GIT_TIMEOUT_S = 10.0
 _CREDENTIALS = re.compile(r"(?<=://)[^/@]+@")
+_URL_PASSWORD = re.compile(r"(?<=://)([^/@:\s]*):[^/@\s]+@")
+_SECRET_NAME = re.compile(  # argument names whose value is a credential
+    r"pass(word|wd)?|pwd|token|secret|credential|auth|(^|[-_])(api|access|private|secret)?[-_]?key$", re.IGNORECASE
+)
+REDACTED = "***"
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,24 @@ def code_version(directory: Path) -> dict[str, Any]:
 def strip_credentials(url: str) -> str:
     """A URL without its ``user:password@`` part."""
     return _CREDENTIALS.sub("", url)
+
+
+def redact_command(argv: list[str]) -> str:
+    """A command line fit to write down: the value of every argument named like a credential (``--password
+    X``, ``--api-key=X``, ``HF_TOKEN=X``) and every URL's password become ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        name, equals, value = arg.partition("=")
+        if hide_next and not arg.startswith("-"):
+            arg = REDACTED
+        elif equals and _SECRET_NAME.search(name.lstrip("-")):
+            arg = f"{name}={REDACTED}"
+        else:
+            arg = _URL_PASSWORD.sub(rf"\1:{REDACTED}@", arg)
+        hide_next = arg.startswith("-") and not equals and bool(_SECRET_NAME.search(arg.lstrip("-")))
+        out.append(arg)
+    return shlex.join(out)
 
 
 def _version(distribution: str) -> str:

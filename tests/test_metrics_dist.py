@@ -9,7 +9,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ray_cmf.metrics import Accuracy, Histogram, LayoutMismatchError, Max, Mean, MetricCollection, Min, Sum, packing
+from ray_cmf.metrics import (
+    Accuracy,
+    CollectiveTimeoutError,
+    Histogram,
+    LayoutMismatchError,
+    Max,
+    Mean,
+    MetricCollection,
+    Min,
+    Sum,
+    packing,
+)
 from tests._dist import count_collectives, run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -207,3 +218,24 @@ def test_layout_mismatch_raises_naming_the_difference_instead_of_hanging() -> No
 
 def test_layout_error_type_is_public() -> None:
     assert issubclass(LayoutMismatchError, Exception)
+
+
+def _state_dict_on_rank_0_only(rank: int, world: int) -> str:
+    import time
+
+    metrics = make_collection()
+    feed(metrics, batch(rank, 0))
+    metrics.sync()  # both ranks: the layout is checked
+    if rank == 0:
+        try:
+            metrics.state_dict(timeout=2.0)  # a collective that rank 1 never joins
+        except CollectiveTimeoutError as exc:
+            return str(exc)
+        return "no error"
+    time.sleep(6.0)  # alive, and busy elsewhere, while rank 0 waits
+    return "rank 1"
+
+
+def test_state_dict_on_one_rank_says_what_happened_instead_of_hanging() -> None:
+    results = _ok(run_distributed(_state_dict_on_rank_0_only, 2))
+    assert "every rank must call it" in results[0] and "waited 2 s" in results[0]

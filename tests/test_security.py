@@ -66,3 +66,44 @@ def test_store_files_follow_the_umask_and_none_is_world_writable(tmp_path: Path)
         os.umask(old)
     for path in [store.root, *store.root.rglob("*")]:
         assert not path.lstat().st_mode & stat.S_IWOTH, path
+
+
+SECRETS = ("hunter2", "s3cr3t-pw", "sk-abc123", "tok-xyz789", "ghp_0123456789")
+
+
+def test_a_secret_on_the_command_line_never_reaches_the_store(tmp_path: Path) -> None:
+    """cmflib records the command line of the script; credentials in it are redacted before they reach MLMD."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from ray_cmf import Cmf
+            cmf = Cmf(pipeline_name="p", store=sys.argv[-1])
+            cmf.log_metric("m", {"x": 1})
+            cmf.commit_metrics("m")
+            print(cmf.execution.custom_properties["Execution"].string_value)
+            """
+        )
+    )
+    argv = [
+        "--password", "hunter2",
+        "--db=postgresql://alice:s3cr3t-pw@db.example.com/mlmd",
+        "--api-key=sk-abc123",
+        "HF_TOKEN=tok-xyz789",
+        "--github_token", "ghp_0123456789",
+        "--lr", "0.1",
+        "--store", str(tmp_path / "store"),
+    ]  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, check=True)
+    recorded = done.stdout.strip()
+    assert "--lr 0.1" in recorded and "postgresql://alice:***@db.example.com/mlmd" in recorded
+    assert recorded.count("***") == 5
+    for path in (tmp_path / "store").rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not [s for s in SECRETS if s.encode() in data], path

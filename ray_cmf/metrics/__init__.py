@@ -16,10 +16,11 @@ from ray_cmf.metrics.base import Metric
 from ray_cmf.metrics.classification import Accuracy
 from ray_cmf.metrics.collection import MetricCollection
 from ray_cmf.metrics.histogram import Histogram
-from ray_cmf.metrics.packing import LayoutMismatchError, SyncHandle
+from ray_cmf.metrics.packing import CollectiveTimeoutError, LayoutMismatchError, SyncHandle
 
 __all__ = [
     "Accuracy",
+    "CollectiveTimeoutError",
     "Histogram",
     "LayoutMismatchError",
     "Max",

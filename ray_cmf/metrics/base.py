@@ -11,7 +11,15 @@ from typing import Any
 import torch
 
 from ray_cmf.errors import RayCmfError
-from ray_cmf.metrics.packing import REDUCTIONS, STATE_DTYPE, StatePack, SyncHandle, rank, world_size
+from ray_cmf.metrics.packing import (
+    COLLECTIVE_TIMEOUT_S,
+    REDUCTIONS,
+    STATE_DTYPE,
+    StatePack,
+    SyncHandle,
+    rank,
+    world_size,
+)
 from ray_cmf.metrics.staging import Stager
 
 NAN_POLICIES = ("exclude", "propagate")
@@ -181,11 +189,15 @@ class Metric(ABC):
         self.pack.reset(self)
 
     # -- checkpointing -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The GLOBAL state (reduced across ranks), so it restores exactly at any world size."""
+    def state_dict(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> dict[str, torch.Tensor]:
+        """The GLOBAL state (reduced across ranks), so it restores exactly at any world size.
+
+        A collective: call it on every rank (then save it on one). Called on one rank only, it raises
+        :class:`CollectiveTimeoutError` after ``timeout`` seconds instead of hanging.
+        """
         pack = self.pack
         self._fold()
-        reduced = pack.reduce(None, reset=False).wait()
+        reduced = pack.global_states(timeout)
         return {name: view.clone() for name, view in pack.states(self, reduced).items()}
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

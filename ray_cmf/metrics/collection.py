@@ -9,7 +9,7 @@ import torch
 
 from ray_cmf._names import check_name
 from ray_cmf.metrics.base import Metric, load_global_state
-from ray_cmf.metrics.packing import StatePack, States, SyncHandle
+from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, StatePack, States, SyncHandle
 from ray_cmf.metrics.staging import Stager
 
 Values = dict[str, torch.Tensor]
@@ -187,10 +187,14 @@ class MetricCollection:
         self._discard_staged()
         self._clear_synced()
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The GLOBAL states (``<metric>.<state>``), restorable exactly at any world size."""
+    def state_dict(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> dict[str, torch.Tensor]:
+        """The GLOBAL states (``<metric>.<state>``), restorable exactly at any world size.
+
+        A collective: call it on every rank (then save it on one). Called on one rank only, it raises
+        :class:`CollectiveTimeoutError` after ``timeout`` seconds instead of hanging.
+        """
         self._fold()
-        reduced = self._pack.reduce(None, reset=False).wait()
+        reduced = self._pack.global_states(timeout)
         return {
             f"{name}.{state}": view.clone()
             for name, metric in self._metrics.items()

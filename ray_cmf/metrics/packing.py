@@ -12,6 +12,7 @@ The ranks compare layouts once, on the first sync.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -35,6 +36,13 @@ States = dict["Metric", dict[str, torch.Tensor]]  # each owner's states, by name
 
 class LayoutMismatchError(RayCmfError):
     """Ranks hold metric collections with different names, reductions or shapes."""
+
+
+class CollectiveTimeoutError(RayCmfError):
+    """A collective that every rank must join was not joined by the others in time (one rank called it)."""
+
+
+COLLECTIVE_TIMEOUT_S = 300.0  # how long a blocking call that every rank must make waits for the others
 
 
 def world_size(group: Any = None) -> int:
@@ -108,7 +116,14 @@ class SyncHandle(Generic[T]):
         if self._result is not _PENDING:
             return True
         parent_done = self._parent is None or self._parent.is_completed()
-        return parent_done and all(w.is_completed() for w in self._works)
+        event_done = self._event is None or bool(self._event.query())
+        return parent_done and event_done and all(w.is_completed() for w in self._works)
+
+    def wait_within(self, timeout: float, what: str) -> T:
+        """:meth:`wait`, but a :class:`CollectiveTimeoutError` that names ``what`` when the other ranks have
+        not joined the collective after ``timeout`` seconds (instead of waiting for ever)."""
+        _await(self.is_completed, timeout, what)
+        return self.wait()
 
 
 _PENDING = object()
@@ -188,13 +203,15 @@ class StatePack:
                 self.flat[span].copy_(self.defaults[span])
 
     # -- communication -------------------------------------------------------------------------------
-    def check_layout(self, group: Any = None) -> None:
+    def check_layout(self, group: Any = None, timeout: float = COLLECTIVE_TIMEOUT_S) -> None:
         """Once: make sure every rank packs the same layout, so the packed all_reduces cannot hang."""
         if self._layout_checked or world_size(group) == 1:
             return
         digest = int.from_bytes(hashlib.sha256(repr(self.layout).encode()).digest()[:7], "big")
         probe = torch.tensor([digest, -digest], dtype=torch.int64, device=self._comm_device(group))
-        dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group)
+        work = dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        _await(work.is_completed, timeout, "the first sync of the metrics (every rank compares its layout)")
+        work.wait()
         if int(probe[0]) != -int(probe[1]):
             layouts: list[Any] = [None] * world_size(group)
             dist.all_gather_object(layouts, self.layout, group=group)
@@ -203,6 +220,14 @@ class StatePack:
 
     def _comm_device(self, group: Any) -> torch.device:
         return self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+    def global_states(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> States:
+        """The live states reduced across every rank, which keep theirs (a checkpoint's content). A collective:
+        every rank must call it; one that waits ``timeout`` seconds for the others raises
+        :class:`CollectiveTimeoutError`."""
+        what = "state_dict() (a collective: every rank must call it, not only rank 0)"
+        self.check_layout(None, timeout)
+        return self.reduce(None, async_op=True, reset=False).wait_within(timeout, what)
 
     def reduce(self, group: Any = None, *, async_op: bool = False, reset: bool = True) -> SyncHandle[States]:
         """Snapshot the live state, reset it (cumulative states stay), and reduce the snapshot across ranks."""
@@ -289,6 +314,20 @@ class StatePack:
         if not async_op:
             handle.wait()
         return handle
+
+
+def _await(done: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``done`` until it is true; after ``timeout`` seconds, raise :class:`CollectiveTimeoutError`."""
+    deadline = time.monotonic() + timeout
+    pause = 1e-4
+    while not done():
+        if time.monotonic() > deadline:
+            raise CollectiveTimeoutError(
+                f"{what} waited {timeout:g} s for the other ranks, which did not join; the process group is now "
+                "in an unknown state: end this run"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
 
 
 def _all_gather(output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool) -> Any:
