@@ -29,18 +29,23 @@ class Closeable(Protocol):
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-_hooks_installed = False
+_installed = {"atexit": False, "sigterm": False}
 
 
 def track(closeable: Closeable) -> None:
-    """Close ``closeable`` on every exit path of the process (see :func:`close_all`)."""
-    global _hooks_installed
+    """Close ``closeable`` on every exit path of the process (see :func:`close_all`).
+
+    The SIGTERM handler is installed the first time this runs on the main thread (Python lets no other
+    thread install one): in a script or a driver, as soon as it logs there. A Tune trainable or a Train
+    loop runs on a thread of its own and hands its rows over as that thread ends instead.
+    """
     _LIVE.add(closeable)
-    if not _hooks_installed:
-        _hooks_installed = True
+    if not _installed["atexit"]:
+        _installed["atexit"] = True
         atexit.register(close_all)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
+    if not _installed["sigterm"] and threading.current_thread() is threading.main_thread():
+        _installed["sigterm"] = True
+        signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
 
 
 def close_all() -> None:

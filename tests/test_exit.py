@@ -33,6 +33,12 @@ CHILD = textwrap.dedent(
         signal.signal(signal.SIGTERM, handler)
     from ray_cmf import Cmf
     cmf = Cmf(pipeline_name="exit", store=store)
+    if how == "thread-first":  # ray_cmf's first buffer is made on another thread (a sampler's, say)
+        import threading
+        from ray_cmf import MetricBuffer
+        side = threading.Thread(target=lambda: MetricBuffer(Path(store, "side"), flush_rows=10).append({"x": 1}))
+        side.start()
+        side.join()
     for i in range(ROWS):
         cmf.log_metric("train", {"step": i, "loss": i * 0.5})
     if how == "raise":
@@ -69,8 +75,16 @@ def _recovered_steps(store: Path) -> list[int]:
         ("wait", signal.SIGTERM, -signal.SIGTERM),
         ("wait", signal.SIGINT, -signal.SIGINT),  # KeyboardInterrupt, then Python re-raises the signal
         ("chained-sigterm", signal.SIGTERM, 3),
+        ("thread-first", signal.SIGTERM, -signal.SIGTERM),
     ],
-    ids=["normal-exit", "uncaught-exception", "sigterm", "sigint", "sigterm-chained-to-the-previous-handler"],
+    ids=[
+        "normal-exit",
+        "uncaught-exception",
+        "sigterm",
+        "sigint",
+        "sigterm-chained-to-the-previous-handler",
+        "sigterm-after-a-first-buffer-on-another-thread",
+    ],
 )
 def test_every_exit_path_keeps_every_logged_row(
     tmp_path: Path, how: str, send: signal.Signals | None, returncode: int
