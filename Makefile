@@ -24,6 +24,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check ray_cmf tests benchmarks examples
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -21,10 +21,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table  # noqa: E402
+from _common import fmt_time, print_table
 
-from ray_cmf import Cmf, MetricBuffer, Store  # noqa: E402
-from ray_cmf.versioning import file_md5  # noqa: E402
+from ray_cmf import Cmf, MetricBuffer, Store
+from ray_cmf.versioning import file_md5
 
 ROWS = 1_000_000
 
@@ -38,7 +38,7 @@ def ray_cmf_commit(root: Path) -> dict[str, float]:
     store = Store(root)
     cmf = Cmf(pipeline_name="bench", store=store)
     execution = cmf.create_execution("Train")
-    store.dvc  # the one-off repo init is not part of a commit
+    _ = store.dvc  # the one-off repo init is not part of a commit
     buffer = MetricBuffer(root / "spill", flush_rows=10_000)
     for i in range(ROWS):
         buffer.append(row(i))

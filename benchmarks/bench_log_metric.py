@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, per_call, print_table  # noqa: E402
+from _common import fmt_time, per_call, print_table
 
-from ray_cmf import Cmf, MetricBuffer  # noqa: E402
+from ray_cmf import Cmf, MetricBuffer
 
 SIZES = [1_000, 10_000, 100_000, 1_000_000]
 

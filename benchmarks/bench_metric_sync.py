@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table  # noqa: E402
+from _common import fmt_time, print_table
 
 KS = (4, 16, 64)
 REPEATS = 20
@@ -135,7 +135,7 @@ def main() -> None:
         results = torch.load(out, weights_only=False)
     rows = []
     for k in KS:
-        ours_time, ours_calls = results[("ray_cmf", k)]
+        ours_time, _ours_calls = results[("ray_cmf", k)]
         for peer in PEERS:
             t, calls = results[(peer, k)]
             rows.append([str(k), peer, fmt_time(t), str(calls), f"{t / ours_time:.1f}x"])

@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table, sweep_size, timed  # noqa: E402
-from bench_sweep_scale import generate  # noqa: E402
+from _common import print_table, sweep_size, timed
+from bench_sweep_scale import generate
 
-from ray_cmf import Sweep  # noqa: E402
+from ray_cmf import Sweep
 
 
 def plain_plotly(root: Path, path: Path) -> None:

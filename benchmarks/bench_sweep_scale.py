@@ -24,12 +24,12 @@ import pyarrow.dataset as pads
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table, sweep_size, timed  # noqa: E402
+from _common import fmt_time, print_table, sweep_size, timed
 
-from ray_cmf import MetricBuffer, Store, Sweep  # noqa: E402
-from ray_cmf.constants import TRIAL_EXECUTION_TYPE  # noqa: E402
-from ray_cmf.lineage import config_properties  # noqa: E402
-from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient  # noqa: E402
+from ray_cmf import MetricBuffer, Store, Sweep
+from ray_cmf.constants import TRIAL_EXECUTION_TYPE
+from ray_cmf.lineage import config_properties
+from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient
 
 
 def series(trial: int, steps: int) -> dict[str, np.ndarray]:

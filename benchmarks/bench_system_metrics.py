@@ -22,11 +22,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table  # noqa: E402
+from _common import print_table
 
-from ray_cmf.buffer import MetricBuffer, SpillManifest  # noqa: E402
-from ray_cmf.constants import DEFAULT_SYSTEM_METRICS_SECONDS  # noqa: E402
-from ray_cmf.system import SystemSampler  # noqa: E402
+from ray_cmf.buffer import MetricBuffer, SpillManifest
+from ray_cmf.constants import DEFAULT_SYSTEM_METRICS_SECONDS
+from ray_cmf.system import SystemSampler
 
 SAMPLES = 2_000
 FAST = 0.05

@@ -26,11 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from _common import print_table, sweep_size, timed  # noqa: E402
-from bench_sweep_scale import generate  # noqa: E402
+from _common import print_table, sweep_size, timed
+from bench_sweep_scale import generate
 
-from ray_cmf import Store, Sweep  # noqa: E402
-from tests._servers import free_port, postgres  # noqa: E402
+from ray_cmf import Store, Sweep
+from tests._servers import free_port, postgres
 
 
 def compare(store: Path) -> None:

@@ -42,9 +42,9 @@ from ray.train.torch import TorchTrainer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table  # noqa: E402
+from _common import print_table
 
-from ray_cmf import start_writer  # noqa: E402
+from ray_cmf import start_writer
 
 SYNC_EVERY = 50
 BATCH = 64
@@ -200,14 +200,14 @@ def main() -> None:
     one_off = [r["setup"] + r["finish"] for r in rounds]
     measured = {v: ([r["times"][v] for r in rounds], [r["own"][v] for r in rounds]) for v in VARIANTS}
     measured["ray_cmf incl. set-up and finish()"] = (
-        [r["times"]["ray_cmf"] + extra for r, extra in zip(rounds, one_off)],
-        [r["own"]["ray_cmf"] + extra for r, extra in zip(rounds, one_off)],
+        [r["times"]["ray_cmf"] + extra for r, extra in zip(rounds, one_off, strict=True)],
+        [r["own"]["ray_cmf"] + extra for r, extra in zip(rounds, one_off, strict=True)],
     )
     rows = []
     for v, (seconds, inside) in measured.items():
-        overhead = statistics.median(s / b - 1 for s, b in zip(seconds, base))
+        overhead = statistics.median(s / b - 1 for s, b in zip(seconds, base, strict=True))
         median = statistics.median(seconds)
-        own = statistics.median(i / b for i, b in zip(inside, base))
+        own = statistics.median(i / b for i, b in zip(inside, base, strict=True))
         paired = paired_overhead(rounds, v) if v in VARIANTS else None
         rows.append(
             [

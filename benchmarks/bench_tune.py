@@ -25,10 +25,10 @@ from ray import tune
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table  # noqa: E402
+from _common import fmt_time, print_table
 
-from ray_cmf import CmfRayLogger  # noqa: E402
-from ray_cmf.lineage import Lineage  # noqa: E402
+from ray_cmf import CmfRayLogger
+from ray_cmf.lineage import Lineage
 
 TRIALS, RESULTS = 8, 500
 HOOKS = ("on_trial_start", "on_trial_result", "on_trial_complete", "on_trial_error", "on_experiment_end")

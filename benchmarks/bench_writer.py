@@ -33,12 +33,12 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table  # noqa: E402
+from _common import print_table
 
-from ray_cmf import MetricBuffer, Store  # noqa: E402
-from ray_cmf.buffer import read_segments  # noqa: E402
-from ray_cmf.constants import RUN_EXECUTION_TYPE, SPILL_DIR  # noqa: E402
-from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient, connect, start_writer  # noqa: E402
+from ray_cmf import MetricBuffer, Store
+from ray_cmf.buffer import read_segments
+from ray_cmf.constants import RUN_EXECUTION_TYPE, SPILL_DIR
+from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient, connect, start_writer
 
 FLUSH_ROWS = 10_000
 

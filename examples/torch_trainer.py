@@ -37,7 +37,7 @@ def train_loop_per_worker(config: dict) -> None:
         store=STORE,
         trial_id=config.get("trial_id"),
     )
-    for epoch in range(config["epochs"]):
+    for _epoch in range(config["epochs"]):
         for i in range(0, len(x), 64):
             logits = model(x[i : i + 64])
             loss = torch.nn.functional.cross_entropy(logits, y[i : i + 64])

@@ -16,9 +16,9 @@ from ray import tune
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from torch_trainer import STORE, run  # noqa: E402
+from torch_trainer import STORE, run
 
-from ray_cmf import CmfRayLogger, Sweep  # noqa: E402
+from ray_cmf import CmfRayLogger, Sweep
 
 
 def trial(config: dict) -> None:

@@ -90,7 +90,7 @@ class Sink(Protocol):
 class _Column:
     """One column of the current chunk: typed values plus the chunk-local row numbers that are null."""
 
-    __slots__ = ("kind", "pytype", "values", "nulls")
+    __slots__ = ("kind", "nulls", "pytype", "values")
 
     def __init__(self, kind: str, leading_nulls: int) -> None:
         self.kind = kind
@@ -348,8 +348,7 @@ def read_segments(directory: Path) -> Iterator[pa.RecordBatch]:
         with open(segment, "rb") as source:
             try:
                 reader = pa.ipc.open_stream(source)
-                for batch in reader:
-                    yield batch
+                yield from reader
             except (pa.ArrowInvalid, OSError, EOFError):
                 log.info("ray_cmf: %s ends in a torn batch; keeping the complete ones", segment)
 

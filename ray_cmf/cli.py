@@ -153,7 +153,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
     diff = sweep.diff(args.trial_a, args.trial_b)
-    rows = [{"field": field, args.trial_a: a, args.trial_b: b} for field, (a, b) in zip(diff.index, diff.values)]
+    pairs = zip(diff.index, diff.values, strict=True)
+    rows = [{"field": field, args.trial_a: a, args.trial_b: b} for field, (a, b) in pairs]
     _emit(args, rows, f"what differs between {args.trial_a} and {args.trial_b}")
     return EXIT_OK
 
@@ -210,7 +211,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     store = Store(args.store)
     restored = pull(store)
-    _emit(args, [{"restored": store.url(p)} for p in restored], f"pulled {len(restored)} files from {store.remote.url}")
+    remote = store.require_remote()
+    _emit(args, [{"restored": store.url(p)} for p in restored], f"pulled {len(restored)} files from {remote.url}")
     return EXIT_OK
 
 
@@ -258,7 +260,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool = False) -> None:
     parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
     parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
-    parser.add_argument("--metrics-name", default="tune_results", help="which series (default: tune_results)")
+    parser.add_argument("--metrics-name", help="which series (default: tune_results, the Tune results)")
     parser.add_argument(
         "--metric",
         action="append",

@@ -23,6 +23,7 @@ from ray_cmf._names import check_mode
 from ray_cmf.buffer import SeriesSummary, SpillManifest, read_segments
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
+    RESULTS_METRICS_NAME,
     SEQUENCE_COLUMN,
     SPILL_DIR,
     STEP_METRICS_TYPE,
@@ -80,8 +81,8 @@ class Sweep:
         store: Store directory or :class:`Store` (default ``$RAY_CMF_STORE`` or ``./cmf_store``).
         pipeline: Pipeline name; may be omitted when the store holds exactly one.
         stage: Restrict to one stage (a Tune experiment).
-        metrics_name: Which series to compare (``tune_results`` for CmfRayLogger sweeps); one that the
-            pipeline does not hold, while it holds others, is an error that lists them.
+        metrics_name: Which series to compare (default ``tune_results``, CmfRayLogger's); one named here that
+            the pipeline does not hold, while it holds others, is an error that lists them.
 
     Example:
         >>> sweep = Sweep("cmf_store", pipeline="lr_sweep")  # doctest: +SKIP
@@ -93,7 +94,7 @@ class Sweep:
         store: str | os.PathLike[str] | Store | None = None,
         pipeline: str | None = None,
         stage: str | None = None,
-        metrics_name: str = "tune_results",
+        metrics_name: str | None = None,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self.lineage = Lineage(self.store.mlmd, readonly=True)
@@ -108,11 +109,11 @@ class Sweep:
             if not stages:
                 raise StoreError(f"No stage {stage!r} in pipeline {self.pipeline!r}")
         self.stages = stages
-        self.metrics_name = metrics_name
+        self.metrics_name = metrics_name or RESULTS_METRICS_NAME
         self._files: list[TrialFile] | None = None
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
-        held = self.series_names()
+        held = self.series_names() if metrics_name is not None else []
         if held and metrics_name not in held:
             raise MetricsNotFoundError(
                 f"No series {metrics_name!r} in pipeline {self.pipeline!r}; it holds {held}: pass one of them"
@@ -151,7 +152,7 @@ class Sweep:
         return self._executions
 
     def _find_executions(self) -> list[tuple[Execution, str]]:
-        out = []
+        out: list[tuple[Execution, str]] = []
         for ctx in self.stages:
             stage = properties(ctx).get("stage", ctx.name)
             out.extend((e, stage) for e in self.lineage.store.get_executions_by_context(ctx.id))

@@ -28,6 +28,7 @@ RUN_EXECUTION_TYPE = "Ray_Train_Run"
 MODEL_TYPE = "Model"
 ENVIRONMENT_TYPE = "Environment"
 SYSTEM_METRICS_NAME = "system_metrics"
+RESULTS_METRICS_NAME = "tune_results"  # CmfRayLogger's series of each trial's Tune results
 DEFAULT_SYSTEM_METRICS_SECONDS = 10.0
 
 DEFAULT_FLUSH_ROWS = 10_000

@@ -110,7 +110,7 @@ def redact_command(argv: list[str]) -> str:
     out: list[str] = []
     hide_next = False
     for arg in argv:
-        name, equals, value = arg.partition("=")
+        name, equals, _value = arg.partition("=")
         if hide_next and not arg.startswith("-"):
             arg = REDACTED
         elif equals and _SECRET_NAME.search(name.lstrip("-")):
@@ -149,7 +149,7 @@ def software_versions() -> dict[str, Any]:
 @functools.cache
 def package_list() -> str:
     """Every installed distribution as ``name==version``, one per line, sorted (cached: it cannot change)."""
-    found = {}
+    found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
         if name:

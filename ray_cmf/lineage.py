@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
@@ -24,9 +24,10 @@ from ray_cmf.constants import PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE
 from ray_cmf.errors import StoreError
 
 T = TypeVar("T")
-Artifact = mlpb.Artifact
-Context = mlpb.Context
-Execution = mlpb.Execution
+# ML-Metadata's protobuf classes, named once (it ships no type information: to a type checker they are Any)
+Artifact: TypeAlias = mlpb.Artifact
+Context: TypeAlias = mlpb.Context
+Execution: TypeAlias = mlpb.Execution
 
 _STATES = {
     "RUNNING": mlpb.Execution.RUNNING,

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from ray_cmf.errors import InvalidArgumentError  # noqa: E402
+from ray_cmf.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,12 +49,13 @@ def curves(
     if key is not None and _is_numeric(trials[key]):
         norm = _norm(trials[key].to_numpy(dtype=float))
         cmap = plt.get_cmap("viridis")
-        colour_of = {t: cmap(norm(v)) for t, v in zip(trials["trial_id"], trials[key])}
+        colour_of = {t: cmap(norm(v)) for t, v in zip(trials["trial_id"], trials[key], strict=True)}
         fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=color_by)
     elif key is not None:
         categories = list(dict.fromkeys(trials[key].astype(str)))
         palette = plt.get_cmap("tab10" if len(categories) <= 10 else "tab20")
-        colour_of = {t: palette(categories.index(str(v)) % palette.N) for t, v in zip(trials["trial_id"], trials[key])}
+        pairs = zip(trials["trial_id"], trials[key], strict=True)
+        colour_of = {t: palette(categories.index(str(v)) % palette.N) for t, v in pairs}
         ax.legend(
             handles=[
                 matplotlib.lines.Line2D([], [], color=palette(i % palette.N), label=c)
@@ -95,7 +96,7 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     rows = -(-len(keys) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, layout="constrained")
     norm = _norm(trials[best].to_numpy(dtype=float))
-    for ax, key in zip(axes.flat, keys):
+    for ax, key in zip(axes.flat, keys, strict=True):
         values = trials[key].to_numpy(dtype=float)
         points = ax.scatter(values, trials[best], c=trials[best], cmap="viridis_r", norm=norm, s=18, edgecolors="none")
         positive = values[np.isfinite(values)]

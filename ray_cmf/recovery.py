@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 
-from ray_cmf.buffer import Spill, SpillManifest, discard_spill
+from ray_cmf.buffer import FinishedFile, Spill, SpillManifest, discard_spill
 from ray_cmf.constants import SPILL_DIR, SPILL_MANIFEST
 from ray_cmf.lineage import Artifact
 from ray_cmf.store import Store
@@ -25,6 +26,13 @@ def _alive(manifest: SpillManifest) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _register(store: Store, manifest: SpillManifest, finished: FinishedFile) -> Artifact:
+    """Record a recovered series' file as the artifact it would have been (marked ``recovered``)."""
+    return store.commit_metrics(
+        manifest.execution_id, manifest.metrics_name, finished, {"recovered": True}, manifest.instance
+    )
 
 
 def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool = False) -> list[Artifact]:
@@ -47,12 +55,7 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
         if not spill.pending:
             discard_spill(spill.directory)
             continue
-        artifact = spill.finish(
-            manifest.dest,
-            lambda finished: store.commit_metrics(
-                manifest.execution_id, manifest.metrics_name, finished, {"recovered": True}, manifest.instance
-            ),
-        )
+        artifact = spill.finish(manifest.dest, functools.partial(_register, store, manifest))
         log.warning("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
         recovered.append(artifact)
     return recovered

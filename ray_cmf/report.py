@@ -228,7 +228,7 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
             dims.append(
                 {
                     "label": column[len("config/") :],
-                    "values": [codes.get(str(v), None) for v in values],
+                    "values": [codes.get(str(v)) for v in values],
                     "tickvals": list(range(len(labels))),
                     "ticktext": labels,
                 }
@@ -511,7 +511,7 @@ class ReportServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}/"
 
     def page(self) -> bytes:
         """The current page: rebuilt when older than ``refresh_seconds``; one build at a time."""
@@ -525,7 +525,7 @@ class ReportServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: ReportServer
 
-    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+    def do_GET(self) -> None:
         if self.path not in ("/", "/index.html"):
             self.send_error(HTTPStatus.NOT_FOUND)
             return
@@ -542,5 +542,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the http.server API)
+    def log_message(self, format: str, *args: Any) -> None:
         log.info("ray_cmf report: " + format, *args)

@@ -29,6 +29,7 @@ from ray_cmf.constants import (
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
     MODEL_TYPE,
+    RESULTS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
     TRIAL_EXECUTION_TYPE,
 )
@@ -42,9 +43,6 @@ from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect,
 
 log = logging.getLogger(__name__)
 
-WRITER_NAME = "ray_cmf_writer"
-WRITER_NAMESPACE = "ray_cmf"
-RESULTS_METRICS_NAME = "tune_results"
 # Tune bookkeeping that is not a training metric (strings are dropped anyway).
 _BOOKKEEPING = frozenset(
     {
@@ -154,7 +152,7 @@ def _before_tune_stops(hand_over: _HandOver) -> None:
         return
     session = get_session()
     report, finish = getattr(session, "report", None), getattr(session, "finish", None)
-    if report is None or finish is None:
+    if session is None or report is None or finish is None:
         return
 
     @functools.wraps(report)
@@ -170,8 +168,8 @@ def _before_tune_stops(hand_over: _HandOver) -> None:
         finally:
             hand_over.finished.wait(HAND_OVER_WAIT_S)
 
-    session.report = report_after_hand_over
-    session.finish = finish_after_hand_over
+    session.report = report_after_hand_over  # type: ignore[method-assign]  # this session object only
+    session.finish = finish_after_hand_over  # type: ignore[method-assign]
 
 
 def get_cmf(
@@ -440,7 +438,7 @@ class CmfRayLogger(tune.Callback):
     # -- Tune hooks ----------------------------------------------------------------------------------
     @_never_raises
     def setup(self, **info: Any) -> None:
-        self._rt  # start the writer on the driver before the first trial
+        _ = self._rt  # start the writer on the driver before the first trial
 
     @_never_raises
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -507,6 +505,7 @@ class CmfRayLogger(tune.Callback):
         if self.metric is not None:
             props[f"best_{self.metric}"] = state.best if state.best is not None else math.nan
         buffer, key, state.buffer = state.buffer, state.key, None
+        assert buffer is not None and key is not None  # _state() opened them
         self._rt.futures.append(self._rt.executor.submit(self._commit, trial.trial_id, buffer, key, props, status))
 
     def _commit(
@@ -541,12 +540,11 @@ class CmfRayLogger(tune.Callback):
         self._runtime = None
 
     def _mark_top_n(self, trials: list[Any]) -> None:
+        bests = {t.trial_id: self._trials[t.trial_id].best for t in trials if t.trial_id in self._trials}
         ranked = sorted(
-            (t for t in trials if t.trial_id in self._trials and self._trials[t.trial_id].best is not None),
-            key=lambda t: self._trials[t.trial_id].best,
-            reverse=self.mode == "max",
+            ((best, trial_id) for trial_id, best in bests.items() if best is not None), reverse=self.mode == "max"
         )
-        top = {t.trial_id: rank for rank, t in enumerate(ranked[: self.top_n], start=1)}
+        top = {trial_id: rank for rank, (_, trial_id) in enumerate(ranked[: self.top_n], start=1)}
         for trial in trials:
             if trial.trial_id not in self._trials:
                 continue

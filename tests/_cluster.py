@@ -80,11 +80,8 @@ class TwoNodeCluster:
         self.address = f"127.0.0.1:{self.port}"
         common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={self.temp}"]
         time.sleep(0.2)  # the namespace's loopback is up
-        self.head = self._spawn(
-            [RAY, "start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false"]
-            + common
-            + _ports()
-        )
+        head = [RAY, "start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false"]
+        self.head = self._spawn([*head, *common, *_ports()])
         self._wait_for_nodes(1)
         far = [
             RAY,
@@ -108,7 +105,7 @@ class TwoNodeCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = subprocess.run(
-                self.enter + [RAY, "status", f"--address={self.address}"], env=ENV, capture_output=True, text=True
+                [*self.enter, RAY, "status", f"--address={self.address}"], env=ENV, capture_output=True, text=True
             )
             if status.returncode == 0 and status.stdout.count("node_") >= count:
                 return
@@ -153,10 +150,8 @@ class TwoNodeCluster:
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     process.wait()
 
 

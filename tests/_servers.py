@@ -136,7 +136,8 @@ def postgres() -> Iterator[Postgres]:
                 break
             except subprocess.CalledProcessError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"PostgreSQL did not start: {(tmp / 'postgres.log').read_text()[-2000:]}")
+                    log = (tmp / "postgres.log").read_text()[-2000:]
+                    raise RuntimeError(f"PostgreSQL did not start: {log}") from None
                 time.sleep(0.2)
         yield server
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -134,7 +135,7 @@ def test_sampler_rows_have_plausible_values_at_its_cadence(tmp_path: Path) -> No
     sampler.stop()
     rows = [row for batch in read_segments(spill) for row in batch.to_pylist()]
     assert 5 <= len(rows) <= 11  # one row a tenth of a second, none before the first interval
-    gaps = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:])]
+    gaps = [b["wall_time"] - a["wall_time"] for a, b in itertools.pairwise(rows)]
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.05)
     for row in rows:
         assert row["rank"] == 3 and row["proc_rss_mb"] > 0

@@ -56,7 +56,7 @@ def test_values_match_numpy() -> None:
     data = rng.normal(size=200)
     weights = rng.uniform(size=200)
     mean, total, high, low = Mean(), Sum(), Max(), Min()
-    for chunk, w in zip(np.split(data, 4), np.split(weights, 4)):
+    for chunk, w in zip(np.split(data, 4), np.split(weights, 4), strict=True):
         mean.update(torch.from_numpy(chunk), weight=torch.from_numpy(w))
         total.update(torch.from_numpy(chunk))
         high.update(torch.from_numpy(chunk))
@@ -237,7 +237,7 @@ def test_staged_updates_match_a_direct_reference() -> None:
         hits.append((logits.argmax(1) == target).numpy())
     data = np.concatenate([v.reshape(-1) for v in seen])
     ok = np.isfinite(data)
-    xs, ws = (np.concatenate(part).astype(np.float64) for part in zip(*weighted))
+    xs, ws = (np.concatenate(part).astype(np.float64) for part in zip(*weighted, strict=True))
     wok = np.isfinite(xs)
     out = {name: m.compute() for name, m in metrics.items()}
     assert out["sum"]["value"].item() == pytest.approx(data[ok].sum())

@@ -161,7 +161,7 @@ def _idle_rank_and_cumulative(rank: int, world: int) -> dict[str, Any]:
     if rank != 2:  # rank 2 never updates
         for step in range(3):
             feed(metrics, batch(rank, step))
-    for step in range(2):
+    for _ in range(2):
         total["running"].update(torch.tensor(float(rank + 1)))
         total["interval"].update(torch.tensor(float(rank + 1)))
         total.sync()

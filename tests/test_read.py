@@ -37,7 +37,7 @@ def test_every_rank_of_a_run_is_read_back(tmp_path: Path, capsys: pytest.Capture
     store = write_trials(tmp_path / "store", [Trial("run", {"lr": 0.1}, _ranks(4))], metrics_name="system_metrics")
     sweep = Sweep(store, metrics_name="system_metrics")
     steps = sweep.steps(["cpu"])
-    assert sorted(zip(steps["rank"], steps["step"], steps["cpu"])) == [
+    assert sorted(zip(steps["rank"], steps["step"], steps["cpu"], strict=True)) == [
         (r, s, float(10 * r + s)) for r in range(2) for s in range(1, 5)
     ]
     [row] = sweep.trials(["cpu"]).to_dict(orient="records")

@@ -106,7 +106,7 @@ def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, An
 def test_refused_row_leaves_no_trace(tmp_path: Any) -> None:
     cmf = Cmf(pipeline_name="prop", store=tmp_path / "store")
     cmf.log_metric("s", {"x": 1})
-    with pytest.raises(PrecisionError, match="'big'.*does not fit in int64"):
+    with pytest.raises(PrecisionError, match=r"'big'.*does not fit in int64"):
         cmf.log_metric("s", {"new": 2.5, "big": 2**64})  # "new" is taken back with the row
     cmf.log_metric("s", {"new": "text"})  # so "new" may still become a str column
     with pytest.raises(InvalidNameError, match="SequenceNumber"):

@@ -76,7 +76,7 @@ def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     )
     tuner = tune.Tuner(
         _trainable_factory(logger),
-        param_space={"lr": tune.grid_search(GOOD_LRS + [FAIL_LATE, FAIL_EARLY]), "nested": {"depth": 2}},
+        param_space={"lr": tune.grid_search([*GOOD_LRS, FAIL_LATE, FAIL_EARLY]), "nested": {"depth": 2}},
         tune_config=tune.TuneConfig(max_concurrent_trials=2),
         run_config=tune.RunConfig(name="exp", storage_path=str(tmp / "results"), callbacks=[logger], verbose=0),
     )

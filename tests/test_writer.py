@@ -70,7 +70,7 @@ def test_end_commits_what_a_dead_logger_left(store_dir: Path) -> None:
 
 def _block_spill(store_dir: Path) -> Path:
     """A real fault: a regular file where the spill directory must go, so every spill write fails."""
-    Store(store_dir).lineage  # the store itself opens fine
+    _ = Store(store_dir).lineage  # the store itself opens fine
     blocker = store_dir / SPILL_DIR
     blocker.write_text("not a directory")
     return blocker

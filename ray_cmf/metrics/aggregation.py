@@ -57,6 +57,8 @@ class Sum(_OneValue):
         {'value': 3.0, 'nonfinite': 1.0}
     """
 
+    total: torch.Tensor
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.add_state("total", 0.0, "sum")
@@ -78,6 +80,9 @@ class Mean(Metric):
         >>> m.compute()["value"].item()
         1.5
     """
+
+    weighted_sum: torch.Tensor
+    weight: torch.Tensor
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -125,6 +130,7 @@ class _Extremum(_OneValue):
     """Shared body of Max and Min: one state reduced by ``max``/``min``; the identity when empty."""
 
     _reduce = "max"
+    extremum: torch.Tensor
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

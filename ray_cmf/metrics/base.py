@@ -49,6 +49,8 @@ class Metric(ABC):
         device: Where the states live (default CPU; see ``to``).
     """
 
+    nonfinite: torch.Tensor  # a state (see ``add_state``), under ``nan_policy="exclude"``
+
     def __init__(self, *, nan_policy: str = "exclude", cumulative: bool = False, device: Any = None) -> None:
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
@@ -103,14 +105,16 @@ class Metric(ABC):
         self._synced = None
         self._stager.push(inputs, self._device)
 
-    def _check(self, *inputs: Any) -> None:
+    def _check(self, *inputs: Any, **options: Any) -> None:
         """Raise ValueError, naming the shapes, if one update's inputs do not fit together (shapes only).
 
-        Runs once per new input signature, so it must depend on shapes and dtypes alone.
+        Runs once per new input signature, so it must depend on shapes and dtypes alone. The default
+        accepts any inputs.
         """
+        return
 
     @abstractmethod
-    def _apply(self, *inputs: torch.Tensor) -> None:
+    def _apply(self, *inputs: Any, **options: Any) -> None:
         """Vectorized update: every input has a leading dimension indexing the staged updates."""
 
     def _fold(self) -> None:

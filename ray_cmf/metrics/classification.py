@@ -24,6 +24,9 @@ class Accuracy(Metric):
         0.5
     """
 
+    correct: torch.Tensor
+    total: torch.Tensor
+
     def __init__(self, top_k: int = 1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if top_k < 1:

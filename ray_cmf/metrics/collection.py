@@ -127,7 +127,7 @@ class MetricCollection:
             for stager, _ in self._joint.values():
                 stager.flush()
             self._joint.clear()
-        members = [(self._metrics[name], count) for name, count in zip(*pattern)]
+        members = [(self._metrics[name], count) for name, count in zip(*pattern, strict=True)]
 
         def each(method: str) -> Callable[..., None]:
             def call(*columns: Any) -> None:
@@ -179,7 +179,7 @@ class MetricCollection:
         if not scalars or self._device.type == "cpu":  # reading host memory needs no transfer
             return {k: float(v.item()) for k, v in scalars.items()}
         host = torch.stack([v.reshape(()).to(torch.float64) for v in scalars.values()]).cpu().tolist()
-        return dict(zip(scalars, host))
+        return dict(zip(scalars, host, strict=True))
 
     def reset(self) -> None:
         """Restore every state to its default."""

@@ -26,6 +26,8 @@ class Histogram(Metric):
         0.5
     """
 
+    counts: torch.Tensor
+
     def __init__(
         self, bins: int, low: float, high: float, quantiles: Sequence[float] = (0.5, 0.9, 0.99), **kwargs: Any
     ) -> None:
@@ -73,7 +75,7 @@ class Histogram(Metric):
             frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
             start = lower.gather(0, i)
             estimates = torch.where(total > 0, start + frac * (upper.gather(0, i) - start), math.nan)
-            out = {f"p{q * 100:g}": estimate for q, estimate in zip(self.quantiles, estimates.unbind())}
+            out = {f"p{q * 100:g}": estimate for q, estimate in zip(self.quantiles, estimates.unbind(), strict=True)}
         out = {"value": out.get("p50", next(iter(out.values()), total)), **out, "count": total, "counts": counts}
         if "nonfinite" in states:
             out["nonfinite"] = states["nonfinite"]

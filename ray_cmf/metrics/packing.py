@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ray_cmf.metrics.base import Metric
 
 REDUCTIONS = ("sum", "max", "min")  # also the order of the regions in the packed buffer
-_LOCAL = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+_LOCAL: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 STATE_DTYPE = torch.float64  # exact for counts up to 2**53, so one dtype (one buffer) for every state
 GATHER_MAX_ELEMENTS = 1 << 16  # all_gather when world_size * state elements stays within this
 T = TypeVar("T")

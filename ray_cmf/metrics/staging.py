@@ -50,7 +50,7 @@ class Block:
         on_host = [device.type == "cpu" and not shape for shape, _ in sig]
         self.columns: list[torch.Tensor | list[Any]] = [
             [None] * rows if host else torch.empty((rows, *shape), dtype=dtype, device=device)
-            for host, (shape, dtype) in zip(on_host, sig)
+            for host, (shape, dtype) in zip(on_host, sig, strict=True)
         ]
         self.dtypes = [dtype for _, dtype in sig]
         self.host = [(i, column) for i, column in enumerate(self.columns) if on_host[i]]
@@ -81,7 +81,7 @@ class Block:
             apply(
                 *(
                     column[:used] if isinstance(column, torch.Tensor) else torch.tensor(column[:used], dtype=dtype)
-                    for column, dtype in zip(self.columns, self.dtypes)
+                    for column, dtype in zip(self.columns, self.dtypes, strict=True)
                 )
             )
 
