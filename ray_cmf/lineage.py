@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -359,8 +360,22 @@ class Output:
     when: int  # milliseconds since the epoch
 
 
+_clock_lock = threading.Lock()
+_last_ms = 0
+
+
+def _now_ms() -> int:
+    """Milliseconds since the epoch, strictly increasing in this process: a writer's events keep their order
+    even when two land in one millisecond (MLMD's own stamp would tie them, and the newest version of a
+    series is read from that order)."""
+    global _last_ms
+    with _clock_lock:
+        _last_ms = max(_last_ms + 1, time.time_ns() // 1_000_000)
+        return _last_ms
+
+
 def _event(kind: str, instance: str) -> mlpb.Event:
-    event = mlpb.Event(type=_EVENTS[kind])
+    event = mlpb.Event(type=_EVENTS[kind], milliseconds_since_epoch=_now_ms())
     if instance:
         event.path.steps.add().key = instance
     return event

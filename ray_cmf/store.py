@@ -274,6 +274,11 @@ class Store:
         """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction);
         ``instance`` says which of the execution's series of that name it is (a Train rank's, say).
 
+        Content is shared: executions that commit the same bytes share one artifact. An execution that
+        commits bytes it committed before, after another version, records them again as its newest version
+        (MLMD keeps one output event per execution and artifact, so the new event goes to a new artifact of
+        the same content).
+
         The DVC cache copy runs outside the MLMD lock: a large file does not stall other requests.
         """
         self.dvc.track(finished.path, finished.md5, finished.size)
@@ -287,9 +292,26 @@ class Store:
                 "size": finished.size,
             }
             name = f"{metrics_name}:{finished.md5}"
+            if self._committed_before(execution_id, name, metrics_name, instance):
+                name = f"{name}:{uuid.uuid4().hex[:8]}"
             return self.lineage.put_artifact(
                 execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom, instance=instance
             )
+
+    def _committed_before(self, execution_id: int, name: str, metrics_name: str, instance: str) -> bool:
+        """Whether the execution holds the artifact ``name`` as an output that is not its newest version of
+        ``metrics_name`` from this instance (so recording it again would not make it the newest)."""
+        existing = self.lineage.store.get_artifact_by_type_and_name(STEP_METRICS_TYPE, name)
+        if existing is None:
+            return False
+        versions = [
+            output
+            for output, props in self._series_outputs(self.lineage.outputs([execution_id]))
+            if props["metrics_name"] == metrics_name
+        ]
+        held = any(output.artifact_id == existing.id for output in versions)
+        newest = versions[-1] if versions else None
+        return held and not (newest is not None and newest.artifact_id == existing.id and newest.instance == instance)
 
     def link_output(self, execution_id: int, artifact_id: int) -> None:
         """Also record an existing artifact as an output of another execution (e.g. a Train run's trial)."""

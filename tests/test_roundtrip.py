@@ -8,20 +8,17 @@ error that names its key, and a refused row leaves no trace.
 
 from __future__ import annotations
 
-import math
 import shutil
-import struct
 import tempfile
 from typing import Any
 
-import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import Cmf, InvalidNameError, InvalidValueError, PrecisionError, SchemaError
+from tests._values import INT64_MAX, INT64_MIN, column_of, expected_column, floats, same
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 REFUSALS = (InvalidNameError, InvalidValueError, PrecisionError, SchemaError)
 
 names = st.one_of(
@@ -34,39 +31,7 @@ ints = st.one_of(
     st.sampled_from([INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1, 2**53, 2**53 + 1, -(2**53) - 1, 0]),
     st.sampled_from([INT64_MAX + 1, INT64_MIN - 1, 2**100]),  # beyond int64: refused
 )
-floats = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
-    st.sampled_from([math.nan, -math.nan, math.inf, -math.inf, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308]),
-)
 values = st.one_of(ints, floats, st.booleans(), st.none())
-
-
-def _bits(value: float) -> bytes:
-    return struct.pack("<d", value)
-
-
-def _same(logged: Any, read: Any) -> bool:
-    if logged is None or read is None:
-        return logged is None and read is None
-    if isinstance(logged, float) or isinstance(read, float):
-        return isinstance(read, float) and _bits(float(logged)) == _bits(read)
-    return type(logged) is type(read) and logged == read
-
-
-def _column(frame: pd.DataFrame, name: str, rows: int) -> list[Any]:
-    if name not in frame.columns:
-        return [None] * rows  # a key that only ever held None has no column
-    series = frame[name]
-    if isinstance(series.dtype, pd.ArrowDtype):
-        return series.array.__arrow_array__().to_pylist()
-    return series.tolist()
-
-
-def _expected(kept: list[dict[str, Any]], name: str) -> list[Any]:
-    column = [row.get(name) for row in kept]
-    if any(isinstance(v, float) for v in column):  # ints that shared a column with floats widened to float
-        column = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in column]
-    return column
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,8 +60,8 @@ def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, An
         frame = cmf.read_metrics("series")
         assert frame.index.tolist() == list(range(1, len(kept) + 1))
         for name in {key for row in kept for key in row}:
-            expected, read = _expected(kept, name), _column(frame, name, len(kept))
-            assert all(_same(e, r) for e, r in zip(expected, read, strict=True)), (name, expected, read)
+            expected, read = expected_column(kept, name), column_of(frame, name, len(kept))
+            assert all(same(e, r) for e, r in zip(expected, read, strict=True)), (name, expected, read)
         for md5, count in versions:  # every earlier version still reads back as the prefix it held
             assert len(cmf.read_metrics("series", commit=md5)) == count
     finally:
@@ -116,4 +81,4 @@ def test_refused_row_leaves_no_trace(tmp_path: Any) -> None:
         cmf.log_metric("s", {"x": 0.5})  # widening x to float would round 2**60
     cmf.commit_metrics("s")
     frame = cmf.read_metrics("s")
-    assert _column(frame, "x", 3) == [1, None, 2**60] and _column(frame, "new", 3) == [None, "text", None]
+    assert column_of(frame, "x", 3) == [1, None, 2**60] and column_of(frame, "new", 3) == [None, "text", None]
