@@ -359,14 +359,14 @@ def write_parquet(batches: list[pa.RecordBatch], dest: Path) -> FinishedFile:
     A ``{md5}`` in the file name is replaced by the content hash, so every version gets its own name.
     """
     schemas = [b.schema for b in batches] or [pa.schema([(SEQUENCE_COLUMN, pa.int64())])]
-    schema = pa.unify_schemas(schemas, promote_options="permissive")
+    schema = unify(schemas)
     summary = SeriesSummary()
     with atomic_write(dest) as pending:
         with open(pending.tmp, "wb") as raw:
             hashing = _HashingFile(raw)
             with pq.ParquetWriter(hashing, schema) as writer:
                 for batch in batches:
-                    table = _conform(batch, schema)
+                    table = conform(batch, schema)
                     summary.add(table)
                     writer.write_table(table, row_group_size=max(batch.num_rows, 1))
                 writer.add_key_value_metadata({SUMMARY_KEY: summary.to_json()})
@@ -418,10 +418,30 @@ class SeriesSummary:
         return summary
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.Table:
-    """Cast a batch to the unified schema, adding all-null columns it lacks."""
+def unify(schemas: list[pa.Schema]) -> pa.Schema:
+    """One schema for the tables of one series or of many: types merged as Arrow merges them (int with float
+    is float), and a column whose types cannot merge (a number in one trial, text in another) as text."""
+    fields: dict[str, pa.DataType] = {}
+    for schema in schemas:
+        for field in schema:
+            known = fields.get(field.name)
+            if known is None or known == field.type:
+                fields[field.name] = field.type
+                continue
+            try:
+                merged = pa.unify_schemas(
+                    [pa.schema([(field.name, known)]), pa.schema([field])], promote_options="permissive"
+                )
+                fields[field.name] = merged.field(field.name).type
+            except (pa.ArrowTypeError, pa.ArrowInvalid):
+                fields[field.name] = pa.string()
+    return pa.schema(list(fields.items()))
+
+
+def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+    """Cast a table to a unified schema (see :func:`unify`), adding all-null columns it lacks."""
     columns = [
-        batch.column(f.name).cast(f.type) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+        table.column(f.name).cast(f.type) if f.name in table.schema.names else pa.nulls(table.num_rows, f.type)
         for f in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)

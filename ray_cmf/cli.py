@@ -182,9 +182,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from ray_cmf.audit import audit
 
-    findings = list(audit(Store(args.store), remote=args.remote))
-    if not findings:
-        raise RayCmfError(f"The store {Store(args.store).root} records no files to verify")
+    store = Store(args.store)
+    findings = list(audit(store, remote=args.remote))
+    if not findings and not Lineage(store.mlmd, readonly=True).pipelines():
+        raise RayCmfError(f"The store {store.root} records nothing yet: no pipelines, no files to verify")
     rows = [{"status": f.status, "md5": f.md5, "url": f.url, "rows_lost": f.rows_lost} for f in findings]
     _emit(args, rows, "verify")
     bad = [f for f in findings if not f.ok]

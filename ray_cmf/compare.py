@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from ray_cmf._names import check_mode
-from ray_cmf.buffer import SeriesSummary, SpillManifest, read_segments
+from ray_cmf.buffer import SeriesSummary, SpillManifest, conform, read_segments, unify
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     RESULTS_METRICS_NAME,
@@ -31,7 +31,7 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
-from ray_cmf.errors import MetricsNotFoundError, RayCmfError, StoreError
+from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
@@ -218,7 +218,7 @@ class Sweep:
         tables = [t for t in tables if t.num_rows]
         if not tables:
             return pa.table({})
-        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        return _concat(tables)
 
     def _footers(self) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
         if self._footer_cache is None:
@@ -228,7 +228,7 @@ class Sweep:
     def _schema(self) -> pa.Schema:
         """The unified schema of every committed file of the sweep."""
         schemas = [schema for schema, _ in self._footers().values()]
-        return pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+        return unify(schemas)
 
     def _check_metrics(self, metrics: list[str], *, live: bool) -> None:
         """An unknown metric is an error that lists the sweep's metrics (spilled ones count when ``live``)."""
@@ -261,13 +261,12 @@ class Sweep:
             batches = list(read_segments(directory))
             if not batches:
                 continue
-            table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
+            table = _concat([pa.Table.from_batches([b]) for b in batches])
             present = [m for m in metrics if m in table.column_names] if metrics is not None else None
-            table = table.select(_columns(table.schema, present)).append_column(
-                TRIAL_COLUMN, pa.array([trial] * table.num_rows)
-            )
+            table = table.select(_columns(table.schema, present))
+            table = table.append_column(TRIAL_COLUMN, _constant(trial, table.num_rows))
             if several or manifest.instance:
-                table = table.append_column(SERIES_COLUMN, pa.array([manifest.instance] * table.num_rows))
+                table = table.append_column(SERIES_COLUMN, _constant(manifest.instance, table.num_rows))
             tables.append(_keyed(table))
         return tables
 
@@ -366,12 +365,14 @@ class Sweep:
         return summarize(_tidy(table.to_pandas(types_mapper=_exact_numbers), chosen), chosen, mode)
 
     def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
-        """The ``n`` trials with the best ``metric`` (under ``mode``), best first."""
+        """The ``n`` trials with the best ``metric`` (under ``mode``), best first; trials without a finite value
+        of it come last."""
         check_mode(mode)
         table = self.trials([metric], mode={metric: mode})
         column = f"{metric}_best"
         if column not in table.columns:
-            raise RayCmfError(f"Unknown metric {metric!r}; trials have {sorted(_metric_names(table))}")
+            numeric = self._summarised(self._schema(), None)
+            raise InvalidArgumentError(f"{metric!r} is not a number in this series; its numeric metrics are {numeric}")
         return table.sort_values(column, ascending=mode == "min", na_position="last").head(n).reset_index(drop=True)
 
     def environment(self, trial_id: str) -> dict[str, Any]:
@@ -585,6 +586,19 @@ def _scan_with_trials(
         file_codes = np.concatenate([np.full(len(mine), code, dtype=np.int32) for code, mine in enumerate(rows)])
     table = table.append_column(TRIAL_COLUMN, _labels(file_codes, [f.trial_id for f in files]))
     return table.append_column(SERIES_COLUMN, _labels(file_codes, [f.instance for f in files])) if series else table
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Tables of one sweep as one, whatever types their columns have (see :func:`unify`)."""
+    if len(tables) == 1:
+        return tables[0]
+    schema = unify([t.schema for t in tables])
+    return pa.concat_tables([conform(t, schema) for t in tables])
+
+
+def _constant(label: str, rows: int) -> pa.DictionaryArray:
+    """One label for every row, dictionary-encoded like the scanned tables' (so that they concatenate)."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([label], pa.string()))
 
 
 def _labels(file_codes: np.ndarray, label_of_file: list[str]) -> pa.DictionaryArray:

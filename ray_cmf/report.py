@@ -121,8 +121,10 @@ class _Trials:
         import pandas as pd
 
         keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in steps.columns]
-        codes, names = pd.MultiIndex.from_frame(steps[keys].astype(str)).factorize() if len(keys) > 1 else (
-            pd.factorize(steps[TRIAL_COLUMN].astype(str))
+        codes, names = (
+            pd.MultiIndex.from_frame(steps[keys].astype(str)).factorize()
+            if len(keys) > 1
+            else (pd.factorize(steps[TRIAL_COLUMN].astype(str)))
         )
         order = np.argsort(codes, kind="stable")
         sorted_codes = codes[order]

@@ -3,16 +3,20 @@ is exactly what was logged, whatever the data (several series per trial, non-fin
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ray_cmf import MetricsNotFoundError, Sweep
 from ray_cmf.cli import main
 from tests._stores import Trial, write_trials
+from tests._values import floats
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
@@ -126,3 +130,81 @@ def test_the_cli_shows_a_bug_as_a_bug(
     monkeypatch.setattr(Sweep, "trials", broken)
     with pytest.raises(KeyError, match="an internal bug"):
         main(["trials", "--store", str(store.root)])
+
+
+# -- generated stores ------------------------------------------------------------------------------------
+TRIAL_IDS = ("t-0", "trial ü", "試行", "<b>&amp;", "t 4")
+METRICS = ("loss", "ácc", "指标")
+config_values = st.one_of(
+    st.integers(-(2**40), 2**40), floats, st.booleans(), st.none(), st.text(max_size=6), st.just({"deep": 1})
+)
+metric_values = st.one_of(floats, st.none(), st.integers(-5, 5))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@st.composite
+def sweeps(draw: st.DrawFn) -> list[Trial]:
+    """1-5 trials: ragged metrics (one only a single trial has), configs of mixed types, empty series,
+    non-finite values, failed and running trials, unicode and HTML-looking ids."""
+    count = draw(st.integers(1, 5))
+    trials = []
+    for index, trial_id in enumerate(TRIAL_IDS[:count]):
+        names = draw(st.lists(st.sampled_from(METRICS), unique=True, max_size=3))
+        if index == 0:
+            names.append("only_once")
+        length = draw(st.integers(0, 6))
+        phase = draw(st.sampled_from([st.integers(0, 3), st.text(max_size=4), st.booleans()]))  # a kind per trial
+        rows = [
+            {"training_iteration": step + 1, "phase": draw(phase), **{m: draw(metric_values) for m in names}}
+            for step in range(length)
+        ]
+        config = draw(st.dictionaries(st.sampled_from(["lr", "größe", "opt"]), config_values, max_size=3))
+        status = draw(st.sampled_from(["COMPLETE", "COMPLETE", "FAILED", "RUNNING"]))
+        ranks = draw(st.sampled_from([1, 1, 2]))  # a Train run's per-rank series, one name
+        series = {"": rows} if ranks == 1 else {f"rank{r}": [{**row, "rank": r} for row in rows] for r in range(2)}
+        trials.append(Trial(trial_id, config, series, status))
+    return trials
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(trials=sweeps())
+def test_every_read_path_takes_any_sweep(
+    trials: list[Trial], tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sweep, every ``ray-cmf`` command with ``--json`` (exit 0, strictly valid JSON) and the report (every
+    trial on the page) on whatever a sweep leaves."""
+    tmp = tmp_path_factory.mktemp("generated")
+    store = write_trials(tmp / "store", trials)
+    root = str(store.root)
+    sweep = Sweep(store)
+    table = sweep.trials()
+    assert sorted(table["trial_id"]) == sorted(t.trial_id for t in trials)
+    committed = [row for t in trials if t.status != "RUNNING" for rows in t.series.values() for row in rows]
+    logged = {m for row in committed for m, v in row.items() if v is not None} - {"training_iteration", "rank"}
+    numbers = {m for m in logged if all(_number(r.get(m)) for r in committed if r.get(m) is not None)}
+    for trial in trials:
+        rows = sum(len(r) for r in trial.series.values()) if trial.status != "RUNNING" else 0
+        assert table.set_index("trial_id").loc[trial.trial_id, "steps"] == rows
+        assert isinstance(sweep.environment(trial.trial_id), dict)
+    steps = sweep.steps(live=True)
+    assert len(steps) == sum(len(rows) for t in trials for rows in t.series.values())
+    commands = [["pipelines"], ["trials"], ["verify"], ["export", "--format", "csv", "-o", str(tmp / "s.csv")]]
+    commands += [["show", t.trial_id] for t in trials]
+    if len(trials) > 1:
+        commands.append(["diff", trials[0].trial_id, trials[1].trial_id])
+    for metric in sorted(numbers):
+        assert len(sweep.best(metric, "min", n=len(trials))) == len(trials)
+        commands.append(["compare", "--metric", metric, "--top", "3"])
+        commands.append(["trials", "--metric", metric, "--mode", "max"])
+    commands.append(["report", "-o", str(tmp / "report.html")])
+    for command in commands:
+        capsys.readouterr()
+        code, out = _cli(capsys, *command, "--store", root)
+        assert code == 0, (command, capsys.readouterr().err)
+        assert out is not None
+    page = (tmp / "report.html").read_text()
+    for trial in trials:
+        assert f"<td>{html.escape(trial.trial_id)}</td>" in page
