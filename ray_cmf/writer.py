@@ -642,7 +642,10 @@ class WriterSink:
 
 
 # -- the actor -----------------------------------------------------------------------------------------
-_DRIVER_WRITER: dict[str, Any] = {}  # job id -> the actor handle; the actor lives as long as this driver
+# (job id, driver node id) -> the actor handle; the actor lives as long as this driver. The node id tells a
+# Ray started again in the same process (a notebook's ray.shutdown() then ray.init()) from the one before:
+# the job id is the same, the old actor is gone.
+_DRIVER_WRITER: dict[tuple[str, str], Any] = {}
 
 
 def ray_driver() -> bool:
@@ -667,9 +670,9 @@ def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: s
     if not ray_driver():
         raise RayCmfError("start_writer() runs on the Ray driver only; trials and workers find the driver's writer")
     store = store if isinstance(store, Store) else Store(store, mlmd=mlmd)
-    job = ray.get_runtime_context().get_job_id()
+    node = ray.get_runtime_context().get_node_id()
+    job = (ray.get_runtime_context().get_job_id(), node)
     if job not in _DRIVER_WRITER:
-        node = ray.get_runtime_context().get_node_id()
         _DRIVER_WRITER.clear()
         _DRIVER_WRITER[job] = (
             ray.remote(StoreWriter)
