@@ -1,19 +1,19 @@
 """The plain Cmf API on a small torch training loop: log every step, commit, read back.
 
-Run with ``make demo`` (or ``python examples/cmf_basic.py``). Uses ``$RAY_CMF_STORE`` or ./demo_store.
+Run: ``python examples/cmf_basic.py [--store DIR] [--size EPOCHS]`` (``--help`` says more).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
+from _cli import arguments
 
 from ray_cmf import Cmf
 
 
 def main() -> None:
-    store = os.environ.get("RAY_CMF_STORE", "demo_store")
+    args = arguments(__doc__.splitlines()[0], "epochs of training", 5)
+    store = args.store
     torch.manual_seed(0)
     x = torch.randn(512, 8)
     y = x @ torch.randn(8, 1) + 0.1 * torch.randn(512, 1)
@@ -23,7 +23,7 @@ def main() -> None:
     cmf = Cmf(pipeline_name="cmf_basic", store=store)
     cmf.create_context("train")
     cmf.create_execution("Train", {"lr": 0.05, "batch_size": 32})
-    for epoch in range(5):
+    for epoch in range(args.size):
         for i in range(0, len(x), 32):
             loss = torch.nn.functional.mse_loss(model(x[i : i + 32]), y[i : i + 32])
             optimizer.zero_grad()

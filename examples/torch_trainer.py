@@ -2,22 +2,20 @@
 
 Every rank updates its metrics on its own data shard; every 25 steps StepLogger reduces them across the
 workers in one collective and rank 0 appends one row. CmfTrainCallback records every rank's
-``ray.train.report`` metrics. Run: ``python examples/torch_trainer.py``.
+``ray.train.report`` metrics; it names the store on the driver, and the workers learn it from there.
+Run: ``python examples/torch_trainer.py [--store DIR] [--size EPOCHS]`` (``--help`` says more).
 """
 
 from __future__ import annotations
 
-import os
-
 import ray
 import torch
+from _cli import arguments
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_model
 
 from ray_cmf import CmfTrainCallback, StepLogger, Sweep
 from ray_cmf.metrics import Accuracy, Max, Mean, MetricCollection
-
-STORE = os.path.abspath(os.environ.get("RAY_CMF_STORE", "demo_store"))
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -34,7 +32,6 @@ def train_loop_per_worker(config: dict) -> None:
         sync_every=25,
         report_every=4,
         pipeline_name="torch_trainer_demo",
-        store=STORE,
         trial_id=config.get("trial_id"),
     )
     for _epoch in range(config["epochs"]):
@@ -54,24 +51,26 @@ def train_loop_per_worker(config: dict) -> None:
     steps.finish()
 
 
-def run(config: dict, name: str) -> ray.train.Result:
+def run(config: dict, name: str, store: str | None = None) -> ray.train.Result:
+    """Train on 2 workers; ``store`` is named where the trainer is built (None: the driver's, in a trial)."""
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(
             name=name,
-            storage_path=os.path.abspath("demo_store_ray"),
-            callbacks=[CmfTrainCallback("torch_trainer_demo", store=STORE)],
+            storage_path=config["results"],
+            callbacks=[CmfTrainCallback("torch_trainer_demo", store=store)],
         ),
     )
     return trainer.fit()
 
 
 def main() -> None:
+    args = arguments(__doc__.splitlines()[0], "epochs of training", 3)
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    run({"lr": 1e-3, "epochs": 3}, name="two_workers")
-    sweep = Sweep(STORE, pipeline="torch_trainer_demo", metrics_name="train_steps")
+    run({"lr": 1e-3, "epochs": args.size, "results": f"{args.store}_ray"}, name="two_workers", store=args.store)
+    sweep = Sweep(args.store, pipeline="torch_trainer_demo", metrics_name="train_steps")
     print(sweep.steps(["loss", "accuracy", "grad_norm_max", "samples_per_s"]).tail(8).to_string(index=False))
 
 

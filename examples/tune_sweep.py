@@ -6,23 +6,19 @@ CmfRayLogger gives every trial its own MLMD execution and commits its Tune resul
 Parquet. At the end the trials are compared with ``ray_cmf.Sweep``, which also writes the interactive
 report ``demo_report.html``.
 
-Run with ``make demo`` (or ``python examples/tune_sweep.py``). Store: $RAY_CMF_STORE or ./demo_store.
+Run with ``make demo`` (or ``python examples/tune_sweep.py [--store DIR] [--size EPOCHS]``; ``--help``).
+Tune's own files go to ``<store>_ray``.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import ray
 import torch
+from _cli import arguments
 from ray import tune
 
 import ray_cmf
 from ray_cmf import CmfRayLogger, Sweep
-
-EPOCHS = 8
-STORE = os.environ.get("RAY_CMF_STORE", "demo_store")
 
 
 def make_data(seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -42,7 +38,7 @@ def train(config: dict) -> None:
     cmf = ray_cmf.tune.get_cmf()
     cmf.log_seeds(data=0)  # with torch's own seed, recorded on its own
     step = 0
-    for epoch in range(EPOCHS):
+    for epoch in range(config["epochs"]):
         for i in range(0, len(x), config["batch_size"]):
             loss = torch.nn.functional.mse_loss(model(x[i : i + config["batch_size"]]), y[i : i + config["batch_size"]])
             optimizer.zero_grad()
@@ -57,24 +53,24 @@ def train(config: dict) -> None:
 
 
 def main() -> None:
+    args = arguments(__doc__.splitlines()[0], "epochs per trial", 8)
+    store = args.store
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    logger = CmfRayLogger("lr_sweep", metric="val_loss", mode="min", top_n=2, store=STORE)
+    logger = CmfRayLogger("lr_sweep", metric="val_loss", mode="min", top_n=2, store=store)
     tuner = tune.Tuner(
         train,
-        param_space={"lr": tune.grid_search([0.003, 0.01, 0.03, 0.1]), "batch_size": 32},
+        param_space={"lr": tune.grid_search([0.003, 0.01, 0.03, 0.1]), "batch_size": 32, "epochs": args.size},
         tune_config=tune.TuneConfig(max_concurrent_trials=2),
-        run_config=tune.RunConfig(
-            name="lr_demo", storage_path=str(Path("demo_store_ray").absolute()), callbacks=[logger], verbose=0
-        ),
+        run_config=tune.RunConfig(name="lr_demo", storage_path=f"{store}_ray", callbacks=[logger], verbose=0),
     )
     tuner.fit()
     ray.shutdown()
 
-    sweep = Sweep(STORE, pipeline="lr_sweep", stage="lr_demo")
+    sweep = Sweep(store, pipeline="lr_sweep", stage="lr_demo")
     table = sweep.trials(["val_loss"])[["trial_id", "status", "config/lr", "val_loss_best", "val_loss_final", "steps"]]
     print("\nTrial comparison (lr_sweep / lr_demo), best first:")
     print(table.sort_values("val_loss_best").to_string(index=False))
-    fine = Sweep(STORE, pipeline="lr_sweep", stage="lr_demo", metrics_name="train_steps")
+    fine = Sweep(store, pipeline="lr_sweep", stage="lr_demo", metrics_name="train_steps")
     print(f"\nPer-step series: {len(fine.steps(['loss']))} optimizer steps logged across {len(table)} trials")
     curves = sweep.plot_curves("val_loss", "demo_curves.png", color_by="lr")
     print(f"Learning curves: {curves.absolute()}")

@@ -29,6 +29,7 @@ from ray_cmf.constants import (
     STEP_METRICS_TYPE,
     SUMMARY_KEY,
     TRIAL_EXECUTION_TYPE,
+    TRIAL_PROPERTY,
 )
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
@@ -157,8 +158,9 @@ class Sweep:
             stage = properties(ctx).get("stage", ctx.name)
             out.extend((e, stage) for e in self.lineage.store.get_executions_by_context(ctx.id))
         trial_type = self.lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
-        if any(e.type_id == trial_type for e, _ in out):
-            out = [(e, s) for e, s in out if e.type_id == trial_type]  # runs inside trials show as their trial
+        trials = {trial_id_of(e) for e, _ in out if e.type_id == trial_type}
+        inside = [(e, s) for e, s in out if properties(e).get(TRIAL_PROPERTY) in trials]
+        out = [pair for pair in out if pair not in inside]  # a run inside a trial shows as its trial
         return sorted(out, key=lambda pair: pair[0].id)
 
     def files(self) -> list[TrialFile]:

@@ -25,6 +25,7 @@ EXECUTION_METRICS_TYPE = "Metrics"
 DATASET_TYPE = "Dataset"
 TRIAL_EXECUTION_TYPE = "Ray_Tune_Trial"
 RUN_EXECUTION_TYPE = "Ray_Train_Run"
+TRIAL_PROPERTY = "tune_trial_id"  # a Train run's property: the Tune trial that runs it
 MODEL_TYPE = "Model"
 ENVIRONMENT_TYPE = "Environment"
 SYSTEM_METRICS_NAME = "system_metrics"

@@ -28,6 +28,7 @@ from ray_cmf.constants import (
     DEFAULT_SYSTEM_METRICS_SECONDS,
     RUN_EXECUTION_TYPE,
     SYSTEM_METRICS_NAME,
+    TRIAL_PROPERTY,
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import RayCmfError
@@ -209,7 +210,7 @@ class StepLogger:
             "run_name": self.run_name,
             "world_size": world_size(self.group),
             "sync_every": self.sync_every,
-            **({"tune_trial_id": self.trial_id} if self.trial_id else {}),
+            **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {}),
         }
         return self._writer.send(
             StoreWriter.bind,
