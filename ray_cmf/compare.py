@@ -86,8 +86,17 @@ class Sweep:
             the pipeline does not hold, while it holds others, is an error that lists them.
 
     Example:
-        >>> sweep = Sweep("cmf_store", pipeline="lr_sweep")  # doctest: +SKIP
-        >>> sweep.best("loss", mode="min", n=3)              # doctest: +SKIP
+        >>> import tempfile
+        >>> from ray_cmf import Cmf
+        >>> store = tempfile.mkdtemp()
+        >>> for lr in (0.1, 0.2):
+        ...     cmf = Cmf(pipeline_name="demo", store=store)
+        ...     execution = cmf.create_execution("Train", {"lr": lr}, execution_name=f"lr-{lr}")
+        ...     for step in range(3):
+        ...         cmf.log_metric("train", {"step": step, "loss": lr / (step + 1)})
+        ...     artifact = cmf.commit_metrics("train")
+        >>> Sweep(store, metrics_name="train").best("loss", mode="min")[["trial_id", "loss_best"]].values.tolist()
+        [['lr-0.1', 0.03333333333333333]]
     """
 
     def __init__(

@@ -101,15 +101,16 @@ class StepLogger:
         registration_timeout: How long rank 0 waits for ``trial_id``'s registration by the driver (and the
             other ranks for the run's), in seconds.
 
-    Example:
-        >>> def train_loop_per_worker(config):  # doctest: +SKIP
-        ...     metrics = MetricCollection({"loss": Mean(), "acc": Accuracy()}, device=device)
-        ...     steps = StepLogger(metrics, sync_every=50, trial_id=config.get("trial_id"))
-        ...     for x, y in loader:
-        ...         ...
-        ...         metrics.update(loss=loss, acc=(logits, y))
-        ...         steps.step(samples=len(x))
-        ...     steps.finish()
+    Example (in ``train_loop_per_worker``; ``examples/torch_trainer.py`` runs one)::
+
+        def train_loop_per_worker(config):
+            metrics = MetricCollection({"loss": Mean(), "acc": Accuracy()}, device=device)
+            steps = StepLogger(metrics, sync_every=50, trial_id=config.get("trial_id"))
+            for x, y in loader:
+                ...
+                metrics.update(loss=loss, acc=(logits, y))
+                steps.step(samples=len(x))
+            steps.finish()
     """
 
     def __init__(

@@ -185,13 +185,14 @@ def get_cmf(
     ``flush_rows`` rows or ``flush_seconds`` seconds. The trial's process is sampled into the
     ``system_metrics`` series every ``system_metrics`` seconds (None: off); see :func:`trial_cmf`.
 
-    Example:
-        >>> def trainable(config):  # doctest: +SKIP
-        ...     cmf = ray_cmf.tune.get_cmf()
-        ...     cmf.log_seeds(numpy=config["seed"])
-        ...     for step in range(10_000):
-        ...         cmf.log_metric("steps", {"step": step, "loss": loss})
-        ...     cmf.commit_metrics("steps")
+    Example (inside a Tune trial; ``examples/tune_sweep.py`` runs one)::
+
+        def trainable(config):
+            cmf = ray_cmf.tune.get_cmf()
+            cmf.log_seeds(numpy=config["seed"])
+            for step in range(10_000):
+                cmf.log_metric("steps", {"step": step, "loss": loss})
+            cmf.commit_metrics("steps")
     """
     trial_id = tune.get_context().get_trial_id()
     return trial_cmf(
@@ -318,11 +319,13 @@ class CmfRayLogger(tune.Callback):
         push: Upload each committed file to the store's remote (``ray-cmf push --add-remote``) as it is
             committed, on the writer's background thread; the sweep's end waits for the uploads.
 
-    Example:
-        >>> tuner = tune.Tuner(  # doctest: +SKIP
-        ...     trainable, param_space={"lr": tune.loguniform(1e-4, 1e-1)},
-        ...     run_config=tune.RunConfig(callbacks=[CmfRayLogger("sweep", metric="loss", mode="min", top_n=3)]),
-        ... )
+    Example (``examples/tune_sweep.py`` runs one)::
+
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"lr": tune.loguniform(1e-4, 1e-1)},
+            run_config=tune.RunConfig(callbacks=[CmfRayLogger("sweep", metric="loss", mode="min", top_n=3)]),
+        )
     """
 
     def __init__(

@@ -22,6 +22,7 @@ from ray_cmf.cli import main
 from ray_cmf.constants import MLMD_FILE, SPILL_DIR
 from ray_cmf.lineage import properties
 from tests._cluster import unshare_skip_reason
+from tests._require import require
 
 
 def _verify(store: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
@@ -127,9 +128,7 @@ NAMESPACE_CHILD = textwrap.dedent(
 
 def _in_namespace(setup: str, store: Path, rows: int, fault: str = "") -> subprocess.CompletedProcess[str]:
     """Run the child in a private mount namespace (as root), after ``setup``; ``fault`` strikes mid-run."""
-    reason = unshare_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require(unshare_skip_reason())
     command = f'{setup} && exec {sys.executable} -c "$CHILD" {store} {rows} "$FAULT"'
     return subprocess.run(
         ["unshare", "-m", "bash", "-c", command],
@@ -166,9 +165,7 @@ def test_read_only_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def _on_read_only(store: Path, *command: str) -> subprocess.CompletedProcess[str]:
     """Run ``command`` in a private mount namespace (as root) where ``store`` is mounted read-only."""
-    reason = unshare_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require(unshare_skip_reason())
     script = f'mount --bind {store} {store} && mount -o remount,bind,ro {store} && exec "$@"'
     return subprocess.run(["unshare", "-m", "bash", "-c", script, "-", *command], capture_output=True, text=True)
 

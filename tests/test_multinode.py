@@ -21,13 +21,17 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 from ray_cmf.compare import Sweep
 from ray_cmf.lineage import Lineage, properties
 from tests._cluster import TwoNodeCluster, unshare_skip_reason
+from tests._require import require
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-_SKIP = unshare_skip_reason()
-if _SKIP is not None:
-    print(f"tests/test_multinode.py skipped: {_SKIP}")
-    pytestmark.append(pytest.mark.skip(reason=_SKIP))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _namespaces() -> None:
+    """The cluster's worker node needs its own mount and network namespaces (root)."""
+    require(unshare_skip_reason())
+
 
 PRELUDE = """
 import json, os, signal, sys, time

@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 from ray_cmf import Cmf, Sweep
 from ray_cmf.cli import main
 from ray_cmf.report import ReportServer, downsample, importance
+from tests._require import require
 from tests._sweeps import run_grid
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -119,8 +120,7 @@ def test_cli_report_and_its_errors(sweep_store: Path, tmp_path: Path, capsys: py
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None:
-        pytest.skip("no chromium on this machine (.ci/run installs Debian's chromium)")
+    require(None if CHROMIUM is not None else "no chromium on this machine (.ci/run installs Debian's chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -160,7 +160,9 @@ def test_report_renders_in_chromium_offline(sweep_store: Path, tmp_path: Path, b
 
 
 # -- the live server -----------------------------------------------------------------------------------
-def test_serve_follows_a_running_series_from_its_spill(tmp_path: Path, browser: Any) -> None:
+@pytest.fixture
+def live_server(tmp_path: Path) -> Iterator[tuple[ReportServer, Callable[[int, int], None]]]:
+    """A report server over a run whose rows are spilled, never committed; and a way to log more."""
     store = tmp_path / "store"
     cmf = Cmf(pipeline_name="live", store=store, flush_rows=10)
     cmf.create_execution("train", {"config_json": json.dumps({"lr": 0.1})}, execution_name="run")
@@ -172,24 +174,33 @@ def test_serve_follows_a_running_series_from_its_spill(tmp_path: Path, browser: 
 
     log(0, 20)
     server = ReportServer(lambda: Sweep(store, metrics_name="m"), port=0, refresh_seconds=1)
-    assert server.server_address[0] == "127.0.0.1"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        first = _data(urllib.request.urlopen(server.url).read().decode())
-        assert len(first["sections"][0]["traces"][0]["x"]) == 20
-        log(20, 50)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the page is rebuilt once it is older than refresh_seconds
-            points = len(_data(urllib.request.urlopen(server.url).read().decode())["sections"][0]["traces"][0]["x"])
-            if points == 50:
-                break
-            time.sleep(0.3)
-        assert points == 50
-        page, _, errors = _open(browser, server.url, offline=False)
-        assert page.locator("#trials tbody tr").count() == 1 and errors == []
-        assert page.locator("#trials tbody td").nth(3).inner_text() == "0.02"  # loss_best of the 50 rows so far
+        yield server, log
     finally:
         server.shutdown()
         server.server_close()
         cmf.close()
+
+
+def test_serve_follows_a_running_series_from_its_spill(live_server: tuple[ReportServer, Any]) -> None:
+    """Over HTTP alone: no browser needed."""
+    server, log = live_server
+    assert server.server_address[0] == "127.0.0.1"
+    first = _data(urllib.request.urlopen(server.url).read().decode())
+    assert len(first["sections"][0]["traces"][0]["x"]) == 20
+    log(20, 50)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the page is rebuilt once it is older than refresh_seconds
+        points = len(_data(urllib.request.urlopen(server.url).read().decode())["sections"][0]["traces"][0]["x"])
+        if points == 50:
+            break
+        time.sleep(0.3)
+    assert points == 50
+
+
+def test_the_served_page_renders_in_chromium(live_server: tuple[ReportServer, Any], browser: Any) -> None:
+    server, _ = live_server
+    page, _, errors = _open(browser, server.url, offline=False)
+    assert page.locator("#trials tbody tr").count() == 1 and errors == []
+    assert page.locator("#trials tbody td").nth(3).inner_text() == "0.05"  # loss_best of the 20 rows so far

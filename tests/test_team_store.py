@@ -16,6 +16,7 @@ from ray_cmf import Cmf, Store, StoreError, Sweep
 from ray_cmf.cli import main
 from ray_cmf.constants import STORE_CONFIG
 from ray_cmf.lineage import properties
+from tests._require import require
 from tests._servers import FAKE_AWS, Postgres, free_port, postgres, postgres_skip_reason
 from tests._sweeps import run_grid
 
@@ -24,9 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[Postgres]:
-    reason = postgres_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require(postgres_skip_reason())
     with postgres() as server:
         server.sql("CREATE ROLE team LOGIN PASSWORD 'team-secret' CREATEDB")
         server.sql("CREATE ROLE reader LOGIN PASSWORD 'reader-secret' NOCREATEDB")
