@@ -72,9 +72,9 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
 def explain(location: str, error: Exception) -> str:
     """What went wrong opening an MLMD database, and what to do about it.
 
-    ML-Metadata reports a refused PostgreSQL connection only as "connection pointer is NULL" (libpq's
-    reason goes to its log), so a server location is probed: a port that does not answer is reported
-    as such, one that answers means the server turned the login down.
+    ML-Metadata reports a refused connection only as "connection pointer is NULL" (PostgreSQL: libpq's
+    reason goes to its log) or an empty "mysql_real_connect failed", so a server location is probed: a
+    port that does not answer is reported as such, one that answers means the server turned the login down.
     """
     text = str(error).strip()
     where = without_password(location)
@@ -85,15 +85,19 @@ def explain(location: str, error: Exception) -> str:
         )
     lowered = text.lower()
     url = urlsplit(location)
-    if "permission denied to create database" in lowered or "does not exist" in lowered:
+    postgres = url.scheme in POSTGRES_SCHEMES
+    refused = ("connection pointer is null", "mysql_real_connect failed", "access denied", "authentication")
+    if any(s in lowered for s in ("permission denied to create database", "does not exist", "creating database")):
         database = url.path.lstrip("/")
         hint = f"the database {database!r} does not exist: create the database, or let this user create databases"
-    elif not _answers(url.hostname or "", url.port or (5432 if url.scheme in POSTGRES_SCHEMES else 3306)):
+    elif not _answers(url.hostname or "", url.port or (5432 if postgres else 3306)):
         hint = f"nothing answers on {url.hostname}:{url.port}: is the server running, and does it listen there?"
-    elif "connection pointer is null" in lowered or "access denied" in lowered or "authentication" in lowered:
+    elif any(s in lowered for s in refused):
+        where_password = "PGPASSWORD or ~/.pgpass" if postgres else "MYSQL_PWD"
+        where_hosts = "pg_hba.conf" if postgres else "the user's host in its grants"
         hint = (
-            f"the server turned down user {url.username!r}: check the password (in the URL, or PGPASSWORD / "
-            "~/.pgpass, or MYSQL_PWD) and that the server lets this host in (pg_hba.conf)"
+            f"the server turned down user {url.username!r}: check the password (in the URL, or {where_password}) "
+            f"and that the server lets this host in ({where_hosts})"
         )
     else:
         hint = "see the server's message"

@@ -360,6 +360,8 @@ class CmfRayLogger(tune.Callback):
         self.root, self.mlmd = str(self.store.root), self.store.mlmd
         self.data_dir = _existing("data_dir", data_dir) if data_dir is not None else None
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
+        if push:
+            self.store.require_remote()  # before any trial starts: a sweep never fails half-way for it
         self.push = push
         self.cmf_obj = TrialCmfs(self)
         self._trials: dict[str, _TrialState] = {}

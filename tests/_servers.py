@@ -3,6 +3,10 @@
 PostgreSQL: Debian's ``postgresql`` package (``.ci/run`` installs it when missing). The server runs as the
 ``postgres`` user (it refuses root) from a fresh ``initdb`` in a temporary directory, on a free port, with
 password (scram) authentication over TCP only.
+
+MySQL: Debian's ``mariadb-server`` package (``.ci/run`` installs it when missing), from a fresh
+``mariadb-install-db`` in a temporary directory, run as the ``mysql`` user on a free port of 127.0.0.1.
+Both give the tests a ``team`` user that may create databases and a ``reader`` user that may not.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ def free_port() -> int:
 class Postgres:
     """A running server: ``url(user, password, db)`` builds the MLMD URLs the tests use."""
 
+    scheme = "postgresql"
+    password_env = "PGPASSWORD"
     port: int
     process: subprocess.Popen[bytes]
     bin: Path
@@ -84,6 +90,13 @@ class Postgres:
             check=True,
         )
         return done.stdout.strip()
+
+    def has_database(self, name: str) -> bool:
+        return self.sql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'") == "1"
+
+    def execution_names(self, db: str) -> list[str]:
+        """The names of the executions in the MLMD database ``db``, sorted."""
+        return self.sql("SELECT name FROM execution ORDER BY name", db=db).split()
 
 
 @contextlib.contextmanager
@@ -142,6 +155,93 @@ def postgres() -> Iterator[Postgres]:
         yield server
     finally:
         process.send_signal(signal.SIGINT)  # a fast shutdown of the postmaster started here
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def mariadb_skip_reason() -> str | None:
+    if shutil.which("mariadbd", path="/usr/sbin:/usr/bin") is None or shutil.which("mariadb-install-db") is None:
+        return "the MariaDB server is missing (.ci/run installs Debian's mariadb-server)"
+    if os.geteuid() != 0:
+        return "starting MariaDB as the mysql user needs root"
+    return None
+
+
+@dataclass
+class MariaDB:
+    """A running MariaDB server, the MySQL that ML-Metadata's ``mysql://`` URLs reach."""
+
+    scheme = "mysql"
+    password_env = "MYSQL_PWD"
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def url(self, user: str, password: str | None, db: str = "mlmd") -> str:
+        secret = f":{password}" if password else ""
+        return f"mysql://{user}{secret}@127.0.0.1:{self.port}/{db}"
+
+    def sql(self, statement: str) -> str:
+        """Run one statement as the server's root (no password, over TCP on 127.0.0.1)."""
+        command = ["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(self.port), "-u", "root", "-N", "-e"]
+        return subprocess.run([*command, statement], capture_output=True, text=True, check=True).stdout.strip()
+
+    def has_database(self, name: str) -> bool:
+        return self.sql(f"SHOW DATABASES LIKE '{name}'") == name
+
+    def execution_names(self, db: str) -> list[str]:
+        """The names of the executions in the MLMD database ``db``, sorted."""
+        return self.sql(f"SELECT name FROM `{db}`.Execution ORDER BY name").split()
+
+
+INSTALL = (
+    "mariadb-install-db",
+    "--no-defaults",
+    "--user=mysql",
+    "--skip-test-db",
+    "--auth-root-authentication-method=normal",
+)
+SERVE = ("/usr/sbin/mariadbd", "--no-defaults", "--user=mysql", "--bind-address=127.0.0.1", "--skip-name-resolve")
+
+
+@contextlib.contextmanager
+def mariadb() -> Iterator[MariaDB]:
+    """Start MariaDB in a fresh directory and stop it (SIGTERM, then SIGKILL, to the pid started here)."""
+    tmp = Path(tempfile.mkdtemp(prefix="ray_cmf_maria_"))
+    shutil.chown(tmp, "mysql", "mysql")
+    data = tmp / "data"
+    subprocess.run(
+        [*INSTALL, f"--datadir={data}"],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [*SERVE, f"--datadir={data}", f"--port={port}", f"--socket={tmp / 'sock'}", f"--pid-file={tmp / 'pid'}"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "mariadb.log", "wb"),  # noqa: SIM115 (the server keeps it open)
+    )
+    server = MariaDB(port, process)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                server.sql("SELECT 1")
+                break
+            except subprocess.CalledProcessError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log = (tmp / "mariadb.log").read_text()[-2000:]
+                    raise RuntimeError(f"MariaDB did not start: {log}") from None
+                time.sleep(0.2)
+        server.sql("CREATE USER 'team'@'127.0.0.1' IDENTIFIED BY 'team-secret'")
+        server.sql("GRANT ALL PRIVILEGES ON *.* TO 'team'@'127.0.0.1'")
+        server.sql("CREATE USER 'reader'@'127.0.0.1' IDENTIFIED BY 'reader-secret'")
+        yield server
+    finally:
+        process.terminate()
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:

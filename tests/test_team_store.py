@@ -17,7 +17,16 @@ from ray_cmf.cli import main
 from ray_cmf.constants import STORE_CONFIG
 from ray_cmf.lineage import properties
 from tests._require import require
-from tests._servers import FAKE_AWS, Postgres, free_port, postgres, postgres_skip_reason
+from tests._servers import (
+    FAKE_AWS,
+    MariaDB,
+    Postgres,
+    free_port,
+    mariadb,
+    mariadb_skip_reason,
+    postgres,
+    postgres_skip_reason,
+)
 from tests._sweeps import run_grid
 
 pytestmark = pytest.mark.integration
@@ -32,35 +41,49 @@ def pg() -> Iterator[Postgres]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def maria() -> Iterator[MariaDB]:
+    require(mariadb_skip_reason())
+    with mariadb() as server:
+        yield server
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def db(request: pytest.FixtureRequest) -> Postgres | MariaDB:
+    """Each server ML-Metadata supports: PostgreSQL, and MySQL (MariaDB)."""
+    server: Postgres | MariaDB = request.getfixturevalue("pg" if request.param == "postgresql" else "maria")
+    return server
+
+
 def _log(cmf: Cmf, name: str, rows: int) -> None:
     for step in range(rows):
         cmf.log_metric(name, {"step": step, "loss": 1.0 / (step + 1)})
 
 
-def test_cmf_on_postgres_creates_the_database_and_keeps_no_password(pg: Postgres, tmp_path: Path) -> None:
-    url = pg.url("team", "team-secret", "cmf_one")
+def test_cmf_on_a_server_creates_the_database_and_keeps_no_password(db: Postgres | MariaDB, tmp_path: Path) -> None:
+    url = db.url("team", "team-secret", "cmf_one")
     cmf = Cmf(filepath=url, pipeline_name="pg", store=tmp_path / "store")
     cmf.create_execution("train", execution_name="run-1")
-    cmf.log_seeds(small=7, wide=2**40)  # ML-Metadata's PostgreSQL schema holds 32-bit ints
+    cmf.log_seeds(small=7, wide=2**40)  # ML-Metadata's server schemas hold 32-bit ints
     _log(cmf, "steps", 10)
     artifact = cmf.commit_metrics("steps")
     assert artifact is not None and cmf.read_metrics("steps")["loss"].tolist() == [1.0 / (s + 1) for s in range(10)]
     environment = Sweep(Store(tmp_path / "store", mlmd=url), metrics_name="steps").environment("run-1")
     assert environment["seed/wide"] == str(2**40) and environment["seed/small"] == 7
     cmf.close()
-    assert pg.sql("SELECT 1 FROM pg_database WHERE datname = 'cmf_one'") == "1"  # created by ML-Metadata
+    assert db.has_database("cmf_one")  # created by ML-Metadata
     config = json.loads((tmp_path / "store" / STORE_CONFIG).read_text())
-    assert config["mlmd"] == f"postgresql://team@127.0.0.1:{pg.port}/cmf_one"
+    assert config["mlmd"] == f"{db.scheme}://team@127.0.0.1:{db.port}/cmf_one"
     leaked = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and b"team-secret" in p.read_bytes()]
     assert leaked == []
 
 
-def test_a_file_over_two_gib_is_registered(pg: Postgres, tmp_path: Path) -> None:
+def test_a_file_over_two_gib_is_registered(db: Postgres | MariaDB, tmp_path: Path) -> None:
     """ML-Metadata's server schemas keep 32-bit ints; a 3 GiB model's size must still be recorded exactly."""
     model = tmp_path / "model.bin"
     with open(model, "wb") as f:
         f.truncate(3 * 2**30)  # sparse: 3 GiB of zeros without the disk
-    cmf = Cmf(filepath=pg.url("team", "team-secret", "cmf_big"), pipeline_name="pg", store=tmp_path / "store")
+    cmf = Cmf(filepath=db.url("team", "team-secret", "cmf_big"), pipeline_name="pg", store=tmp_path / "store")
     cmf.create_execution("train", execution_name="run-1")
     artifact = cmf.log_model(str(model), "output", model_name="big")
     assert properties(artifact)["size"] == 3 * 2**30
@@ -68,16 +91,16 @@ def test_a_file_over_two_gib_is_registered(pg: Postgres, tmp_path: Path) -> None
 
 
 def test_the_store_directory_alone_finds_the_server_with_the_password_from_the_environment(
-    pg: Postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    db: Postgres | MariaDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = tmp_path / "store"
-    cmf = Cmf(filepath=pg.url("team", "team-secret", "cmf_two"), pipeline_name="pg", store=store)
+    cmf = Cmf(filepath=db.url("team", "team-secret", "cmf_two"), pipeline_name="pg", store=store)
     cmf.create_execution("train", execution_name="run-1")
     _log(cmf, "steps", 5)
     cmf.commit_metrics("steps")
     cmf.close()
-    monkeypatch.setenv("PGPASSWORD", "team-secret")
-    assert Store(store).mlmd == f"postgresql://team@127.0.0.1:{pg.port}/cmf_two"  # from the config file
+    monkeypatch.setenv(db.password_env, "team-secret")
+    assert Store(store).mlmd == f"{db.scheme}://team@127.0.0.1:{db.port}/cmf_two"  # from the config file
     assert Sweep(store, metrics_name="steps").steps()["step"].tolist() == list(range(5))
     assert main(["trials", "--store", str(store), "--metrics-name", "steps", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
@@ -93,11 +116,11 @@ def test_the_store_directory_alone_finds_the_server_with_the_password_from_the_e
         ("missing database", "'nobody_made_it' does not exist: create the database"),
     ],
 )
-def test_clear_errors(pg: Postgres, tmp_path: Path, case: str, says: str) -> None:
+def test_clear_errors(db: Postgres | MariaDB, tmp_path: Path, case: str, says: str) -> None:
     url = {
-        "unreachable": f"postgresql://team:team-secret@127.0.0.1:{free_port()}/x",
-        "wrong password": pg.url("team", "not-it", "cmf_one"),
-        "missing database": pg.url("reader", "reader-secret", "nobody_made_it"),  # may not create databases
+        "unreachable": f"{db.scheme}://team:team-secret@127.0.0.1:{free_port()}/x",
+        "wrong password": db.url("team", "not-it", "cmf_one"),
+        "missing database": db.url("reader", "reader-secret", "nobody_made_it"),  # may not create databases
     }[case]
     with pytest.raises(StoreError, match=says) as raised:
         Cmf(filepath=url, pipeline_name="pg", store=tmp_path / "store")
@@ -121,11 +144,11 @@ DRIVER = textwrap.dedent(
 )
 
 
-def test_two_drivers_write_one_empty_database_at_once(pg: Postgres, tmp_path: Path) -> None:
+def test_two_drivers_write_one_empty_database_at_once(db: Postgres | MariaDB, tmp_path: Path) -> None:
     """Both start on a database that does not exist yet (ML-Metadata's first-connection races), then
     write it at the same time, each through its own writer, the same content (one artifact, recorded by
     whichever commits it first)."""
-    url = pg.url("team", "team-secret", "cmf_shared")
+    url = db.url("team", "team-secret", "cmf_shared")
     drivers = [
         subprocess.Popen(
             [sys.executable, "-c", DRIVER, url, str(tmp_path / name), name],
@@ -140,8 +163,7 @@ def test_two_drivers_write_one_empty_database_at_once(pg: Postgres, tmp_path: Pa
     errors = [[line for line in err.splitlines() if "Error" in line][-3:] for _, err in outputs]
     assert [d.returncode for d in drivers] == [0, 0], errors
     assert "could not commit" not in "".join(err for _, err in outputs)
-    names = pg.sql("SELECT name FROM execution ORDER BY name", db="cmf_shared").split()
-    assert names == sorted(f"{d}-{r}" for d in "ab" for r in range(8))
+    assert db.execution_names("cmf_shared") == sorted(f"{d}-{r}" for d in "ab" for r in range(8))
     for name in ("a", "b"):  # one MLMD: each driver sees all 16 runs; it holds the (identical) content of each
         runs = Sweep(Store(tmp_path / name, mlmd=url), pipeline="shared", metrics_name="steps").trials()
         assert len(runs) == 16 and set(runs["steps"]) == {50}
@@ -196,15 +218,15 @@ def test_two_tune_sweeps_from_two_drivers_write_one_database_at_once(pg: Postgre
         assert sorted(trials["loss_best"]) == pytest.approx([0.01, 0.02, 0.03]) and set(trials["status"]) == {
             "COMPLETE"
         }
-    assert pg.sql("SELECT count(*) FROM execution", db="cmf_two_sweeps") == "6"
+    assert len(pg.execution_names("cmf_two_sweeps")) == 6
 
 
-def test_a_tune_sweep_records_into_postgres(pg: Postgres, ray_session: None, tmp_path: Path) -> None:
+def test_a_tune_sweep_records_into_a_server(db: Postgres | MariaDB, ray_session: None, tmp_path: Path) -> None:
     from ray import tune
 
     from ray_cmf import CmfRayLogger
 
-    url = pg.url("team", "team-secret", "cmf_tune")
+    url = db.url("team", "team-secret", "cmf_tune")
 
     def trainable(config: dict) -> None:
         for it in range(5):
@@ -310,5 +332,5 @@ def test_a_sweep_pushes_each_committed_file_as_it_goes(
     run_grid(trainable, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
     files = Sweep(store, pipeline="auto").files()
     assert len(files) == 2 and all(Store(store).remote.exists(f.md5) for f in files)  # no `ray-cmf push` ran
-    with pytest.raises(StoreError, match="no remote"):
-        CmfRayLogger("auto", store=str(tmp_path / "bare"), push=True).setup()
+    with pytest.raises(StoreError, match="no remote"):  # refused when it is built, before any trial starts
+        CmfRayLogger("auto", store=str(tmp_path / "bare"), push=True)
