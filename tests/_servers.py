@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,26 +141,33 @@ def postgres() -> Iterator[Postgres]:
         stderr=open(tmp / "postgres.log", "wb"),  # noqa: SIM115 (the server keeps it open)
     )
     server = Postgres(port, process, binaries)
+    with _running(process, lambda: server.sql("SELECT 1"), tmp / "postgres.log", signal.SIGINT):  # a fast shutdown
+        yield server
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _running(process: subprocess.Popen[bytes], ready: Callable[[], object], log: Path, stop: int) -> Iterator[None]:
+    """Wait (up to 60 s) until ``ready()`` stops raising, then yield; in the end stop the server by the pid
+    started here (``stop``, then SIGKILL after 30 s)."""
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                server.sql("SELECT 1")
+                ready()
                 break
             except subprocess.CalledProcessError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    log = (tmp / "postgres.log").read_text()[-2000:]
-                    raise RuntimeError(f"PostgreSQL did not start: {log}") from None
+                    raise RuntimeError(f"{process.args[0]} did not start: {log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
-        yield server
+        yield
     finally:
-        process.send_signal(signal.SIGINT)  # a fast shutdown of the postmaster started here
+        process.send_signal(stop)
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def mariadb_skip_reason() -> str | None:
@@ -225,26 +232,9 @@ def mariadb() -> Iterator[MariaDB]:
         stderr=open(tmp / "mariadb.log", "wb"),  # noqa: SIM115 (the server keeps it open)
     )
     server = MariaDB(port, process)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                server.sql("SELECT 1")
-                break
-            except subprocess.CalledProcessError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log = (tmp / "mariadb.log").read_text()[-2000:]
-                    raise RuntimeError(f"MariaDB did not start: {log}") from None
-                time.sleep(0.2)
+    with _running(process, lambda: server.sql("SELECT 1"), tmp / "mariadb.log", signal.SIGTERM):
         server.sql("CREATE USER 'team'@'127.0.0.1' IDENTIFIED BY 'team-secret'")
         server.sql("GRANT ALL PRIVILEGES ON *.* TO 'team'@'127.0.0.1'")
         server.sql("CREATE USER 'reader'@'127.0.0.1' IDENTIFIED BY 'reader-secret'")
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
