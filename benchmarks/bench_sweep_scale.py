@@ -27,9 +27,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import fmt_time, print_table, sweep_size, timed
 
 from ray_cmf import MetricBuffer, Store, Sweep
+from ray_cmf.binding import SeriesKey
+from ray_cmf.client import WriterClient
 from ray_cmf.constants import TRIAL_EXECUTION_TYPE
 from ray_cmf.lineage import config_properties
-from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient
+from ray_cmf.writer import StoreWriter
 
 
 def series(trial: int, steps: int) -> dict[str, np.ndarray]:

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import print_table
 
-from ray_cmf.buffer import MetricBuffer, SpillManifest
+from ray_cmf.buffer import MetricBuffer
 from ray_cmf.constants import DEFAULT_SYSTEM_METRICS_SECONDS
+from ray_cmf.series_format import SpillManifest
 from ray_cmf.system import SystemSampler
 
 SAMPLES = 2_000

@@ -36,9 +36,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import print_table
 
 from ray_cmf import MetricBuffer, Store
-from ray_cmf.buffer import read_segments
+from ray_cmf.actor import connect, start_writer
+from ray_cmf.binding import SeriesKey
+from ray_cmf.client import WriterClient
 from ray_cmf.constants import RUN_EXECUTION_TYPE, SPILL_DIR
-from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient, connect, start_writer
+from ray_cmf.series_format import read_segments
+from ray_cmf.writer import StoreWriter
 
 FLUSH_ROWS = 10_000
 

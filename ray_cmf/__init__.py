@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ray_cmf.buffer import FinishedFile, MetricBuffer
+from ray_cmf.buffer import MetricBuffer
 from ray_cmf.cmf import Cmf
 from ray_cmf.errors import (
     InvalidNameError,
@@ -20,14 +20,15 @@ from ray_cmf.errors import (
     StoreError,
 )
 from ray_cmf.recovery import recover
+from ray_cmf.series_format import FinishedFile
 from ray_cmf.store import Store
 
 if TYPE_CHECKING:
+    from ray_cmf.actor import start_writer
     from ray_cmf.compare import Sweep
     from ray_cmf.system import SystemSampler
     from ray_cmf.train import CmfTrainCallback, StepLogger
     from ray_cmf.tune import CmfRayLogger
-    from ray_cmf.writer import start_writer
 
 # Integrations load ray on first use only: ``import ray_cmf`` stays light.
 _LAZY = {
@@ -36,7 +37,7 @@ _LAZY = {
     "StepLogger": "ray_cmf.train",
     "Sweep": "ray_cmf.compare",
     "SystemSampler": "ray_cmf.system",
-    "start_writer": "ray_cmf.writer",
+    "start_writer": "ray_cmf.actor",
 }
 
 

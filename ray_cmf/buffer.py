@@ -1,53 +1,33 @@
-"""MetricBuffer: an O(1)-append columnar buffer that spills to crash-safe segments and finishes as Parquet.
+"""MetricBuffer: an O(1)-append columnar buffer of one series, owned by the thread that logs into it.
 
 Rows are numbered from 1 (``SequenceNumber``, as in cmflib). Each column is a typed ``array.array`` (or a
 list for strings), so one float costs 8 bytes instead of a boxed object in a dict of dicts.
 
-Every ``flush_rows`` rows or ``flush_seconds`` seconds the current chunk is sealed and handed to a
-background thread that appends it, as one record batch, to an Arrow IPC stream segment. A batch that
-was fully written survives a SIGKILL: :func:`read_segments` reads every complete batch and stops at a
-torn one. ``finish()`` writes the final Parquet file (one row group per spilled piece) atomically,
-hashing it with md5 as it is written.
+Every ``flush_rows`` rows or ``flush_seconds`` seconds the current chunk is sealed and handed, as one
+record batch, to a background thread that gives it to the buffer's sink: the store's writer, or a local
+spill (see :mod:`ray_cmf.series_format` for what is on disk). ``append`` never does I/O.
 """
 
 from __future__ import annotations
 
 import array
-import contextlib
-import dataclasses
-import hashlib
-import io
-import json
 import logging
 import numbers
 import os
 import queue
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from ray_cmf._atomic import atomic_write, write_text
-from ray_cmf._json import dumps, float_of
-from ray_cmf.constants import (
-    DEFAULT_FLUSH_ROWS,
-    DEFAULT_FLUSH_SECONDS,
-    SEGMENT_GLOB,
-    SEQUENCE_COLUMN,
-    SPILL_MANIFEST,
-    SUMMARY_KEY,
-)
+from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, SEQUENCE_COLUMN
 from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, RayCmfError, SchemaError
 from ray_cmf.exits import track
+from ray_cmf.series_format import FinishedFile, Spill, SpillManifest
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +44,6 @@ _KINDS: dict[str, tuple[type, str | None, Any, pa.DataType]] = {
     "bool": (bool, "b", False, pa.bool_()),
     "str": (str, None, "", pa.string()),
 }
-
-
-@dataclass(frozen=True)
-class FinishedFile:
-    """A finished Parquet file: where it is, its md5 (hex), its size in bytes and its row count."""
-
-    path: Path
-    md5: str
-    size: int
-    rows: int
 
 
 class Sink(Protocol):
@@ -158,120 +128,6 @@ def _chunk_to_batch(columns: dict[str, _Column], first_row: int, n: int) -> pa.R
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-@dataclass(frozen=True)
-class SpillManifest:
-    """What a spill directory belongs to, written beside its segments so :func:`ray_cmf.recover` can
-    commit it after a crash: the series, its execution, its destination and the process that wrote it."""
-
-    metrics_name: str
-    execution_id: int
-    dest: str
-    instance: str = ""  # which of the execution's series of this name (see ray_cmf.writer.SeriesKey)
-    pid: int = dataclasses.field(default_factory=os.getpid)
-    host: str = dataclasses.field(default_factory=socket.gethostname)
-    base: str | None = None  # the previous committed version, which the next one extends
-
-    def write(self, directory: Path) -> None:
-        write_text(directory / SPILL_MANIFEST, json.dumps(asdict(self)))
-
-    @classmethod
-    def read(cls, directory: Path) -> SpillManifest:
-        return cls(**json.loads((directory / SPILL_MANIFEST).read_text()))
-
-
-class Spill:
-    """A series' crash-safe segments on disk: record batches appended as Arrow IPC streams (a new segment
-    per schema change), finished into one Parquet file. Adopts the segments already in ``directory``.
-
-    Not thread-safe: one thread writes (a buffer's spill thread, or the writer under its series lock).
-    """
-
-    def __init__(self, directory: str | os.PathLike[str], manifest: SpillManifest | None = None) -> None:
-        self.directory = Path(directory)
-        self.manifest = manifest
-        self._file: io.BufferedWriter | None = None
-        self._stream: pa.ipc.RecordBatchStreamWriter | None = None
-        self._schema: pa.Schema | None = None
-        self._manifest_written = False
-        self._count = len(list(self.directory.glob(SEGMENT_GLOB))) if self.directory.exists() else 0
-        self.pending = sum(batch.num_rows for batch in read_segments(self.directory)) if self._count else 0
-        adopted = SpillManifest.read(self.directory) if (self.directory / SPILL_MANIFEST).exists() else manifest
-        self.base: Path | None = Path(adopted.base) if adopted is not None and adopted.base else None
-        base_rows = pq.ParquetFile(self.base).metadata.num_rows if self.base is not None and self.base.exists() else 0
-        self.rows = base_rows + self.pending  # the series so far: pending segments after the base version
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Append one batch; it is in the OS page cache (and survives a process kill) on return."""
-        if self.manifest is not None and not self._manifest_written:
-            replace(self.manifest, base=str(self.base) if self.base else None).write(self.directory)
-            self._manifest_written = True
-        if self._stream is None or not batch.schema.equals(self._schema):
-            self._close_segment()
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.directory / f"seg-{self._count:05d}.arrows", "wb")  # noqa: SIM115
-            self._count += 1
-            self._stream = pa.ipc.new_stream(self._file, batch.schema)
-            self._schema = batch.schema
-        try:
-            self._stream.write_batch(batch)
-            assert self._file is not None
-            self._file.flush()
-        except BaseException:
-            self._abandon_segment()  # a torn tail ends this segment; the next write starts a new one
-            raise
-        self.rows += batch.num_rows
-        self.pending += batch.num_rows
-
-    def flush(self) -> None:
-        """Nothing to wait for: each batch is flushed to the OS as it is written."""
-
-    def finish(self, dest: str | os.PathLike[str], accept: Callable[[FinishedFile], T]) -> T:
-        """Write every row (the previous version's included) to ``dest`` atomically, hand the file to
-        ``accept`` (which registers it), and only then empty the spill; returns what ``accept`` returns.
-
-        If ``accept`` raises, the new file is removed and the spill stays whole, for a retry or for
-        :func:`ray_cmf.recover`: a file is never left behind that no one has recorded.
-        """
-        self._close_segment()
-        batches: list[pa.RecordBatch] = []
-        if self.base is not None:
-            batches.extend(pq.ParquetFile(self.base).iter_batches(batch_size=1 << 20))
-        batches.extend(read_segments(self.directory))
-        finished = write_parquet(batches, Path(dest))
-        try:
-            accepted = accept(finished)
-        except BaseException:
-            if finished.path != self.base:  # unchanged since the last version: that file is the base
-                finished.path.unlink(missing_ok=True)
-            raise
-        discard_spill(self.directory)
-        self.base, self._count, self._manifest_written, self.pending = finished.path, 0, False, 0
-        return accepted
-
-    def close(self) -> None:
-        """Close the open segment; what was written stays on disk for recovery."""
-        self._close_segment()
-
-    def __repr__(self) -> str:
-        return f"Spill({str(self.directory)!r})"
-
-    def _abandon_segment(self) -> None:
-        """Drop the open segment after a failed write without writing anything more to it."""
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.close()
-        self._stream = self._file = None
-        self._schema = None
-
-    def _close_segment(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            assert self._file is not None
-            self._file.close()
-        self._stream = self._file = None
-        self._schema = None
-
-
 class _SpillThread(threading.Thread):
     """Hands sealed chunks to the sink in the background so that ``append`` never does I/O.
 
@@ -314,137 +170,6 @@ class _SpillThread(threading.Thread):
             done.set_exception(exc)
         else:
             done.set_result(None)
-
-
-class _HashingFile(io.RawIOBase):
-    """A write-only file that md5-hashes and counts every byte on its way to disk."""
-
-    def __init__(self, raw: io.BufferedWriter) -> None:
-        super().__init__()
-        self._raw = raw
-        self.md5 = hashlib.md5()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.md5.update(view)
-        self._raw.write(view)
-        self.size += view.nbytes
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self._raw.flush()
-
-
-def read_segments(directory: Path) -> Iterator[pa.RecordBatch]:
-    """Yield every complete record batch of a spill directory, in order; stop quietly at a torn batch."""
-    for segment in sorted(directory.glob(SEGMENT_GLOB)):
-        with open(segment, "rb") as source:
-            try:
-                reader = pa.ipc.open_stream(source)
-                yield from reader
-            except (pa.ArrowInvalid, OSError, EOFError):
-                log.info("ray_cmf: %s ends in a torn batch; keeping the complete ones", segment)
-
-
-def write_parquet(batches: list[pa.RecordBatch], dest: Path) -> FinishedFile:
-    """Write batches as one row group each to ``dest`` atomically, hashing while writing.
-
-    A ``{md5}`` in the file name is replaced by the content hash, so every version gets its own name.
-    """
-    schemas = [b.schema for b in batches] or [pa.schema([(SEQUENCE_COLUMN, pa.int64())])]
-    schema = unify(schemas)
-    summary = SeriesSummary()
-    with atomic_write(dest) as pending:
-        with open(pending.tmp, "wb") as raw:
-            hashing = _HashingFile(raw)
-            with pq.ParquetWriter(hashing, schema) as writer:
-                for batch in batches:
-                    table = conform(batch, schema)
-                    summary.add(table)
-                    writer.write_table(table, row_group_size=max(batch.num_rows, 1))
-                writer.add_key_value_metadata({SUMMARY_KEY: summary.to_json()})
-        md5 = hashing.md5.hexdigest()
-        pending.dest = dest.with_name(dest.name.replace("{md5}", md5[:12]))
-    return FinishedFile(pending.dest, md5, hashing.size, summary.rows)
-
-
-class SeriesSummary:
-    """Per numeric column: the minimum and maximum of its finite values and its last non-null value (NaN and
-    inf included: a diverged run's final value is information), and the row count. Gathered while writing
-    and stored in the file's footer (strict JSON, see :mod:`ray_cmf._json`), so a trial table needs no data
-    scan. A non-finite value is never a minimum or a maximum: it never ranks best."""
-
-    VERSION = 2  # footers of earlier versions counted inf as a minimum or maximum: readers scan those files
-
-    def __init__(self) -> None:
-        self.rows = 0
-        self.columns: dict[str, dict[str, Any]] = {}
-
-    def add(self, table: pa.Table) -> None:
-        self.rows += table.num_rows
-        for field in table.schema:
-            floating = pa.types.is_floating(field.type)
-            if not (floating or pa.types.is_integer(field.type)):
-                continue
-            valid = pc.drop_null(table.column(field.name))
-            if len(valid) == 0:
-                continue
-            stats = self.columns.setdefault(field.name, {})
-            stats["last"] = valid[-1].as_py()
-            finite = pc.filter(valid, pc.is_finite(valid)) if floating else valid
-            if len(finite):
-                low, high = (v.as_py() for v in pc.min_max(finite).values())
-                stats["min"] = min(stats.get("min", low), low)
-                stats["max"] = max(stats.get("max", high), high)
-
-    def to_json(self) -> str:
-        return dumps({"version": self.VERSION, "rows": self.rows, "columns": self.columns})
-
-    @classmethod
-    def parse(cls, raw: bytes | None) -> dict[str, Any] | None:
-        """A footer's summary, or None when the file has none of this version (then its data is scanned)."""
-        summary = json.loads(raw) if raw else None
-        if not isinstance(summary, dict) or summary.get("version") != cls.VERSION:
-            return None
-        for stats in summary["columns"].values():
-            stats["last"] = float_of(stats["last"])
-        return summary
-
-
-def unify(schemas: list[pa.Schema]) -> pa.Schema:
-    """One schema for the tables of one series or of many: types merged as Arrow merges them (int with float
-    is float), and a column whose types cannot merge (a number in one trial, text in another) as text."""
-    fields: dict[str, pa.DataType] = {}
-    for schema in schemas:
-        for field in schema:
-            known = fields.get(field.name)
-            if known is None or known == field.type:
-                fields[field.name] = field.type
-                continue
-            try:
-                merged = pa.unify_schemas(
-                    [pa.schema([(field.name, known)]), pa.schema([field])], promote_options="permissive"
-                )
-                fields[field.name] = merged.field(field.name).type
-            except (pa.ArrowTypeError, pa.ArrowInvalid):
-                fields[field.name] = pa.string()
-    return pa.schema(list(fields.items()))
-
-
-def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
-    """Cast a table to a unified schema (see :func:`unify`), adding all-null columns it lacks."""
-    columns = [
-        table.column(f.name).cast(f.type) if f.name in table.schema.names else pa.nulls(table.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
 
 
 class MetricBuffer:
@@ -697,12 +422,3 @@ class MetricBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def discard_spill(directory: Path) -> None:
-    """Delete a spill directory's segments and manifest once their rows are safely in Parquet."""
-    if not directory.exists():
-        return
-    for path in directory.iterdir():
-        path.unlink()
-    directory.rmdir()

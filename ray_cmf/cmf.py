@@ -22,14 +22,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray_cmf._names import check_name
+from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
+from ray_cmf.client import WriterClient
 from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
-from ray_cmf.writer import Binding, SeriesKey, StoreWriter, WriterClient
+from ray_cmf.writer import StoreWriter
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from ray_cmf._names import check_mode
-from ray_cmf.buffer import SeriesSummary, SpillManifest, conform, read_segments, unify
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     RESULTS_METRICS_NAME,
@@ -34,6 +33,7 @@ from ray_cmf.constants import (
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.lineage import Execution, Lineage, properties
+from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, read_segments, unify
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
 

@@ -7,9 +7,9 @@ import logging
 import os
 import socket
 
-from ray_cmf.buffer import FinishedFile, Spill, SpillManifest, discard_spill
 from ray_cmf.constants import SPILL_DIR, SPILL_MANIFEST
 from ray_cmf.lineage import Artifact
+from ray_cmf.series_format import FinishedFile, Spill, SpillManifest, discard_spill
 from ray_cmf.store import Store
 
 log = logging.getLogger(__name__)

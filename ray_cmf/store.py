@@ -18,7 +18,6 @@ from typing import Any
 
 from ray_cmf._atomic import write_bytes, write_text
 from ray_cmf._names import check_name
-from ray_cmf.buffer import FinishedFile
 from ray_cmf.connection import is_url, without_password
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
@@ -37,6 +36,7 @@ from ray_cmf.environment import Environment
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, properties
 from ray_cmf.remote import Remote
+from ray_cmf.series_format import FinishedFile
 from ray_cmf.versioning import DvcRepo, cache_path, tree_md5
 
 

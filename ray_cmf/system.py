@@ -16,9 +16,10 @@ from typing import Any
 
 import psutil
 
+from ray_cmf.binding import SeriesKey
 from ray_cmf.buffer import MetricBuffer
+from ray_cmf.client import WriterClient
 from ray_cmf.constants import DEFAULT_FLUSH_SECONDS
-from ray_cmf.writer import SeriesKey, WriterClient
 
 log = logging.getLogger(__name__)
 _MB = 2**20

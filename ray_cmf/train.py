@@ -21,7 +21,10 @@ import ray
 from ray.train import UserCallback
 
 from ray_cmf._names import check_name
+from ray_cmf.actor import connect, ray_driver, start_writer
+from ray_cmf.binding import SeriesKey
 from ray_cmf.buffer import MetricBuffer
+from ray_cmf.client import Reply, WriterClient
 from ray_cmf.constants import (
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
@@ -40,7 +43,7 @@ from ray_cmf.metrics.packing import world_size
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.tune import result_row
-from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, ray_driver, start_writer
+from ray_cmf.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,10 @@ from typing import Any
 from ray import tune
 
 from ray_cmf._names import check_mode, check_name
+from ray_cmf.actor import connect, ray_driver, start_writer
+from ray_cmf.binding import SeriesKey
 from ray_cmf.buffer import MetricBuffer
+from ray_cmf.client import Reply, WriterClient
 from ray_cmf.cmf import Cmf
 from ray_cmf.connection import without_password
 from ray_cmf.constants import (
@@ -39,7 +42,7 @@ from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
-from ray_cmf.writer import Reply, SeriesKey, StoreWriter, WriterClient, connect, ray_driver, start_writer
+from ray_cmf.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 

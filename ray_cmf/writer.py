@@ -1,92 +1,37 @@
 """The store's single writer: every spill, Parquet, DVC and MLMD write of a store happens here.
 
-Inside a Ray job the writer is one Ray actor that the driver starts (:func:`start_writer`, called by
-``CmfRayLogger`` and ``CmfTrainCallback``), pinned to the driver's node, where the store lives, and
-living as long as the driver. Trials, Train workers and the Train controller reach it through
-:class:`WriterClient` and never open a path of the store, so a cluster needs no shared filesystem.
-Without Ray the same :class:`StoreWriter` runs in-process.
-
-Requests are :class:`StoreWriter` methods called with keyword arguments, in-process or on the actor.
-Sealed chunks of a series travel as Arrow record batches (Ray moves their buffers through its object
-store without pickling the values) with a bound on bytes in flight; the writer appends them to the
-series' crash-safe spill, and a commit turns the spill into a versioned Parquet file.
-
-ray is imported on use only, so ``import ray_cmf`` stays light.
+Requests are :class:`StoreWriter` methods called with keyword arguments, in-process (without Ray) or on
+the job's writer actor (:mod:`ray_cmf.actor`), always through a :class:`ray_cmf.client.WriterClient`.
+Sealed chunks of a series arrive as Arrow record batches; the writer appends them to the series'
+crash-safe spill, and a commit turns the spill into a versioned Parquet file.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
-import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ray_cmf._names import check_name
-from ray_cmf.buffer import Spill, SpillManifest
+from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.constants import ATTEMPT_COLUMN, ATTEMPT_PROPERTY, DATASET_TYPE, SEQUENCE_COLUMN
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, properties
+from ray_cmf.series_format import Spill, SpillManifest
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-WRITER_NAME = "ray_cmf_writer"
-MAX_INFLIGHT_BYTES = 64 << 20  # per sink: sending waits beyond this (back-pressure)
-MAX_RETAINED_BYTES = 256 << 20  # per sink: rows kept in memory while the writer cannot be reached
-_RETRY_SECONDS = (0.2, 1.0, 5.0)
-_WRITER_THREADS = 8
-
-
-@dataclass(frozen=True)
-class Binding:
-    """An execution and the store it lives in: all that any process needs to log into it.
-
-    ``attempt`` counts the starts of a trial or run as the store records them (1 for the first): a restored
-    or restarted one continues the count, whatever state the restarting process brought with it.
-    """
-
-    store: Store
-    pipeline: str
-    stage: str
-    name: str
-    execution_id: int
-    attempt: int = 0
-
-
-@dataclass(frozen=True)
-class SeriesKey:
-    """One metric series of an execution at the writer.
-
-    ``instance`` separates loggers whose rows must not continue one another (each ``Cmf`` object, each
-    Train rank); it is empty for series that a restarted process continues (a trial's results, a run's
-    steps). The writer stamps each row of an ``attempts`` series with the binding's attempt, so that rows a
-    restart logs again supersede the earlier ones on read (latest attempt wins).
-    """
-
-    binding: Binding
-    metrics_name: str
-    instance: str = ""
-    attempts: bool = False
-
-    @property
-    def spill_name(self) -> str:
-        parts = [str(self.binding.execution_id), check_name("metrics_name", self.metrics_name)]
-        return "-".join(parts + ([self.instance] if self.instance else []))
 
 
 class _Session:
@@ -466,248 +411,3 @@ def _upload(live: Store, md5: str) -> bool:
     except Exception as exc:  # the remote is down, say: the file stays in the store, `ray-cmf push` retries
         log.warning("ray_cmf: could not push %s to %s: %s; `ray-cmf push` sends it later", md5, live.remote, exc)
         return False
-
-
-# -- the client ----------------------------------------------------------------------------------------
-class Reply:
-    """A request in flight (or, in-process, done): ``result()`` waits and raises the writer's error here."""
-
-    def __init__(self, ref: Any = None, value: Any = None, error: BaseException | None = None) -> None:
-        self._ref, self._value, self._error = ref, value, error
-
-    @property
-    def ref(self) -> Any:
-        """The Ray object of the reply (an actor call's), for a request that depends on it."""
-        return self._ref
-
-    def done(self) -> bool:
-        if self._ref is None:
-            return True
-        import ray
-
-        return bool(ray.wait([self._ref], timeout=0)[0])
-
-    def result(self, timeout: float | None = None) -> Any:
-        if self._ref is not None:
-            import ray
-
-            return ray.get(self._ref, timeout=timeout)
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-class WriterClient:
-    """The one way to reach the writer: an in-process :class:`StoreWriter`, or the job's writer actor.
-
-    Requests are :class:`StoreWriter` methods with keyword arguments, e.g.
-    ``client.call(StoreWriter.bind, kind="trial", name=trial_id, ...)``.
-    """
-
-    def __init__(self, target: Any) -> None:
-        self._target = target
-        self._local = isinstance(target, StoreWriter)
-
-    def send(self, request: Callable[..., T], **kwargs: Any) -> Reply:
-        """Start a request without waiting; it never raises here (see :meth:`Reply.result`).
-
-        An argument may be the :class:`Reply` of an earlier request: the request then runs once that one is
-        done, with its result (and fails with its error), and the caller never waits for it.
-        """
-        if self._local:
-            try:
-                resolved = {k: v.result() if isinstance(v, Reply) else v for k, v in kwargs.items()}
-                return Reply(value=request(self._target, **resolved))
-            except Exception as exc:
-                return Reply(error=exc)
-        refs = {k: v.ref if isinstance(v, Reply) else v for k, v in kwargs.items()}
-        return Reply(ref=getattr(self._target, request.__name__).remote(**refs))
-
-    def call(self, request: Callable[..., T], **kwargs: Any) -> T:
-        """Run a request and return its result (its error is raised here)."""
-        return self.send(request, **kwargs).result()
-
-    def wait_binding(self, kind: str, name: str, timeout: float) -> Binding | None:
-        """The binding of a trial or run, waiting up to ``timeout`` seconds for another process to make it."""
-        deadline = time.monotonic() + timeout
-        while (binding := self.call(StoreWriter.binding, kind=kind, name=name)) is None:
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
-        return binding
-
-    def sink(self, key: SeriesKey | Callable[[], SeriesKey]) -> WriterSink:
-        """A buffer sink that sends the series' sealed chunks here (``key`` may be resolved on first use)."""
-        return WriterSink(self, key)
-
-
-class WriterSink:
-    """Sends a buffer's sealed chunks to the writer (runs on the buffer's spill thread).
-
-    At most :data:`MAX_INFLIGHT_BYTES` are in flight: beyond that, sending waits for the writer. A chunk
-    the writer could not take is kept (up to :data:`MAX_RETAINED_BYTES`, then the oldest are dropped with
-    a warning) and sent again later; a failure never reaches the training loop.
-    """
-
-    def __init__(self, client: WriterClient, key: SeriesKey | Callable[[], SeriesKey]) -> None:
-        self.client = client
-        self._key = key
-        self.session = uuid.uuid4().hex
-        self._inflight: collections.deque[tuple[Reply, int, Any, int, int]] = collections.deque()
-        self._inflight_bytes = 0
-        self._skipped: list[tuple[int, int]] = []  # dropped chunks the writer has not been told of yet
-        self._retained: collections.deque[tuple[int, Any, int]] = collections.deque()
-        self._retained_bytes = 0
-        self.dropped_rows = 0
-
-    @property
-    def key(self) -> SeriesKey:
-        """The series, resolved on first use (e.g. once the trial's registration has completed)."""
-        if not isinstance(self._key, SeriesKey):
-            self._key = self._key()
-        return self._key
-
-    def __repr__(self) -> str:
-        return "the ray_cmf writer"
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        first_row = batch.column(0)[0].as_py()
-        self._retry()
-        self._send(first_row, batch, batch.nbytes)
-        while self._inflight and (self._inflight_bytes > MAX_INFLIGHT_BYTES or self._inflight[0][0].done()):
-            self._settle_oldest()  # wait while too much is in flight; drop what the writer has taken
-
-    def _send(self, first_row: int, batch: pa.RecordBatch, nbytes: int) -> None:
-        skipped = tuple(self._skipped)
-        reply = self.client.send(
-            StoreWriter.append, key=self.key, session=self.session, first_row=first_row, batch=batch, skipped=skipped
-        )
-        self._inflight.append((reply, first_row, batch, nbytes, len(skipped)))
-        self._inflight_bytes += nbytes
-
-    def _settle_oldest(self) -> None:
-        reply, first_row, payload, nbytes, told = self._inflight.popleft()
-        self._inflight_bytes -= nbytes
-        try:
-            reply.result()
-        except Exception as exc:
-            self._retain(first_row, payload, nbytes, exc)
-        else:
-            del self._skipped[:told]  # the writer knows of those holes now
-
-    def _retain(self, first_row: int, payload: Any, nbytes: int, exc: BaseException) -> None:
-        if not self._retained:
-            log.warning("ray_cmf: could not send rows to the writer (%s); keeping them in memory and retrying", exc)
-        self._retained.append((first_row, payload, nbytes))
-        self._retained_bytes += nbytes
-        while self._retained_bytes > MAX_RETAINED_BYTES and len(self._retained) > 1:
-            first, dropped, size = self._retained.popleft()
-            self._retained_bytes -= size
-            rows = dropped.num_rows
-            self.dropped_rows += rows
-            self._skipped.append((first, rows))
-            log.warning("ray_cmf: dropped %d unsent rows of %s (the writer is unreachable)", rows, self.key.spill_name)
-
-    def _retry(self) -> None:
-        """Send the kept chunks again, oldest first."""
-        while self._retained:
-            first_row, payload, nbytes = self._retained.popleft()
-            self._retained_bytes -= nbytes
-            self._send(first_row, payload, nbytes)
-
-    def flush(self, retries: tuple[float, ...] | None = None) -> None:
-        """Wait until the writer has every chunk; send kept ones again at once, and after each pause of
-        ``retries`` (by default :data:`_RETRY_SECONDS`); raise if some still failed."""
-        self._retry()
-        for pause in (*(_RETRY_SECONDS if retries is None else retries), None):
-            while self._inflight:
-                self._settle_oldest()
-            if not self._retained or pause is None:
-                break
-            time.sleep(pause)
-            self._retry()
-        if self._retained:
-            raise StoreError(
-                f"The ray_cmf writer did not take {len(self._retained)} chunks of {self.key.spill_name}; "
-                "they stay in memory and are sent again at the next flush"
-            )
-
-    def close(self) -> None:
-        """Hand every chunk to the writer, trying kept ones once more (at exit there is no time to wait);
-        what still fails is warned about and dropped."""
-        try:
-            self.flush(retries=())
-        except StoreError as exc:
-            log.warning("ray_cmf: %s; closing drops them", exc)
-
-
-# -- the actor -----------------------------------------------------------------------------------------
-# (job id, driver node id) -> the actor handle; the actor lives as long as this driver. The node id tells a
-# Ray started again in the same process (a notebook's ray.shutdown() then ray.init()) from the one before:
-# the job id is the same, the old actor is gone.
-_DRIVER_WRITER: dict[tuple[str, str], Any] = {}
-
-
-def ray_driver() -> bool:
-    """Whether this process is a Ray driver (not a trial, a Train worker or the Train controller)."""
-    import ray
-
-    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.SCRIPT_MODE
-
-
-def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: str | None = None) -> WriterClient:
-    """On the driver: start this job's writer (or find it) on this node, and name its default store.
-
-    ``CmfRayLogger`` and ``CmfTrainCallback`` call it; call it yourself before starting trials that log
-    with ``ray_cmf`` when you use neither. The store is resolved here, on the driver (argument, else
-    ``$RAY_CMF_STORE``, else ``./cmf_store``); trials and workers learn it from the writer.
-    """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    if not ray.is_initialized():
-        ray.init()
-    if not ray_driver():
-        raise RayCmfError("start_writer() runs on the Ray driver only; trials and workers find the driver's writer")
-    store = store if isinstance(store, Store) else Store(store, mlmd=mlmd)
-    node = ray.get_runtime_context().get_node_id()
-    job = (ray.get_runtime_context().get_job_id(), node)
-    if job not in _DRIVER_WRITER:
-        _DRIVER_WRITER.clear()
-        _DRIVER_WRITER[job] = (
-            ray.remote(StoreWriter)
-            .options(
-                name=WRITER_NAME,
-                get_if_exists=True,
-                num_cpus=0,
-                max_concurrency=_WRITER_THREADS,
-                max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-            )
-            .remote()
-        )
-    client = WriterClient(_DRIVER_WRITER[job])
-    client.call(StoreWriter.configure, store=store)
-    return client
-
-
-def connect(store: str | os.PathLike[str] | Store | None = None) -> WriterClient:
-    """The writer for this process: the job's actor inside Ray (started here on the driver), else in-process.
-
-    Raises:
-        RayCmfError: In a trial or worker of a job whose driver started no writer.
-    """
-    import ray
-
-    if not ray.is_initialized():
-        return WriterClient(StoreWriter(store if isinstance(store, Store) else Store(store)))
-    if ray_driver():
-        return start_writer(store)
-    try:
-        return WriterClient(ray.get_actor(WRITER_NAME))
-    except ValueError:
-        raise RayCmfError(
-            "No ray_cmf writer runs in this Ray job. Start it on the driver: add ray_cmf.CmfRayLogger(...) to "
-            "tune.RunConfig(callbacks=[...]), ray_cmf.CmfTrainCallback(...) to ray.train.RunConfig(callbacks=[...]), "
-            "or call ray_cmf.start_writer(store) before starting trials."
-        ) from None

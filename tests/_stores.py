@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf import MetricBuffer, Store
+from ray_cmf.binding import SeriesKey
+from ray_cmf.client import WriterClient
 from ray_cmf.constants import TRIAL_EXECUTION_TYPE
 from ray_cmf.lineage import config_properties
-from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient
+from ray_cmf.writer import StoreWriter
 
 
 @dataclass

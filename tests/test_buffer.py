@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ray_cmf import InvalidValueError, MetricBuffer, RayCmfError, SchemaError
-from ray_cmf.buffer import read_segments
+from ray_cmf.series_format import read_segments
 
 
 def _read(path: Path):

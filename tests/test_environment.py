@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from ray_cmf import Cmf, Sweep
-from ray_cmf.buffer import MetricBuffer, SpillManifest, read_segments
+from ray_cmf.buffer import MetricBuffer
 from ray_cmf.constants import ENVIRONMENT_TYPE, MLMD_FILE, STEP_METRICS_TYPE
 from ray_cmf.environment import strip_credentials
 from ray_cmf.lineage import Lineage, properties
+from ray_cmf.series_format import SpillManifest, read_segments
 from ray_cmf.system import SystemSampler
 from tests._sweeps import run_grid
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ray_cmf.buffer import MetricBuffer, SpillManifest, read_segments
+from ray_cmf.buffer import MetricBuffer
 from ray_cmf.environment import hardware_info, software_versions
+from ray_cmf.series_format import SpillManifest, read_segments
 from ray_cmf.system import SystemSampler
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -100,7 +100,7 @@ def test_every_exit_path_keeps_every_logged_row(
 
 def test_close_with_fewer_rows_than_a_chunk_spills_them(tmp_path: Path) -> None:
     from ray_cmf import MetricBuffer
-    from ray_cmf.buffer import read_segments
+    from ray_cmf.series_format import read_segments
 
     buffer = MetricBuffer(tmp_path / "spill", flush_rows=1000)
     for step in range(7):

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from ray_cmf import Cmf, Store, recover
-from ray_cmf.buffer import read_segments
 from ray_cmf.cli import main
 from ray_cmf.constants import MLMD_FILE, SPILL_DIR
 from ray_cmf.lineage import properties
+from ray_cmf.series_format import read_segments
 from tests._cluster import unshare_skip_reason
 from tests._require import require
 

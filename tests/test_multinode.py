@@ -26,7 +26,6 @@ from tests._require import require
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _namespaces() -> None:
     """The cluster's worker node needs its own mount and network namespaces (root)."""

@@ -283,10 +283,11 @@ def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_
     import threading
 
     from ray_cmf import RayCmfError
+    from ray_cmf.actor import start_writer
     from ray_cmf.constants import TRIAL_EXECUTION_TYPE
     from ray_cmf.metrics import Mean, MetricCollection
     from ray_cmf.train import StepLogger
-    from ray_cmf.writer import StoreWriter, start_writer
+    from ray_cmf.writer import StoreWriter
 
     client = start_writer(tmp_path / "store")
 

@@ -265,7 +265,7 @@ RESTORE_DRIVER = textwrap.dedent(
 
 def _spilled_rows(spill: Path) -> list[int]:
     """Rows in each spill directory (complete batches only), while a writer appends to them."""
-    from ray_cmf.buffer import read_segments
+    from ray_cmf.series_format import read_segments
 
     return [sum(b.num_rows for b in read_segments(d)) for d in spill.iterdir()] if spill.is_dir() else []
 
@@ -410,9 +410,10 @@ def test_logging_never_ends_a_sweep(ray_session: None, tmp_path: Path) -> None:
 
 def test_the_driver_holds_every_trials_cmf_at_once(ray_session: None, tmp_path: Path) -> None:
     """cmflib's ``logger.cmf_obj[trial_id]`` on the driver: asking for trial b's Cmf leaves trial a's open."""
+    from ray_cmf.actor import start_writer
     from ray_cmf.constants import TRIAL_EXECUTION_TYPE
     from ray_cmf.tune import trial_cmf
-    from ray_cmf.writer import StoreWriter, start_writer
+    from ray_cmf.writer import StoreWriter
 
     client = start_writer(tmp_path / "store")
     for trial in ("driver-a", "driver-b"):

@@ -9,11 +9,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from ray_cmf import Cmf, Store
-from ray_cmf import writer as writer_module
-from ray_cmf.buffer import SpillManifest, read_segments
+from ray_cmf import client as client_module
+from ray_cmf.binding import SeriesKey
+from ray_cmf.client import WriterClient
 from ray_cmf.constants import RUN_EXECUTION_TYPE, SEQUENCE_COLUMN, SPILL_DIR
 from ray_cmf.lineage import properties
-from ray_cmf.writer import SeriesKey, StoreWriter, WriterClient
+from ray_cmf.series_format import SpillManifest, read_segments
+from ray_cmf.writer import StoreWriter
 
 
 def _writer(store_dir: Path) -> tuple[WriterClient, SeriesKey]:
@@ -94,8 +96,8 @@ def test_an_unreachable_writer_warns_keeps_rows_and_retries(store_dir: Path, cap
 def test_rows_kept_for_an_unreachable_writer_are_bounded(
     store_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(writer_module, "MAX_RETAINED_BYTES", 1000)
-    monkeypatch.setattr(writer_module, "_RETRY_SECONDS", ())
+    monkeypatch.setattr(client_module, "MAX_RETAINED_BYTES", 1000)
+    monkeypatch.setattr(client_module, "_RETRY_SECONDS", ())
     cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=10)
     _block_spill(store_dir)
     for step in range(200):
@@ -103,7 +105,7 @@ def test_rows_kept_for_an_unreachable_writer_are_bounded(
     cmf.metrics["train"].seal()
     assert cmf.commit_metrics("train") is None
     sink = cmf.metrics["train"]._sink
-    assert isinstance(sink, writer_module.WriterSink)
+    assert isinstance(sink, client_module.WriterSink)
     assert sink.dropped_rows >= 100 and sink._retained_bytes <= 1000 + 10 * 16
     assert "dropped" in caplog.text
 
@@ -170,8 +172,8 @@ def test_rows_a_client_gave_up_on_but_the_writer_kept_are_not_lost(
 ) -> None:
     """In-process, a chunk the spill refused stays parked at the writer: the client's warning over-counts,
     the committed series has every row and records no loss."""
-    monkeypatch.setattr(writer_module, "MAX_RETAINED_BYTES", 1000)
-    monkeypatch.setattr(writer_module, "_RETRY_SECONDS", ())
+    monkeypatch.setattr(client_module, "MAX_RETAINED_BYTES", 1000)
+    monkeypatch.setattr(client_module, "_RETRY_SECONDS", ())
     cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=10)
     blocker = _block_spill(store_dir)
     for step in range(200):

@@ -1,0 +1,88 @@
+"""The writer of a Ray job: one actor that the driver starts, pinned to the driver's node (where the store
+lives) and living as long as the driver. Trials, Train workers and the Train controller find it by name
+and never open a path of the store, so a cluster needs no shared filesystem.
+
+ray is imported on use only, so ``import ray_cmf`` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray_cmf.client import WriterClient
+from ray_cmf.errors import RayCmfError
+from ray_cmf.store import Store
+from ray_cmf.writer import StoreWriter
+
+WRITER_NAME = "ray_cmf_writer"
+_WRITER_THREADS = 8
+# (job id, driver node id) -> the actor handle; the actor lives as long as this driver. The node id tells a
+# Ray started again in the same process (a notebook's ray.shutdown() then ray.init()) from the one before:
+# the job id is the same, the old actor is gone.
+_DRIVER_WRITER: dict[tuple[str, str], Any] = {}
+
+
+def ray_driver() -> bool:
+    """Whether this process is a Ray driver (not a trial, a Train worker or the Train controller)."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.SCRIPT_MODE
+
+
+def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: str | None = None) -> WriterClient:
+    """On the driver: start this job's writer (or find it) on this node, and name its default store.
+
+    ``CmfRayLogger`` and ``CmfTrainCallback`` call it; call it yourself before starting trials that log
+    with ``ray_cmf`` when you use neither. The store is resolved here, on the driver (argument, else
+    ``$RAY_CMF_STORE``, else ``./cmf_store``); trials and workers learn it from the writer.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        ray.init()
+    if not ray_driver():
+        raise RayCmfError("start_writer() runs on the Ray driver only; trials and workers find the driver's writer")
+    store = store if isinstance(store, Store) else Store(store, mlmd=mlmd)
+    node = ray.get_runtime_context().get_node_id()
+    job = (ray.get_runtime_context().get_job_id(), node)
+    if job not in _DRIVER_WRITER:
+        _DRIVER_WRITER.clear()
+        _DRIVER_WRITER[job] = (
+            ray.remote(StoreWriter)
+            .options(
+                name=WRITER_NAME,
+                get_if_exists=True,
+                num_cpus=0,
+                max_concurrency=_WRITER_THREADS,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+            )
+            .remote()
+        )
+    client = WriterClient(_DRIVER_WRITER[job])
+    client.call(StoreWriter.configure, store=store)
+    return client
+
+
+def connect(store: str | os.PathLike[str] | Store | None = None) -> WriterClient:
+    """The writer for this process: the job's actor inside Ray (started here on the driver), else in-process.
+
+    Raises:
+        RayCmfError: In a trial or worker of a job whose driver started no writer.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return WriterClient(StoreWriter(store if isinstance(store, Store) else Store(store)))
+    if ray_driver():
+        return start_writer(store)
+    try:
+        return WriterClient(ray.get_actor(WRITER_NAME))
+    except ValueError:
+        raise RayCmfError(
+            "No ray_cmf writer runs in this Ray job. Start it on the driver: add ray_cmf.CmfRayLogger(...) to "
+            "tune.RunConfig(callbacks=[...]), ray_cmf.CmfTrainCallback(...) to ray.train.RunConfig(callbacks=[...]), "
+            "or call ray_cmf.start_writer(store) before starting trials."
+        ) from None
