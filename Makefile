@@ -25,6 +25,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check ray_cmf tests benchmarks examples
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

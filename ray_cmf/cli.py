@@ -14,11 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ml_metadata.proto import metadata_store_pb2 as mlpb
-
 from ray_cmf._json import dumps, jsonable
 from ray_cmf.errors import RayCmfError
-from ray_cmf.lineage import Lineage, properties
+from ray_cmf.lineage import Lineage, properties, trial_id_of
 from ray_cmf.store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -100,8 +98,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ray_cmf.compare import trial_id_of
-
     sweep = _sweep(args)
     table = sweep.trials()
     match = table[table["trial_id"] == args.trial]
@@ -109,22 +105,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; known: {list(table['trial_id'])}")
     row = match.iloc[0]
     [(execution, stage)] = [(e, s) for e, s in sweep.executions() if trial_id_of(e) == args.trial]
-    lineage = sweep.lineage
-    files = []
-    for event in lineage.store.get_events_by_execution_ids([execution.id]):
-        [artifact] = lineage.store.get_artifacts_by_id([event.artifact_id])
-        props = properties(artifact)
-        files.append(
-            {
-                "event": "input" if event.type == mlpb.Event.INPUT else "output",
-                "type": lineage.store.get_artifact_types_by_id([artifact.type_id])[0].name,
-                "name": props.get("metrics_name", artifact.name),
-                "rows": props.get("rows"),
-                "rows_lost": props.get("rows_lost"),
-                "md5": props.get("Commit"),
-                "url": props.get("url"),
-            }
-        )
+    files = sweep.lineage.files_of([execution.id]).get(execution.id, [])
     last = sweep.steps(trials=[args.trial]).tail(args.rows)
     payload = {
         "trial_id": args.trial,

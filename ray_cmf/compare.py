@@ -32,7 +32,8 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
-from ray_cmf.lineage import Execution, Lineage, properties
+from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, is_number, mode_of, summarize
+from ray_cmf.lineage import Execution, Lineage, properties, state_name, trial_id_of
 from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, read_segments, unify
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
@@ -43,12 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STEP_COLUMN = "training_iteration"
-TRIAL_COLUMN = "trial_id"
-SERIES_COLUMN = "series"  # which of a trial's series of one name a row is from, where a trial has several
-RANK_COLUMN = "rank"  # a Train rank's rows: a key of the row, not a metric
 STEP_CANDIDATES = (STEP_COLUMN, "step", SEQUENCE_COLUMN)  # Tune results, Train steps, any series
 _NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, RANK_COLUMN, "wall_time", "__filename"})
-_STATES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 
 
 def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[str] = ()) -> pd.DataFrame:
@@ -115,9 +112,11 @@ class Sweep:
             raise StoreError(f"No pipeline {self.pipeline!r} in {self.store}; it holds {known}")
         stages = self.lineage.stages(parent)
         if stage is not None:
+            known = [properties(s).get("stage") for s in stages]
             stages = [s for s in stages if properties(s).get("stage") == stage]
             if not stages:
-                raise StoreError(f"No stage {stage!r} in pipeline {self.pipeline!r}")
+                raise StoreError(f"No stage {stage!r} in pipeline {self.pipeline!r}; it holds {known}")
+        self.stage = stage
         self.stages = stages
         self.metrics_name = metrics_name or RESULTS_METRICS_NAME
         self._files: list[TrialFile] | None = None
@@ -128,6 +127,10 @@ class Sweep:
             raise MetricsNotFoundError(
                 f"No series {metrics_name!r} in pipeline {self.pipeline!r}; it holds {held}: pass one of them"
             )
+
+    def of_series(self, metrics_name: str) -> Sweep:
+        """The same trials' series of another name (their Train runs' ``train_steps``, say)."""
+        return Sweep(self.store, self.pipeline, self.stage, metrics_name=metrics_name)
 
     def series_names(self) -> list[str]:
         """The names of the series the compared executions hold, committed or still spilled, sorted."""
@@ -305,7 +308,7 @@ class Sweep:
             rows.append(
                 {
                     "trial_id": trial_id,
-                    "status": props.get("status") or _STATES.get(execution.last_known_state),
+                    "status": props.get("status") or state_name(execution),
                     "stage": stage,
                     **{f"config/{k}": v for k, v in _config(props).items()},
                     **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
@@ -349,7 +352,7 @@ class Sweep:
             row: dict[str, Any] = {}
             for metric in chosen:
                 stats = summary["columns"].get(metric, {})
-                row[f"{metric}_best"] = stats.get("max" if _mode_of(mode, metric) == "max" else "min", math.nan)
+                row[f"{metric}_best"] = stats.get("max" if mode_of(mode, metric) == "max" else "min", math.nan)
                 row[f"{metric}_final"] = stats.get("last", math.nan)
             row["steps"] = summary["rows"]
             rows[trial_id] = row
@@ -357,7 +360,7 @@ class Sweep:
 
     def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
         """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all)."""
-        numeric = [f.name for f in schema if f.name in _metric_columns(schema) and _is_number(f.type)]
+        numeric = [f.name for f in schema if f.name in _metric_columns(schema) and is_number(f.type)]
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
         if unknown:
@@ -459,29 +462,6 @@ class Sweep:
         )
 
 
-def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[str, str]) -> pd.DataFrame:
-    """Per trial of a steps frame: ``<metric>_best`` (the best finite value: NaN and ±inf never rank
-    best), ``<metric>_final`` (the last value logged, non-finite included; nulls skipped when the column
-    keeps them apart, as an Arrow-backed one does) and ``steps`` (its rows)."""
-    import pandas as pd
-
-    trial = frame[TRIAL_COLUMN].astype(str)
-    summary = pd.DataFrame(index=pd.Index(trial.unique(), name=TRIAL_COLUMN))
-    for metric in metrics:
-        values = frame[metric].to_numpy(dtype=float, na_value=np.nan)
-        finite = pd.Series(np.where(np.isfinite(values), values, np.nan), index=frame.index).groupby(trial)
-        summary[f"{metric}_best"] = finite.max() if _mode_of(mode, metric) == "max" else finite.min()
-        last = frame[metric].groupby(trial).last()
-        summary[f"{metric}_final"] = pd.Series(last.to_numpy(dtype=float, na_value=np.nan), index=last.index)
-    summary["steps"] = trial.groupby(trial).size()
-    return summary
-
-
-def trial_id_of(execution: Execution) -> str:
-    """The trial id of an execution (its name for executions that are not Tune trials)."""
-    return str(properties(execution).get("trial_id", execution.name))
-
-
 def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The trial table's recorded part: a column that some trials lack keeps each value as it was recorded
     (an int stays an int) and None where it is missing, instead of pandas' NaN, which is a value."""
@@ -513,19 +493,11 @@ def _metric_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
 
 
-def _is_number(arrow_type: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type))
-
-
 def _exact_numbers(arrow_type: pa.DataType) -> Any:
     """Numbers as Arrow-backed pandas columns, where a null is not a NaN."""
     import pandas as pd
 
-    return pd.ArrowDtype(arrow_type) if _is_number(arrow_type) else None
-
-
-def _mode_of(mode: str | Mapping[str, str], metric: str) -> str:
-    return mode.get(metric, "min") if isinstance(mode, Mapping) else mode
+    return pd.ArrowDtype(arrow_type) if is_number(arrow_type) else None
 
 
 def _no_steps(metrics: list[str] | None) -> pd.DataFrame:

@@ -37,6 +37,7 @@ _STATES = {
     "CANCELED": mlpb.Execution.CANCELED,
 }
 _EVENTS = {"input": mlpb.Event.INPUT, "output": mlpb.Event.OUTPUT}
+_STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 _PROPERTY_TYPES = {str: mlpb.STRING, int: mlpb.INT, float: mlpb.DOUBLE}
 _SCHEMA_RACE_PAUSES = (0.2, 0.5, 1.0, 2.0, 4.0)  # seconds between tries while another process makes the schema
 _CREATION_RACES = ("schema_version", "already exists", "duplicate key", "subset of tables", "retry the connection")
@@ -344,10 +345,45 @@ class Lineage:
         events = self.store.get_events_by_artifact_ids(artifact_ids) if artifact_ids else []
         return _outputs(events)
 
+    def files_of(self, execution_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+        """Per execution, every artifact it used or made (inputs and outputs, every version), as the rows
+        that ``ray-cmf show`` and the report list: event, type, name, version, md5, rows, rows lost, url."""
+        events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
+        ids = list({e.artifact_id for e in events})
+        artifacts = {a.id: a for a in self.store.get_artifacts_by_id(ids)} if ids else {}
+        types = {t.id: t.name for t in self.store.get_artifact_types()}
+        out: dict[int, list[dict[str, Any]]] = {}
+        for event in sorted(events, key=lambda e: (e.execution_id, e.artifact_id)):
+            artifact = artifacts[event.artifact_id]
+            props = properties(artifact)
+            out.setdefault(event.execution_id, []).append(
+                {
+                    "event": "input" if event.type == mlpb.Event.INPUT else "output",
+                    "type": types.get(artifact.type_id, "?"),
+                    "name": props.get("metrics_name", artifact.name.split(":")[0]),
+                    "version": artifact.id,
+                    "md5": props.get("Commit", ""),
+                    "rows": props.get("rows"),
+                    "rows_lost": props.get("rows_lost"),
+                    "url": props.get("url", artifact.uri),
+                }
+            )
+        return out
+
     def outputs(self, execution_ids: list[int]) -> list[Output]:
         """Every OUTPUT event of the executions (one query), oldest first."""
         events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
         return _outputs(events)
+
+
+def state_name(execution: Execution) -> str:
+    """An execution's state as MLMD records it (``RUNNING``, ``COMPLETE``, ``FAILED``, ...)."""
+    return _STATE_NAMES.get(execution.last_known_state, "UNKNOWN")
+
+
+def trial_id_of(execution: Execution) -> str:
+    """The trial id of an execution (its name for executions that are not Tune trials)."""
+    return str(properties(execution).get("trial_id", execution.name))
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ray_cmf.errors import InvalidArgumentError
+from ray_cmf.frames import numeric
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _LEGEND_MAX = 12
-
-
-def _is_numeric(series: pd.Series) -> bool:
-    import pandas as pd
-
-    return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
 
 
 def _norm(values: np.ndarray) -> matplotlib.colors.Normalize:
@@ -46,7 +41,7 @@ def curves(
             f"{sorted(c[len('config/') :] for c in trials.columns if c.startswith('config/'))}"
         )
     colour_of: dict[str, object] = {}
-    if key is not None and _is_numeric(trials[key]):
+    if key is not None and numeric(trials[key]):
         norm = _norm(trials[key].to_numpy(dtype=float))
         cmap = plt.get_cmap("viridis")
         colour_of = {t: cmap(norm(v)) for t, v in zip(trials["trial_id"], trials[key], strict=True)}
@@ -89,7 +84,7 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     best = f"{metric}_best"
     if best not in trials.columns:
         raise InvalidArgumentError(f"No metric {metric!r} in the trial table")
-    keys = [c for c in trials.columns if c.startswith("config/") and _is_numeric(trials[c]) and trials[c].nunique() > 1]
+    keys = [c for c in trials.columns if c.startswith("config/") and numeric(trials[c]) and trials[c].nunique() > 1]
     if not keys:
         raise InvalidArgumentError("No numeric config key varies across trials; nothing to plot")
     cols = min(3, len(keys))

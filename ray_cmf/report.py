@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._atomic import write_text
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._names import check_mode
-from ray_cmf.compare import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, summarize
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
-from ray_cmf.lineage import properties
+from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, numeric, summarize
+from ray_cmf.lineage import trial_id_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -208,12 +207,6 @@ def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(np.r_[starts[:max_points], odd[-1]])
 
 
-def _numeric(series: pd.Series) -> bool:
-    import pandas as pd
-
-    return bool(pd.api.types.is_numeric_dtype(series)) and not pd.api.types.is_bool_dtype(series)
-
-
 def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     """Parallel coordinates from every varying config key to the best ``metric`` (categories as ticks)."""
     best = trials[f"{metric}_best"]
@@ -222,7 +215,7 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
         values = trials[column]
         if values.nunique(dropna=True) < 2:
             continue
-        if _numeric(values):
+        if numeric(values):
             dims.append({"label": column[len("config/") :], "values": _floats(values)})
         else:
             labels = sorted(map(str, values.dropna().unique()))
@@ -264,7 +257,7 @@ def importance(trials: pd.DataFrame, metric: str) -> dict[str, float]:
     out = {}
     for column in [c for c in trials.columns if c.startswith("config/")]:
         values = trials[column]
-        if not _numeric(values) or values.nunique(dropna=True) < 2 or best.nunique(dropna=True) < 2:
+        if not numeric(values) or values.nunique(dropna=True) < 2 or best.nunique(dropna=True) < 2:
             continue
         rho = values.astype(float).rank().corr(best.rank())  # Spearman: Pearson on ranks (no scipy needed)
         if rho == rho:
@@ -297,36 +290,16 @@ def _params(trials: pd.DataFrame, metric: str) -> list[dict[str, Any]]:
 
 def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
     """Per trial: every artifact of its execution (inputs and outputs, every version) with its md5."""
-    from ray_cmf.compare import trial_id_of
-
-    lineage = sweep.lineage.store
     executions = {e.id: e for e, _ in sweep.executions()}
-    events = lineage.get_events_by_execution_ids(list(executions)) if executions else []
-    artifacts = {a.id: a for a in lineage.get_artifacts_by_id(list({e.artifact_id for e in events}))}
-    types = {t.id: t.name for t in lineage.get_artifact_types()}
-    out: dict[str, list[dict[str, Any]]] = {}
-    for event in sorted(events, key=lambda e: (e.execution_id, e.artifact_id)):
-        artifact = artifacts[event.artifact_id]
-        props = properties(artifact)
-        out.setdefault(trial_id_of(executions[event.execution_id]), []).append(
-            {
-                "event": "input" if event.type == mlpb.Event.INPUT else "output",
-                "type": types.get(artifact.type_id, "?"),
-                "name": props.get("metrics_name", artifact.name.split(":")[0]),
-                "md5": props.get("Commit", ""),
-                "rows": props.get("rows", ""),
-                "url": props.get("url", artifact.uri),
-                "version": artifact.id,
-            }
-        )
-    return out
+    files = sweep.lineage.files_of(list(executions))
+    return {trial_id_of(executions[e]): rows for e, rows in files.items()}
 
 
 def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
     """The metrics to plot (from a trial table's ``_best`` columns, or a steps frame's numeric columns):
     those asked for, else every one but Tune's own timing and counters."""
     if "step" in table.columns:
-        found = [c for c in table.columns if c not in ("trial_id", "step") and _numeric(table[c])]
+        found = [c for c in table.columns if c not in ("trial_id", "step") and numeric(table[c])]
     else:
         found = [c[: -len("_best")] for c in table.columns if c.endswith("_best")]
     if metrics is None:
@@ -349,12 +322,9 @@ def _with_summary(trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str],
 
 def _device_sections(sweep: Sweep, hover: dict[str, str], max_points: int, live: bool) -> list[_Section]:
     """Curves of the device metrics that the sweep's Train runs logged (``train_steps``), if any."""
-    from ray_cmf.compare import Sweep as SweepType
-
     if sweep.metrics_name == DEVICE_METRICS_NAME or DEVICE_METRICS_NAME not in sweep.series_names():
         return []
-    stage = None if len(sweep.stages) != 1 else properties(sweep.stages[0]).get("stage")
-    device = SweepType(sweep.store, sweep.pipeline, stage, metrics_name=DEVICE_METRICS_NAME)
+    device = sweep.of_series(DEVICE_METRICS_NAME)
     if not device.files() and not live:
         return []
     steps = device.steps(live=live)
@@ -427,7 +397,7 @@ def _lineage_html(lineage: dict[str, list[dict[str, Any]]]) -> str:
     for trial_id, rows in lineage.items():
         lines = "".join(
             f"<tr><td>{r['event']}</td><td>{html.escape(r['type'])}</td><td>{html.escape(str(r['name']))}</td>"
-            f"<td>{r['version']}</td><td><code>{html.escape(r['md5'])}</code></td><td>{r['rows']}</td>"
+            f"<td>{r['version']}</td><td><code>{html.escape(r['md5'])}</code></td><td>{r['rows'] or ''}</td>"
             f"<td>{html.escape(str(r['url']))}</td></tr>"
             for r in rows
         )

@@ -40,9 +40,9 @@ from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
+from ray_cmf.results import result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
-from ray_cmf.tune import result_row
 from ray_cmf.writer import StoreWriter
 
 log = logging.getLogger(__name__)

@@ -40,29 +40,12 @@ from ray_cmf.environment import Environment, capture
 from ray_cmf.errors import RayCmfError, SchemaError
 from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties
+from ray_cmf.results import result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
 
 log = logging.getLogger(__name__)
-
-# Tune bookkeeping that is not a training metric (strings are dropped anyway).
-_BOOKKEEPING = frozenset(
-    {
-        "config",
-        "pid",
-        "timestamp",
-        "done",
-        "should_checkpoint",
-        "trial_id",
-        "date",
-        "hostname",
-        "node_ip",
-        "experiment_tag",
-        "checkpoint_dir_name",
-    }
-)
-
 
 _TRIAL_CMFS: dict[str, Cmf] = {}
 HAND_OVER_WAIT_S = 10.0  # how long stopping a trial waits for its rows to reach the writer
@@ -251,30 +234,6 @@ class _Runtime:
     )
     futures: list[Future[None]] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
-
-
-def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The loggable part of a Tune result: numbers, bools and None (nested dicts flattened with ``/``).
-
-    Config keys, Tune's bookkeeping and strings are dropped; NaN and inf are kept as data.
-    """
-    row: dict[str, Any] = {}
-
-    def visit(prefix: str, mapping: Mapping[str, Any]) -> None:
-        for key, value in mapping.items():
-            name = f"{prefix}{key}"
-            if not prefix and key in _BOOKKEEPING:
-                continue
-            if isinstance(value, Mapping):
-                visit(name + "/", value)
-                continue
-            if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-                value = value.item()  # numpy / torch scalars
-            if value is None or isinstance(value, bool | int | float):
-                row[name] = value
-
-    visit("", result)
-    return row
 
 
 def _existing(argument: str, path: str | os.PathLike[str]) -> str:

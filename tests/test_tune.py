@@ -194,7 +194,7 @@ def test_dvc_agrees(sweep: dict[str, Any]) -> None:
 def test_result_row_filters_values() -> None:
     import numpy as np
 
-    from ray_cmf.tune import result_row
+    from ray_cmf.results import result_row
 
     row = result_row(
         {

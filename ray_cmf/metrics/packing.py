@@ -15,15 +15,12 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from ray_cmf.errors import RayCmfError
-
-if TYPE_CHECKING:
-    from ray_cmf.metrics.base import Metric
 
 REDUCTIONS = ("sum", "max", "min")  # also the order of the regions in the packed buffer
 _LOCAL: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
@@ -31,7 +28,17 @@ STATE_DTYPE = torch.float64  # exact for counts up to 2**53, so one dtype (one b
 GATHER_MAX_ELEMENTS = 1 << 16  # all_gather when world_size * state elements stays within this
 T = TypeVar("T")
 U = TypeVar("U")
-States = dict["Metric", dict[str, torch.Tensor]]  # each owner's states, by name
+
+
+class StateOwner(Protocol):
+    """What a pack needs of a metric (``ray_cmf.metrics.base.Metric`` is one): its declared states, each a
+    tensor attribute it owns, and whether they survive a sync."""
+
+    _state_specs: dict[str, Any]
+    cumulative: bool
+
+
+States = dict[StateOwner, dict[str, torch.Tensor]]  # each owner's states, by name
 
 
 class LayoutMismatchError(RayCmfError):
@@ -61,7 +68,7 @@ def rank(group: Any = None) -> int:
 class Slot:
     """Where one state lives: its owner, name, reduction and range in the reduction's buffer."""
 
-    owner: Metric
+    owner: StateOwner
     prefix: str
     name: str
     reduce: str
@@ -132,7 +139,7 @@ _PENDING = object()
 class StatePack:
     """Packs the states of ``members`` (prefix, metric) into per-reduction buffers on ``device``."""
 
-    def __init__(self, members: Iterable[tuple[str, Metric]], device: torch.device) -> None:
+    def __init__(self, members: Iterable[tuple[str, StateOwner]], device: torch.device) -> None:
         self.device = torch.device(device)
         self.members = list(members)
         slots: list[Slot] = []
@@ -187,11 +194,11 @@ class StatePack:
             states[s.owner][s.name] = flat[self._span(s)].view(s.shape)
         return states
 
-    def states(self, owner: Metric, reduced: States | None = None) -> dict[str, torch.Tensor]:
+    def states(self, owner: StateOwner, reduced: States | None = None) -> dict[str, torch.Tensor]:
         """``owner``'s states: views into the live buffer, or into a sync's ``reduced`` result. Do not modify."""
         return (self._live_states if reduced is None else reduced)[owner]
 
-    def reset(self, owner: Metric | None = None, *, keep_cumulative: bool = False) -> None:
+    def reset(self, owner: StateOwner | None = None, *, keep_cumulative: bool = False) -> None:
         """Restore defaults: every state, or ``owner``'s; cumulative ones survive when ``keep_cumulative``."""
         if owner is None:
             keep = keep_cumulative and self._any_cumulative
