@@ -32,11 +32,11 @@ class Finding:
 
 
 def _dvc_md5(dvc_file: Path) -> str | None:
-    for line in dvc_file.read_text().splitlines():
-        stripped = line.strip().lstrip("- ")
-        if stripped.startswith("md5:"):
-            return stripped.split(":", 1)[1].strip()
-    return None
+    """The md5 a ``.dvc`` file records, read by DVC's own parser."""
+    from dvc.utils.serialize import load_yaml
+
+    outs = load_yaml(dvc_file).get("outs") or [{}]
+    return outs[0].get("md5")
 
 
 def _recorded(store: Store) -> Iterator[tuple[str, str, Path, int]]:

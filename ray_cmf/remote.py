@@ -2,7 +2,7 @@
 
 ``ray-cmf push`` uploads with DVC itself (``dvc push``). A machine that reaches the store's MLMD and its
 remote but holds none of the files fetches each file it reads by the md5 that MLMD records, from DVC's
-remote layout (``<remote>/files/md5/<2 hex>/<30 hex>``), into its local DVC cache, once. Local
+remote layout (dvc_data's, ``<remote>/files/md5/<2 hex>/<30 hex>``), into its local DVC cache, once. Local
 directories and S3-compatible endpoints (``s3://bucket/prefix`` with ``endpoint_url``, through the s3fs
 filesystem that DVC's own S3 remote uses) are supported; credentials come from the usual AWS
 variables and files, never from the store.
@@ -16,6 +16,7 @@ from typing import Any
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import StoreError
+from ray_cmf.versioning import object_path
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Remote:
 
     def object_path(self, md5: str) -> str:
         """Where DVC keeps the object of ``md5`` on this remote."""
-        return f"{self._root()}/files/md5/{md5[:2]}/{md5[2:]}"
+        return object_path(self._root(), md5)
 
     def exists(self, md5: str) -> bool:
         """Whether the remote holds the object of ``md5``."""

@@ -56,9 +56,18 @@ def tree_md5(path: str | os.PathLike[str]) -> tuple[str, int]:
     return str(tree.hash_info.value), int(meta.size or 0)
 
 
+def object_path(odb_root: str, md5: str) -> str:
+    """Where a DVC object database (a repo's cache, a remote) rooted at ``odb_root`` keeps the object with
+    this md5: dvc_data's own layout (``files/md5/<2 hex>/<30 hex>`` below the cache or remote)."""
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    return str(HashFileDB(LocalFileSystem(), f"{odb_root}/files/md5").oid_to_path(md5))
+
+
 def cache_path(root: str | os.PathLike[str], md5: str) -> Path:
     """Where the DVC repo at ``root`` keeps the object with this md5 (computed: nothing is opened)."""
-    return Path(root) / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+    return Path(object_path(str(Path(root) / ".dvc" / "cache"), md5))
 
 
 class DvcRepo:

@@ -32,3 +32,20 @@ def test_a_file_hashes_as_dvc_add_hashes_it(tmp_path: Path) -> None:
     (tmp_path / "model.bin").write_bytes(b"\r\nweights\x00" * 1000)  # CRLF: DVC 3 hashes the bytes as they are
     recorded = _dvc_add(tmp_path, "model.bin")
     assert tree_md5(tmp_path / "model.bin") == (recorded["md5"], recorded["size"])
+
+
+def test_a_tracked_file_is_what_dvc_add_leaves_behind(tmp_path: Path) -> None:
+    """The store bypasses `dvc add` for speed: its .dvc file and cache object must be DVC's, byte for byte."""
+    from ray_cmf.versioning import DvcRepo, cache_path, file_md5
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for repo in (ours, theirs):
+        repo.mkdir()
+        (repo / "series.parquet").write_bytes(b"PAR1" + bytes(range(256)) * 40)
+    _dvc_add(theirs, "series.parquet")
+    data = ours / "series.parquet"
+    DvcRepo(ours).track(data, file_md5(data), data.stat().st_size)
+    assert (ours / "series.parquet.dvc").read_text() == (theirs / "series.parquet.dvc").read_text()
+    md5 = file_md5(data)
+    assert cache_path(ours, md5).relative_to(ours) == cache_path(theirs, md5).relative_to(theirs)
+    assert cache_path(theirs, md5).read_bytes() == data.read_bytes()  # where DVC itself put it
