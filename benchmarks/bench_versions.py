@@ -1,0 +1,101 @@
+"""The same workloads on two versions of ray_cmf, side by side in one session: a reshape must not cost speed.
+
+Each round runs every workload once on the base revision (a git worktree of it, first on ``sys.path``)
+and once on this checkout, alternating which goes first, each in a fresh process. Workloads, through the
+public API only:
+
+- ``log_metric``: 1M rows of 4 metrics into one series, per row;
+- ``commit``: 40 series of 10 000 rows, each logged and committed (Parquet, DVC, MLMD), per file;
+- ``compare``: ``Sweep.trials`` and ``Sweep.steps`` over 200 committed series of 1 000 rows.
+
+Run: ``.venv/bin/python benchmarks/bench_versions.py [--base REV] [--rounds N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import fmt_time, print_table
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = r"""
+import json, sys, tempfile, time
+from ray_cmf import Cmf, Sweep
+what, store = sys.argv[1], tempfile.mkdtemp()
+if what == "log_metric":
+    cmf = Cmf(pipeline_name="b", store=store)
+    cmf.log_metric("s", {"warm": 1.0})
+    start = time.perf_counter()
+    for i in range(1_000_000):
+        cmf.log_metric("s", {"step": i, "loss": 1.0 / (i + 1), "acc": 0.5, "lr": 0.1})
+    print(json.dumps((time.perf_counter() - start) / 1_000_000))
+else:
+    files = 40 if what == "commit" else 200
+    rows = 10_000 if what == "commit" else 1_000
+    spent = 0.0
+    for f in range(files):
+        cmf = Cmf(pipeline_name="b", store=store)
+        cmf.create_execution("Train", {"lr": f / files}, execution_name=f"run-{f}")
+        for i in range(rows):
+            cmf.log_metric("s", {"step": i, "loss": (f + 1) / (i + 1)})
+        start = time.perf_counter()
+        cmf.commit_metrics("s")
+        spent += time.perf_counter() - start
+        cmf.close()
+    if what == "commit":
+        print(json.dumps(spent / files))
+    else:
+        start = time.perf_counter()
+        sweep = Sweep(store, metrics_name="s")
+        sweep.trials(["loss"])
+        sweep.steps(["loss"])
+        print(json.dumps(time.perf_counter() - start))
+"""
+WORKLOADS = ("log_metric", "commit", "compare")
+
+
+def run(workload: str, path: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKLOAD, workload], env=env, capture_output=True, text=True, check=True
+    )
+    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="49a0f2a", help="the revision to compare against")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), args.base], check=True)
+        try:
+            times: dict[tuple[str, str], list[float]] = {}
+            for round_ in range(args.rounds):
+                versions = [("base", base), ("this", ROOT)]
+                for name, path in versions if round_ % 2 == 0 else versions[::-1]:
+                    for workload in WORKLOADS:
+                        times.setdefault((workload, name), []).append(run(workload, path))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
+    rows = []
+    for workload in WORKLOADS:
+        old, new = (statistics.median(times[(workload, v)]) for v in ("base", "this"))
+        unit = {"log_metric": "per row", "commit": "per file", "compare": "trials + steps, 200 series"}[workload]
+        rows.append([workload, unit, fmt_time(old), fmt_time(new), f"{new / old:.2f}x"])
+    print(f"{args.rounds} rounds, alternating order, medians; base {args.base} against this checkout")
+    print_table(["workload", "measured", "base", "this", "this / base"], rows)
+
+
+if __name__ == "__main__":
+    main()
