@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.cmf import Cmf
 from ray_cmf.errors import (
+    InvalidArgumentError,
     InvalidNameError,
     InvalidValueError,
     MetricsNotFoundError,
@@ -52,6 +53,7 @@ __all__ = [
     "CmfRayLogger",
     "CmfTrainCallback",
     "FinishedFile",
+    "InvalidArgumentError",
     "InvalidNameError",
     "InvalidValueError",
     "MetricBuffer",

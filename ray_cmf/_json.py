@@ -22,8 +22,8 @@ def jsonable(value: Any) -> Any:
     missing values (None, pandas' NA and NaT) as None, times as ISO 8601, anything else as ``str``."""
     if value is None or isinstance(value, bool | int | str):
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else NONFINITE_TEXT[str(value)]
+    if isinstance(value, float):  # NumPy's float64 is one: written as a plain float
+        return float(value) if math.isfinite(value) else NONFINITE_TEXT[str(float(value))]
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -61,7 +61,8 @@ def _sweep(args: argparse.Namespace) -> Any:
 
 
 def _summary_columns(table: Any, metrics: list[str] | None) -> list[str]:
-    keep = ["trial_id", "status", *[c for c in table.columns if c.startswith("config/")]]
+    ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
+    keep = ["trial_id", "status", *ranked, *[c for c in table.columns if c.startswith("config/")]]
     for column in table.columns:
         if column.endswith(("_best", "_final")) and (not metrics or column.rsplit("_", 1)[0] in metrics):
             keep.append(column)
@@ -140,14 +141,33 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _output(path: str) -> Path:
+    """Where a command writes its file: its directory is made, and a directory itself is refused."""
+    target = Path(path)
+    if target.is_dir():
+        raise RayCmfError(f"-o {path!r} is a directory; name the file to write")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
-    path = _sweep(args).plot_curves(args.metric[0], args.output, color_by=args.color_by, top=args.top, mode=args.mode)
+    path = _sweep(args).plot_curves(
+        args.metric[0], _output(args.output), color_by=args.color_by, top=args.top, mode=args.mode
+    )
     _emit(args, [{"plot": str(Path(path).absolute())}], "plot written")
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     frame = _sweep(args).steps(args.metric or None)
+    _output(args.output)
     if args.format == "csv":
         frame.to_csv(args.output, index=False)
     else:
@@ -209,7 +229,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
-    path = sweep.report(args.output, metrics=args.metric, mode=args.mode, max_points=args.max_points)
+    path = sweep.report(_output(args.output), metrics=args.metric, mode=args.mode, max_points=args.max_points)
     size = path.stat().st_size / 2**20
     _emit(args, [{"report": str(path), "trials": len(sweep.executions()), "MB": round(size, 2)}], "report written")
     return EXIT_OK
@@ -272,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="re-hash each trial's file")
     p = command("compare", cmd_compare, "the top trials by one metric")
     _add_sweep_options(p, metric_required=True)
-    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--top", type=_positive, default=5)
     p = command("show", cmd_show, "one trial: config, environment, seeds, lineage, files, last rows")
     _add_sweep_options(p)
     p.add_argument("trial")
@@ -295,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p, metric_required=True)
     p.add_argument("-o", "--output", required=True, help="PNG path")
     p.add_argument("--color-by", help="config key that colours the curves")
-    p.add_argument("--top", type=int, help="only the best N trials")
+    p.add_argument("--top", type=_positive, help="only the best N trials")
     p = command("export", cmd_export, "every trial's steps as one CSV or Parquet file")
     _add_sweep_options(p)
     p.add_argument("--format", choices=("csv", "parquet"), required=True)

@@ -145,7 +145,12 @@ class Cmf:
         create_new_execution: bool = True,
         execution_name: str | None = None,
     ) -> Execution:
-        """Create (or, with ``create_new_execution=False``, reuse by type) an execution and make it current."""
+        """Create (or, with ``create_new_execution=False``, reuse by type) an execution and make it current.
+
+        Series logged before belong to the previous execution: their rows are handed to the store (commit
+        them first to make a version; what was never committed is kept for :func:`ray_cmf.recover`), and
+        names logged from now on start new series of this execution.
+        """
         if self._stage is None:
             self.create_context(execution_type)
         assert self._stage is not None
@@ -157,6 +162,8 @@ class Cmf:
             "Pipeline_Type": self.pipeline_name,
             **(custom_properties or {}),
         }
+        self.close()  # the series logged so far belong to the previous execution: their rows go to it
+        self.metrics, self._keys = {}, {}
         self._binding, self.execution = self._writer.call(
             StoreWriter.execution,
             pipeline=self.pipeline_name,

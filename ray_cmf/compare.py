@@ -79,8 +79,9 @@ class Sweep:
         store: Store directory or :class:`Store` (default ``$RAY_CMF_STORE`` or ``./cmf_store``).
         pipeline: Pipeline name; may be omitted when the store holds exactly one.
         stage: Restrict to one stage (a Tune experiment).
-        metrics_name: Which series to compare (default ``tune_results``, CmfRayLogger's); one named here that
-            the pipeline does not hold, while it holds others, is an error that lists them.
+        metrics_name: Which series to compare. By default the Tune results (``tune_results``), or the one
+            series the pipeline holds when it holds no Tune results; a name the pipeline does not hold, or
+            a default that is not obvious (several other series), is an error that lists the series.
 
     Example:
         >>> import tempfile
@@ -122,11 +123,16 @@ class Sweep:
         self._files: list[TrialFile] | None = None
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
-        held = self.series_names() if metrics_name is not None else []
-        if held and metrics_name not in held:
-            raise MetricsNotFoundError(
-                f"No series {metrics_name!r} in pipeline {self.pipeline!r}; it holds {held}: pass one of them"
-            )
+        held = self.series_names()
+        if held and self.metrics_name not in held:
+            if metrics_name is None and len(held) == 1:
+                self.metrics_name = held[0]  # no Tune results: the one series there is
+            else:
+                which = repr(metrics_name) if metrics_name is not None else "of Tune results (tune_results)"
+                raise MetricsNotFoundError(
+                    f"No series {which} in pipeline {self.pipeline!r}; it holds {held}: name one of them "
+                    "(metrics_name=..., or --metrics-name)"
+                )
 
     def of_series(self, metrics_name: str) -> Sweep:
         """The same trials' series of another name (their Train runs' ``train_steps``, say)."""
@@ -310,6 +316,7 @@ class Sweep:
                     "trial_id": trial_id,
                     "status": props.get("status") or state_name(execution),
                     "stage": stage,
+                    **_ranking(props),
                     **{f"config/{k}": v for k, v in _config(props).items()},
                     **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
                     **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
@@ -382,6 +389,8 @@ class Sweep:
         """The ``n`` trials with the best ``metric`` (under ``mode``), best first; trials without a finite value
         of it come last."""
         check_mode(mode)
+        if n < 1:
+            raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
         table = self.trials([metric], mode={metric: mode})
         column = f"{metric}_best"
         if column not in table.columns:
@@ -460,6 +469,11 @@ class Sweep:
         return params(
             self.trials([metric], mode={metric: mode}), metric, Path(path), title=f"{self.pipeline}: best {metric}"
         )
+
+
+def _ranking(props: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's place in its sweep's top N (``in_top_n``, ``top_rank``), where CmfRayLogger ranked it."""
+    return {key: props[key] for key in ("in_top_n", "top_rank") if key in props}
 
 
 def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -181,6 +181,8 @@ def get_cmf(
             cmf.commit_metrics("steps")
     """
     trial_id = tune.get_context().get_trial_id()
+    if trial_id is None:
+        raise RayCmfError("get_cmf() runs inside a Tune trial (a trainable); outside one, use ray_cmf.Cmf(...)")
     return trial_cmf(
         trial_id,
         timeout=timeout,
@@ -218,6 +220,7 @@ class _TrialState:
     key: Callable[[], SeriesKey] | None = None  # the results series, once the registration is done
     models: set[str] = field(default_factory=set)
     host: str | None = None  # where the trial runs, from its results
+    keys: set[str] = field(default_factory=set)  # what its results held
 
     def persisted(self) -> dict[str, Any]:
         return {"best": self.best, "committed": self.committed}
@@ -234,6 +237,7 @@ class _Runtime:
     )
     futures: list[Future[None]] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
+    warned_metric: bool = False
 
 
 def _existing(argument: str, path: str | os.PathLike[str]) -> str:
@@ -426,6 +430,7 @@ class CmfRayLogger(tune.Callback):
             except SchemaError as exc:
                 log.warning("ray_cmf: trial %s: %s; dropping that value", trial.trial_id, exc)
                 row.pop(exc.key)
+        state.keys.update(row)
         self._track_best(state, row.get(self.metric) if self.metric else None)
         self._record_host(state, result)
         model_path = result.get("model_path")
@@ -471,6 +476,15 @@ class CmfRayLogger(tune.Callback):
         props: dict[str, Any] = {"status": status}
         if self.metric is not None:
             props[f"best_{self.metric}"] = state.best if state.best is not None else math.nan
+            if state.keys and self.metric not in state.keys and not self._rt.warned_metric:
+                self._rt.warned_metric = True  # a typo in metric= (once a sweep)
+                log.warning(
+                    "ray_cmf: CmfRayLogger(metric=%r) is not in the results of trial %s (they hold %s): no best "
+                    "and no top-N can be recorded",
+                    self.metric,
+                    trial.trial_id,
+                    sorted(state.keys),
+                )
         buffer, key, state.buffer = state.buffer, state.key, None
         assert buffer is not None and key is not None  # _state() opened them
         self._rt.futures.append(self._rt.executor.submit(self._commit, trial.trial_id, buffer, key, props, status))

@@ -257,3 +257,26 @@ def test_read_metrics_reads_its_own_execution_never_another(store_dir: Path) -> 
     older = properties(first.commit_metrics("steps"))["Commit"]
     with pytest.raises(MetricsNotFoundError, match="md5"):
         second.read_metrics("steps", commit=older)  # a version of another execution is not one of its own
+
+
+def test_a_second_execution_of_one_cmf_gets_its_own_series(store_dir: Path) -> None:
+    """cmflib's pattern: one Cmf, create_execution again for the next step. The rows logged after it belong
+    to the new execution (they went into the first one's series, and read_metrics then failed)."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    cmf.create_context("train")
+    train = cmf.create_execution("Train")
+    cmf.log_metric("m", {"step": 0, "v": 1.0})
+    cmf.commit_metrics("m")
+    cmf.create_context("eval")
+    evaluation = cmf.create_execution("Eval")
+    with pytest.raises(MetricsNotFoundError, match=r"No committed metrics 'm' in execution"):
+        cmf.read_metrics("m")  # Eval has logged nothing yet
+    cmf.log_metric("m", {"step": 0, "v": 9.0})
+    artifact = cmf.commit_metrics("m")
+    assert artifact is not None and "/eval/" in properties(artifact)["url"]
+    assert cmf.read_metrics("m")["v"].tolist() == [9.0]
+    events = cmf.store.lineage.store.get_events_by_artifact_ids([artifact.id])
+    assert [e.execution_id for e in events if e.type == mlpb.Event.OUTPUT] == [evaluation.id]
+    first = Cmf(pipeline_name="p", store=store_dir)
+    first.create_execution("Train", execution_name=train.name, create_new_execution=False)
+    assert first.read_metrics("m")["v"].tolist() == [1.0]

@@ -206,14 +206,14 @@ def test_each_trial_has_a_system_metrics_series_committed_at_its_end(sweep: Path
 def test_sweep_shows_and_diffs_environments(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ray_cmf.cli import main
 
-    trials = Sweep(sweep, pipeline="envs").trials()
+    trials = Sweep(sweep, pipeline="envs", metrics_name="steps").trials()
     assert set(trials["env/host"]) == {socket.gethostname()}
     assert sorted(trials["seed/data"]) == [10, 20]
     a, b = trials["trial_id"]
-    diff = Sweep(sweep, pipeline="envs").diff(a, b)
+    diff = Sweep(sweep, pipeline="envs", metrics_name="steps").diff(a, b)
     assert {"config/lr", "seed/data"} <= set(diff.index)
     assert not [f for f in diff.index if f.startswith("env/")]  # one machine, one environment
-    assert main(["diff", a, b, "--store", str(sweep), "--json"]) == 0
+    assert main(["diff", a, b, "--store", str(sweep), "--metrics-name", "steps", "--json"]) == 0
     fields = {row["field"] for row in json.loads(capsys.readouterr().out)}
     assert fields == set(diff.index)
 
@@ -221,7 +221,7 @@ def test_sweep_shows_and_diffs_environments(sweep: Path, capsys: pytest.CaptureF
 def test_show_prints_the_environment(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from ray_cmf.cli import main
 
-    a = Sweep(sweep, pipeline="envs").trials()["trial_id"][0]
-    assert main(["show", a, "--store", str(sweep), "--json"]) == 0
+    a = Sweep(sweep, pipeline="envs", metrics_name="steps").trials()["trial_id"][0]
+    assert main(["show", a, "--store", str(sweep), "--metrics-name", "steps", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["environment"]["env/host"] == socket.gethostname() and "seed/data" in shown["environment"]

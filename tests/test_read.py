@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import MetricsNotFoundError, Sweep
+from ray_cmf import InvalidArgumentError, MetricsNotFoundError, Sweep
 from ray_cmf.cli import main
 from tests._stores import Trial, write_trials
 from tests._values import floats
@@ -208,3 +208,35 @@ def test_every_read_path_takes_any_sweep(
     page = (tmp / "report.html").read_text()
     for trial in trials:
         assert f"<td>{html.escape(trial.trial_id)}</td>" in page
+
+
+def test_the_default_series_is_the_obvious_one_or_an_error_that_lists_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store written by Cmf or by Train alone has no Tune results: the default used to be a silent empty
+    answer (every trial with 0 steps, exit 0)."""
+    one = write_trials(tmp_path / "one", [Trial("a", {}, {"": [{"step": 1, "loss": 0.5}]})], metrics_name="train")
+    assert Sweep(one).metrics_name == "train" and Sweep(one).trials()["steps"].tolist() == [1]
+    two = write_trials(tmp_path / "two", [Trial("a", {}, {"": [{"step": 1, "loss": 0.5}]})], metrics_name="x")
+    write_trials(tmp_path / "two", [Trial("b", {}, {"": [{"step": 1}]})], metrics_name="y")
+    with pytest.raises(MetricsNotFoundError, match=r"Tune results .*\['x', 'y'\]"):
+        Sweep(two)
+    assert main(["trials", "--store", str(two.root)]) == 2
+    assert "['x', 'y']" in capsys.readouterr().err
+
+
+def test_output_paths_and_counts_that_cannot_be_used_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = {"": [{"training_iteration": 1, "loss": 0.5}]}
+    store = str(write_trials(tmp_path / "store", [Trial("a", {"lr": 0.1}, rows)]).root)
+    with pytest.raises(SystemExit) as usage:
+        main(["compare", "--store", store, "--metric", "loss", "--top", "-1"])  # printed 'top -1' rows
+    assert usage.value.code == 2
+    with pytest.raises(InvalidArgumentError, match="n must be >= 1"):
+        Sweep(store).best("loss", n=0)
+    (tmp_path / "adir").mkdir()
+    assert main(["report", "--store", store, "-o", str(tmp_path / "adir")]) == 2  # was a traceback
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["plot", "--store", store, "--metric", "loss", "-o", str(tmp_path / "new" / "c.png")]) == 0
+    assert (tmp_path / "new" / "c.png").stat().st_size > 0  # like report and export, it makes the directory

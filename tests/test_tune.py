@@ -425,3 +425,18 @@ def test_the_driver_holds_every_trials_cmf_at_once(ray_session: None, tmp_path: 
     a.log_metric("m", {"x": 3})  # raised "MetricBuffer is closed": b's Cmf had closed a's
     assert a.commit_metrics("m") is not None and b.commit_metrics("m") is not None
     assert a.read_metrics("m")["x"].tolist() == [1, 3] and b.read_metrics("m")["x"].tolist() == [2]
+
+
+def test_a_metric_no_result_holds_is_warned_about(
+    ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CmfRayLogger(metric="los") when the trials report "loss": no best and no top-N could be recorded, and
+    the sweep said nothing."""
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    logger = CmfRayLogger("typo", metric="los", top_n=1, store=str(tmp_path / "store"))
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        run_grid(_logs_steps, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
+    warned = [r.getMessage() for r in caplog.records if "is not in the results" in r.getMessage()]
+    assert len(warned) == 1 and "'loss'" in warned[0]
