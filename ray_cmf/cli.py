@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ray_cmf._atomic import atomic_write
 from ray_cmf._json import dumps, jsonable
 from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import Lineage, properties, trial_id_of
@@ -167,11 +168,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     frame = _sweep(args).steps(args.metric or None)
-    _output(args.output)
-    if args.format == "csv":
-        frame.to_csv(args.output, index=False)
-    else:
-        frame.to_parquet(args.output, index=False)
+    with atomic_write(_output(args.output)) as pending:
+        if args.format == "csv":
+            frame.to_csv(pending.tmp, index=False)
+        else:
+            frame.to_parquet(pending.tmp, index=False)
     _emit(
         args,
         [{"rows": len(frame), "columns": len(frame.columns), "path": str(Path(args.output).absolute())}],

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
 from ray_cmf.frames import numeric
 
@@ -74,9 +75,7 @@ def curves(
     ax.set_ylabel(metric)
     ax.set_title(f"{title} ({steps['trial_id'].nunique()} trials)")
     ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path:
@@ -104,6 +103,14 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
         ax.set_visible(False)
     fig.colorbar(points, ax=axes, label=f"best {metric}")
     fig.suptitle(f"{title} ({len(trials)} trials)")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return _save(fig, path)
+
+
+def _save(fig: matplotlib.figure.Figure, path: Path) -> Path:
+    """Write the figure as a PNG, atomically (see :mod:`ray_cmf._atomic`), and release it."""
+    try:
+        with atomic_write(path) as pending:
+            fig.savefig(pending.tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
     return path
