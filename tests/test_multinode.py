@@ -173,8 +173,10 @@ NO_WRITER_DRIVER = PRELUDE + textwrap.dedent(
 
     @ray.remote(num_cpus=1, resources={"far": 1})
     def trial_without_writer():
+        from ray_cmf.actor import connect
+
         try:
-            ray_cmf.writer.connect()
+            connect()
         except ray_cmf.RayCmfError as exc:
             return str(exc)
         return "connected"
