@@ -9,8 +9,10 @@ Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``-
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from ray_cmf._atomic import atomic_write
 from ray_cmf._json import dumps, jsonable
 from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import Lineage, properties, trial_id_of
+from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 from ray_cmf.store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -48,6 +51,8 @@ def _cell(value: Any) -> str:
     value = jsonable(value)
     if value is None:
         return ""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
@@ -55,28 +60,74 @@ def _frame_rows(frame: Any) -> list[dict[str, Any]]:
     return frame.to_dict(orient="records")
 
 
-def _sweep(args: argparse.Namespace) -> Any:
+def _sweep(args: argparse.Namespace, *trials: str) -> Any:
+    """The sweep a command reads: ``--pipeline``, else the store's only pipeline, else the one that holds the
+    ``trials`` named (trial ids are unique); otherwise an error that lists the pipelines."""
     from ray_cmf.compare import Sweep
 
-    return Sweep(Store(args.store), pipeline=args.pipeline, stage=args.stage, metrics_name=args.metrics_name)
+    store = Store(args.store)
+    pipeline = args.pipeline or _pick_pipeline(Lineage(store.mlmd, readonly=True), trials)
+    return Sweep(store, pipeline=pipeline, stage=args.stage, metrics_name=args.metrics_name)
 
 
-def _summary_columns(table: Any, metrics: list[str] | None) -> list[str]:
+def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
+    pipelines = lineage.pipelines()
+    if len(pipelines) <= 1:
+        return None  # the only one (or none, which Sweep reports)
+    if trials:
+        holding = [p.name for p in pipelines if set(trials) <= {trial_id_of(e) for e in lineage.executions_of(p)}]
+        if len(holding) == 1:
+            return holding[0]
+        if not holding:
+            raise RayCmfError(f"No pipeline of the store holds {list(trials)}; its pipelines:\n{_listing(lineage)}")
+    raise RayCmfError(f"The store holds {len(pipelines)} pipelines; pass --pipeline NAME:\n{_listing(lineage)}")
+
+
+def _pipelines(lineage: Lineage) -> list[dict[str, Any]]:
+    """Every pipeline: its stages, how many trials (executions) it holds and when one last changed."""
+    rows = []
+    for pipeline in lineage.pipelines():
+        executions = lineage.executions_of(pipeline)
+        last = max((e.last_update_time_since_epoch for e in executions), default=0)
+        rows.append(
+            {
+                "pipeline": pipeline.name,
+                "stages": [properties(s).get("stage", s.name) for s in lineage.stages(pipeline)],
+                "trials": len(executions),
+                "last_run": datetime.fromtimestamp(last / 1000, timezone.utc).isoformat(timespec="seconds")
+                if last
+                else None,
+            }
+        )
+    return rows
+
+
+def _listing(lineage: Lineage) -> str:
+    return "\n".join(
+        f"  {row['pipeline']}: {row['trials']} trials, last run {row['last_run']}" for row in _pipelines(lineage)
+    )
+
+
+def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False) -> list[str]:
+    """The trial table's columns to show: Tune's bookkeeping (``time_total_s``, ...) only when asked for
+    (``every``), and a counter (``epoch``, ``step``) by its final value only."""
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     keep = ["trial_id", "status", *ranked, *[c for c in table.columns if c.startswith("config/")]]
     for column in table.columns:
-        if column.endswith(("_best", "_final")) and (not metrics or column.rsplit("_", 1)[0] in metrics):
+        if not column.endswith(("_best", "_final")):
+            continue
+        metric, kind = column.rsplit("_", 1)
+        if metrics:
+            if metric in metrics:
+                keep.append(column)
+        elif every or (metric not in TUNE_BOOKKEEPING and not (metric in COUNTERS and kind == "best")):
             keep.append(column)
     return [*keep, "steps"]
 
 
 # -- commands ---------------------------------------------------------------------------------------
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    lineage = Lineage(Store(args.store).mlmd, readonly=True)
-    rows = [
-        {"pipeline": p.name, "stages": ", ".join(properties(s).get("stage", s.name) for s in lineage.stages(p))}
-        for p in lineage.pipelines()
-    ]
+    rows = _pipelines(Lineage(Store(args.store).mlmd, readonly=True))
     if not rows:
         raise RayCmfError(f"The store {Store(args.store).root} holds no pipelines yet")
     _emit(args, rows, "pipelines")
@@ -86,7 +137,15 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 def cmd_trials(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
     table = sweep.trials(args.metric or None, mode=args.mode, verify=args.verify)
-    columns = _summary_columns(table, args.metric) + (["verified"] if args.verify else [])
+    if args.status:
+        table = table[table["status"].isin(args.status)]
+    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else None)
+    if sort is not None:
+        if sort not in table.columns:
+            raise RayCmfError(f"--sort {sort!r} is not a column; the table has {list(table.columns)}")
+        ascending = args.mode == "min" if sort.endswith(("_best", "_final")) else True
+        table = table.sort_values(sort, ascending=ascending, na_position="last", kind="stable")
+    columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
     _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
 
@@ -100,7 +159,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    sweep = _sweep(args)
+    sweep = _sweep(args, args.trial)
     table = sweep.trials()
     match = table[table["trial_id"] == args.trial]
     if match.empty:
@@ -134,7 +193,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    sweep = _sweep(args)
+    sweep = _sweep(args, args.trial_a, args.trial_b)
     diff = sweep.diff(args.trial_a, args.trial_b)
     pairs = zip(diff.index, diff.values, strict=True)
     rows = [{"field": field, args.trial_a: a, args.trial_b: b} for field, (a, b) in pairs]
@@ -291,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("trials", cmd_trials, "one row per trial: config, best/final per metric, steps")
     _add_sweep_options(p)
     p.add_argument("--verify", action="store_true", help="re-hash each trial's file")
+    p.add_argument("--sort", help="sort by this column (default: the first --metric's best, best first)")
+    p.add_argument("--status", action="append", help="only trials with this status (repeatable): COMPLETE, FAILED, ...")
+    p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
     p = command("compare", cmd_compare, "the top trials by one metric")
     _add_sweep_options(p, metric_required=True)
     p.add_argument("--top", type=_positive, default=5)
@@ -340,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RayCmfError as exc:  # what the user named does not exist or cannot be used; anything else is a bug
         print(f"ray-cmf {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # piped into `head`, which has read enough: end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

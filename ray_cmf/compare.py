@@ -498,9 +498,14 @@ def _config(props: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+    """Whether two recorded values are the same: two blanks (None, "", NaN) are."""
+    if _blank(a) and _blank(b):
         return True
     return bool(a == b)
+
+
+def _blank(value: Any) -> bool:
+    return value is None or value == "" or (isinstance(value, float) and value != value)
 
 
 def _metric_columns(schema: pa.Schema) -> list[str]:

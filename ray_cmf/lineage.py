@@ -218,6 +218,11 @@ class Lineage:
         """Stage contexts of a pipeline, oldest first."""
         return sorted(self.store.get_children_contexts_by_context(pipeline.id), key=lambda c: c.id)
 
+    def executions_of(self, pipeline: Context) -> list[Execution]:
+        """Every execution in the stages of a pipeline, oldest first."""
+        found = {e.id: e for s in self.stages(pipeline) for e in self.store.get_executions_by_context(s.id)}
+        return [found[k] for k in sorted(found)]
+
     def pipelines(self) -> list[Context]:
         """Every pipeline context, oldest first."""
         return sorted(self.store.get_contexts_by_type(PIPELINE_CONTEXT_TYPE), key=lambda c: c.id)

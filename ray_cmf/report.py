@@ -32,6 +32,7 @@ from ray_cmf._names import check_mode
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, numeric, summarize
 from ray_cmf.lineage import trial_id_of
+from ray_cmf.results import TUNE_BOOKKEEPING
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,18 +44,6 @@ _TEMPLATE = string.Template((resources.files("ray_cmf") / "report_template.html"
 
 DEFAULT_MAX_POINTS = 200  # per curve
 DEVICE_METRICS_NAME = "train_steps"
-TUNE_BOOKKEEPING = frozenset(  # what Tune adds to every result: not what a user compares trials by
-    {
-        "time_this_iter_s",
-        "time_total_s",
-        "time_since_restore",
-        "iterations_since_restore",
-        "timesteps_total",
-        "timesteps_since_restore",
-        "episodes_total",
-        "training_iteration",
-    }
-)
 
 
 # -- downsampling --------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # Tune bookkeeping that is not a training metric (strings are dropped anyway).
-_BOOKKEEPING = frozenset(
+_DROPPED = frozenset(
     {
         "config",
         "pid",
@@ -22,6 +22,20 @@ _BOOKKEEPING = frozenset(
     }
 )
 
+TUNE_BOOKKEEPING = frozenset(  # numbers Tune adds to every result: kept, but not what a user compares trials by
+    {
+        "time_this_iter_s",
+        "time_total_s",
+        "time_since_restore",
+        "iterations_since_restore",
+        "timesteps_total",
+        "timesteps_since_restore",
+        "episodes_total",
+        "training_iteration",
+    }
+)
+COUNTERS = frozenset({"epoch", "step", "iteration", "it", "samples", "report"})  # they count: only a final
+
 
 def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
     """The loggable part of a Tune result: numbers, bools and None (nested dicts flattened with ``/``).
@@ -33,7 +47,7 @@ def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
     def visit(prefix: str, mapping: Mapping[str, Any]) -> None:
         for key, value in mapping.items():
             name = f"{prefix}{key}"
-            if not prefix and key in _BOOKKEEPING:
+            if not prefix and key in _DROPPED:
                 continue
             if isinstance(value, Mapping):
                 visit(name + "/", value)

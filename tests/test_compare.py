@@ -115,7 +115,9 @@ def test_cli_json_and_exit_codes(sweep: dict[str, Any], capsys: pytest.CaptureFi
     shown = json.loads(out)
     assert code == 0 and shown["trial_id"] == trial and shown["files"] and "lr" in shown["config"]
     code, out, _ = _cli(capsys, "pipelines", "--store", store, "--json")
-    assert code == 0 and json.loads(out) == [{"pipeline": "sweep", "stages": "stage1"}]
+    assert code == 0 and [(r["pipeline"], r["stages"], r["trials"]) for r in json.loads(out)] == [
+        ("sweep", ["stage1"], 6)
+    ]
     code, out, _ = _cli(capsys, "plot", "--store", store, "--metric", "loss", "-o", str(tmp_path / "c.png"), "--json")
     assert code == 0 and Path(json.loads(out)[0]["plot"]).stat().st_size > 0
     for fmt in ("csv", "parquet"):

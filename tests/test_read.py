@@ -240,3 +240,51 @@ def test_output_paths_and_counts_that_cannot_be_used_are_clear_errors(
     assert "is a directory" in capsys.readouterr().err
     assert main(["plot", "--store", store, "--metric", "loss", "-o", str(tmp_path / "new" / "c.png")]) == 0
     assert (tmp_path / "new" / "c.png").stat().st_size > 0  # like report and export, it makes the directory
+
+
+def test_the_cli_finds_what_the_user_means(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two pipelines in one store (the README's sections 1 and 2 make this): commands that take a trial id
+    find its pipeline; the others list the pipelines; trials sort best first and filter by status."""
+
+    def rows(*losses: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v, "time_total_s": 1.0} for i, v in enumerate(losses)]}
+
+    store = write_trials(
+        tmp_path / "store",
+        [Trial("a1", {"lr": 0.1}, rows(0.5, 0.4)), Trial("a2", {"lr": 0.2}, rows(0.3), "FAILED")],
+        pipeline="first",
+    )
+    write_trials(tmp_path / "store", [Trial("b1", {"lr": 0.3}, rows(0.9))], pipeline="second")
+    root = str(store.root)
+    code, listed = _cli(capsys, "pipelines", "--store", root)
+    assert code == 0 and [(r["pipeline"], r["stages"], r["trials"]) for r in listed] == [
+        ("first", ["exp"], 2),
+        ("second", ["exp"], 1),
+    ]
+    assert main(["trials", "--store", root]) == 2
+    err = capsys.readouterr().err
+    assert "pass --pipeline NAME" in err and "first: 2 trials" in err and "pipeline=" not in err
+    code, shown = _cli(capsys, "show", "b1", "--store", root)  # found in its pipeline without --pipeline
+    assert code == 0 and shown["trial_id"] == "b1"
+    code, table = _cli(capsys, "trials", "--store", root, "--pipeline", "first", "--metric", "loss")
+    assert [r["trial_id"] for r in table] == ["a2", "a1"]  # best first
+    code, table = _cli(capsys, "trials", "--store", root, "--pipeline", "first", "--status", "COMPLETE")
+    assert [r["trial_id"] for r in table] == ["a1"]
+    assert "time_total_s_final" not in table[0] and "training_iteration_best" not in table[0]
+    code, table = _cli(capsys, "trials", "--store", root, "--pipeline", "first", "--all-columns")
+    assert "time_total_s_final" in table[0]
+
+
+def test_piping_into_head_ends_quietly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    many = [Trial(f"t{i}", {"lr": i / 100}, {"": [{"step": 1, "loss": 0.1}]}) for i in range(60)]
+    store = write_trials(tmp_path / "store", many)
+    exe = Path(sys.executable).with_name("ray-cmf")
+    done = subprocess.run(
+        f"{exe} trials --store {store.root} | head -n 2", shell=True, capture_output=True, text=True, check=True
+    )
+    assert (
+        len(done.stdout.splitlines()) == 2 and "BrokenPipeError" not in done.stderr and "Traceback" not in done.stderr
+    )
