@@ -28,7 +28,8 @@ from ray_cmf.client import WriterClient
 from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import MetricsNotFoundError, StoreError
-from ray_cmf.lineage import Artifact, Context, Execution
+from ray_cmf.exits import outcome, track
+from ray_cmf.lineage import RUNNING, Artifact, Context, Execution
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
 from ray_cmf.writer import StoreWriter
@@ -121,6 +122,7 @@ class Cmf:
         self.flush_seconds = flush_seconds
         self._stage: str | None = None
         self._binding: Binding | None = None
+        self._running: Binding | None = None  # the execution this Cmf started and ends (see close())
         self._keys: dict[str, SeriesKey] = {}
 
     # -- contexts and executions ---------------------------------------------------------------------
@@ -162,7 +164,7 @@ class Cmf:
             "Pipeline_Type": self.pipeline_name,
             **(custom_properties or {}),
         }
-        self.close()  # the series logged so far belong to the previous execution: their rows go to it
+        self.close()  # the previous execution ended: its series' rows go to it
         self.metrics, self._keys = {}, {}
         self._binding, self.execution = self._writer.call(
             StoreWriter.execution,
@@ -179,6 +181,9 @@ class Cmf:
             environment=capture(),
             store=self.store,
         )
+        if self.execution.last_known_state == RUNNING:  # one this Cmf runs (not a finished one reopened)
+            self._running = self._binding
+            track(self)
         return self.execution
 
     def log_seeds(self, **seeds: int) -> None:
@@ -338,16 +343,30 @@ class Cmf:
         return self._log_file(MODEL_TYPE, path, event, props)
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Hand every buffer's rows to the writer's spill; uncommitted rows stay there for :func:`ray_cmf.recover`."""
+    def close(self, state: str | None = None) -> None:
+        """Hand every buffer's rows to the writer's spill (uncommitted rows stay there for
+        :func:`ray_cmf.recover`) and end the execution this Cmf started: ``state`` (default: how the process
+        is ending: ``COMPLETE``, or ``FAILED`` after an uncaught exception, ``CANCELED`` on SIGTERM or
+        Ctrl-C). Called at exit too; a Tune trial's Cmf leaves the trial's state to CmfRayLogger."""
         for buffer in self.metrics.values():
             buffer.close()
+        binding, self._running = self._running, None
+        if binding is not None:
+            try:
+                self._writer.call(
+                    StoreWriter.update_execution,
+                    execution_id=binding.execution_id,
+                    state=state or outcome(),
+                    store=binding.store,
+                )
+            except Exception as exc:  # the store is gone at exit, say: the execution stays RUNNING
+                log.warning("ray_cmf: could not mark execution %s ended: %s", binding.name, exc)
 
     def __enter__(self) -> Cmf:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        self.close("COMPLETE" if kind is None else "CANCELED" if issubclass(kind, KeyboardInterrupt) else "FAILED")
 
 
 def exact_frame(table: pa.Table) -> pd.DataFrame:

@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -30,6 +31,13 @@ class Closeable(Protocol):
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = {"atexit": False, "sigterm": False}
+_ending = {"state": "COMPLETE"}  # how the process ends, as an execution's state (see outcome())
+
+
+def outcome() -> str:
+    """How this process is ending, as the state of an execution it ran: ``COMPLETE``, ``FAILED`` (an
+    uncaught exception) or ``CANCELED`` (SIGTERM, or Ctrl-C)."""
+    return _ending["state"]
 
 
 def track(closeable: Closeable) -> None:
@@ -43,6 +51,7 @@ def track(closeable: Closeable) -> None:
     if not _installed["atexit"]:
         _installed["atexit"] = True
         atexit.register(close_all)
+        sys.excepthook = functools.partial(_note_uncaught, sys.excepthook)
     if not _installed["sigterm"] and threading.current_thread() is threading.main_thread():
         _installed["sigterm"] = True
         signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
@@ -54,8 +63,15 @@ def close_all() -> None:
         _close_quietly(closeable.close, closeable)
 
 
+def _note_uncaught(previous: Any, kind: type[BaseException], error: BaseException, trace: Any) -> None:
+    """Remember that an uncaught exception ends the process (then report it as before)."""
+    _ending["state"] = "CANCELED" if issubclass(kind, KeyboardInterrupt) else "FAILED"
+    previous(kind, error, trace)
+
+
 def _on_sigterm(previous: Any, signum: int, frame: Any) -> None:
     """Close everything, then do what SIGTERM did before: the previous handler, or the default exit."""
+    _ending["state"] = "CANCELED"
     close_all()
     if callable(previous):
         previous(signum, frame)

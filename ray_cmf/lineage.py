@@ -37,6 +37,7 @@ _STATES = {
     "CANCELED": mlpb.Execution.CANCELED,
 }
 _EVENTS = {"input": mlpb.Event.INPUT, "output": mlpb.Event.OUTPUT}
+RUNNING = mlpb.Execution.RUNNING
 _STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 _PROPERTY_TYPES = {str: mlpb.STRING, int: mlpb.INT, float: mlpb.DOUBLE}
 _SCHEMA_RACE_PAUSES = (0.2, 0.5, 1.0, 2.0, 4.0)  # seconds between tries while another process makes the schema

@@ -68,14 +68,14 @@ def _recovered_steps(store: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("how", "send", "returncode"),
+    ("how", "send", "returncode", "state"),
     [
-        ("normal", None, 0),
-        ("raise", None, 1),
-        ("wait", signal.SIGTERM, -signal.SIGTERM),
-        ("wait", signal.SIGINT, -signal.SIGINT),  # KeyboardInterrupt, then Python re-raises the signal
-        ("chained-sigterm", signal.SIGTERM, 3),
-        ("thread-first", signal.SIGTERM, -signal.SIGTERM),
+        ("normal", None, 0, "COMPLETE"),
+        ("raise", None, 1, "FAILED"),
+        ("wait", signal.SIGTERM, -signal.SIGTERM, "CANCELED"),
+        ("wait", signal.SIGINT, -signal.SIGINT, "CANCELED"),  # KeyboardInterrupt, then Python re-raises it
+        ("chained-sigterm", signal.SIGTERM, 3, "CANCELED"),
+        ("thread-first", signal.SIGTERM, -signal.SIGTERM, "CANCELED"),
     ],
     ids=[
         "normal-exit",
@@ -86,13 +86,18 @@ def _recovered_steps(store: Path) -> list[int]:
         "sigterm-after-a-first-buffer-on-another-thread",
     ],
 )
-def test_every_exit_path_keeps_every_logged_row(
-    tmp_path: Path, how: str, send: signal.Signals | None, returncode: int
+def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(
+    tmp_path: Path, how: str, send: signal.Signals | None, returncode: int, state: str
 ) -> None:
+    """Every row comes back, and the script's execution says how it ended (it stayed RUNNING for ever)."""
+    from ray_cmf.lineage import Lineage, state_name
+
     store = tmp_path / "store"
     done = _run(store, how, send)
     assert done.returncode == returncode, done.stderr[-3000:]
     assert "Fatal Python error" not in done.stderr
+    [execution] = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert state_name(execution) == state
     assert _recovered_steps(store) == list(range(ROWS))
     if how == "chained-sigterm":
         assert (store / "handler-ran").read_text() == "yes"
