@@ -556,10 +556,6 @@ def _tidy(frame: pd.DataFrame, metrics: list[str] | None, *, overlap: bool = Fal
     return frame[[*keys, "step", *rest]].reset_index(drop=True)
 
 
-def _metric_names(table: pd.DataFrame) -> set[str]:
-    return {c[: -len("_best")] for c in table.columns if c.endswith("_best")}
-
-
 def _scan_with_trials(
     dataset: pads.Dataset, columns: list[str], files: Sequence[TrialFile], *, series: bool
 ) -> pa.Table:
