@@ -232,10 +232,11 @@ class Sweep:
 
     def _step_table(self, metrics: list[str] | None, trials: set[str] | None, *, live: bool) -> pa.Table:
         """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``."""
+        spilled = self._spilled(metrics) if live else []  # read once: for the check and for the rows
         if metrics is not None:
-            self._check_metrics(metrics, live=live)
-        tables = [self._committed(metrics, trials), *(self._spilled(metrics, trials) if live else [])]
-        tables = [t for t in tables if t.num_rows]
+            self._check_metrics(metrics, [table for _, table in spilled] if live else None)
+        mine = [table for trial, table in spilled if trials is None or trial in trials]
+        tables = [t for t in [self._committed(metrics, trials), *mine] if t.num_rows]
         if not tables:
             return pa.table({})
         return _concat(tables)
@@ -250,13 +251,13 @@ class Sweep:
         schemas = [schema for schema, _ in self._footers().values()]
         return unify(schemas)
 
-    def _check_metrics(self, metrics: list[str], *, live: bool) -> None:
-        """An unknown metric is an error that lists the sweep's metrics (spilled ones count when ``live``)."""
+    def _check_metrics(self, metrics: list[str], spilled: list[pa.Table] | None) -> None:
+        """An unknown metric is an error that lists the sweep's metrics (the ``spilled`` tables' count too,
+        when the rows read include them)."""
         known = set(self._schema().names)
-        if live:
-            known |= {name for table in self._spilled(None, None) for name in table.column_names}
+        known |= {name for table in spilled or [] for name in table.column_names}
         unknown = [m for m in metrics if m not in known]
-        if unknown and (known or not live):
+        if unknown and (known or spilled is None):
             raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(self._schema())}")
 
     def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pa.Table:
@@ -269,14 +270,14 @@ class Sweep:
         table = _scan_with_trials(dataset, _columns(schema, metrics), files, series=self._several())
         return _keyed(table)
 
-    def _spilled(self, metrics: list[str] | None, trials: set[str] | None) -> list[pa.Table]:
-        """The uncommitted rows of this sweep's series, one table per spill directory."""
+    def _spilled(self, metrics: list[str] | None) -> list[tuple[str, pa.Table]]:
+        """The uncommitted rows of this sweep's series, one table per spill directory, with its trial."""
         ids = {e.id: trial_id_of(e) for e, _ in self.executions()}
         several = self._several()
         tables = []
         for directory, manifest in self._manifests():
             trial = ids.get(manifest.execution_id)
-            if manifest.metrics_name != self.metrics_name or trial is None or (trials and trial not in trials):
+            if manifest.metrics_name != self.metrics_name or trial is None:
                 continue
             batches = list(read_segments(directory))
             if not batches:
@@ -287,7 +288,7 @@ class Sweep:
             table = table.append_column(TRIAL_COLUMN, _constant(trial, table.num_rows))
             if several or manifest.instance:
                 table = table.append_column(SERIES_COLUMN, _constant(manifest.instance, table.num_rows))
-            tables.append(_keyed(table))
+            tables.append((trial, _keyed(table)))
         return tables
 
     def trials(

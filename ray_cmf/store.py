@@ -304,11 +304,7 @@ class Store:
         existing = self.lineage.store.get_artifact_by_type_and_name(STEP_METRICS_TYPE, name)
         if existing is None:
             return False
-        versions = [
-            output
-            for output, props in self._series_outputs(self.lineage.outputs([execution_id]))
-            if props["metrics_name"] == metrics_name
-        ]
+        versions = [output for output, _ in self._series_outputs(self.lineage.outputs([execution_id]), metrics_name)]
         held = any(output.artifact_id == existing.id for output in versions)
         newest = versions[-1] if versions else None
         return held and not (newest is not None and newest.artifact_id == existing.id and newest.instance == instance)
@@ -396,9 +392,7 @@ class Store:
             outputs = lineage.producers([a.id for a in lineage.artifacts(contexts, STEP_METRICS_TYPE)])
             where = f"pipeline {pipeline!r}"
         versions = [
-            (output, props)
-            for output, props in self._series_outputs(outputs)
-            if props["metrics_name"] == metrics_name and commit in (None, props["Commit"])
+            (o, props) for o, props in self._series_outputs(outputs, metrics_name) if commit in (None, props["Commit"])
         ]
         if not versions:
             which = f" with md5 {commit!r}" if commit else ""
@@ -413,10 +407,15 @@ class Store:
             )
         return str(versions[-1][1]["url"])
 
-    def _series_outputs(self, outputs: list[Output]) -> list[tuple[Output, dict[str, Any]]]:
-        """The outputs that are committed series (Step_Metrics), each with its artifact's properties."""
+    def _series_outputs(self, outputs: list[Output], metrics_name: str) -> list[tuple[Output, dict[str, Any]]]:
+        """The outputs that are committed versions of the series ``metrics_name`` (Step_Metrics artifacts), in
+        the order they were recorded, each with its artifact's properties."""
         type_id = self.lineage.find_type_id("artifact", STEP_METRICS_TYPE)
         ids = list({output.artifact_id for output in outputs})
         found = self.lineage.store.get_artifacts_by_id(ids) if ids else []
-        artifacts = {a.id: a for a in found if a.type_id == type_id}
-        return [(o, properties(artifacts[o.artifact_id])) for o in outputs if o.artifact_id in artifacts]
+        series = {a.id: properties(a) for a in found if a.type_id == type_id}
+        return [
+            (o, series[o.artifact_id])
+            for o in outputs
+            if series.get(o.artifact_id, {}).get("metrics_name") == metrics_name
+        ]
