@@ -28,7 +28,7 @@ from ray_cmf.client import WriterClient
 from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import MetricsNotFoundError, StoreError
-from ray_cmf.exits import outcome, track
+from ray_cmf.exits import ended_by, outcome, track
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
@@ -366,7 +366,7 @@ class Cmf:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        self.close("COMPLETE" if kind is None else "CANCELED" if issubclass(kind, KeyboardInterrupt) else "FAILED")
+        self.close(ended_by(kind))
 
 
 def exact_frame(table: pa.Table) -> pd.DataFrame:

@@ -63,9 +63,16 @@ def close_all() -> None:
         _close_quietly(closeable.close, closeable)
 
 
+def ended_by(kind: type[BaseException] | None) -> str:
+    """The state of an execution that ended with an exception of this ``kind`` (None: none)."""
+    if kind is None:
+        return "COMPLETE"
+    return "CANCELED" if issubclass(kind, KeyboardInterrupt) else "FAILED"
+
+
 def _note_uncaught(previous: Any, kind: type[BaseException], error: BaseException, trace: Any) -> None:
     """Remember that an uncaught exception ends the process (then report it as before)."""
-    _ending["state"] = "CANCELED" if issubclass(kind, KeyboardInterrupt) else "FAILED"
+    _ending["state"] = ended_by(kind)
     previous(kind, error, trace)
 
 
