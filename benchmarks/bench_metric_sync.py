@@ -1,19 +1,31 @@
-"""Metric sync over 2 gloo processes: ray_cmf packed sync vs torchmetrics vs naive per-metric all_reduce.
+"""Metric sync over 2 processes, its cost split into update, math and communication, each beside its floor.
 
-For K = 4, 16 and 64 metrics (a mix of mean, sum, max and min), each rank updates every metric, then
-syncs; we time the sync (median of 20 after warm-up) and count the torch.distributed collectives it
-issues. torchmetrics is a benchmark-only dependency: ``MetricCollection.compute()`` syncs its states.
+For K = 4, 16, 64 and 256 metrics (a mix of mean, sum, max and min, each updated with 16 values per step),
+on 2 ranks (gloo on CPU; NCCL with ``--backend nccl``, which needs a GPU per rank), this measures:
 
-Run: ``.venv/bin/python benchmarks/bench_metric_sync.py``
+- **update**: host time of one ``update`` call, against one ``copy_`` of the same input into a
+  preallocated buffer (the floor: an update must at least copy its input);
+- **math**: applying an interval's staged updates (``UPDATES`` per metric), against one fused op per
+  reduction kind over the same values (a sum, an amax and an amin over preallocated blocks);
+- **sync**: a whole ``sync().wait()`` (math included), against a bare ``all_gather_into_tensor`` of the
+  same bytes on the same process group, the one collective the sync issues;
+
+and beside them the peers: torchmetrics' ``MetricCollection.compute()`` and a naive all_reduce per metric
+(gloo only). Every figure is the median over ``ROUNDS`` interleaved rounds; the collectives each sync
+issues are counted. torchmetrics is a benchmark-only dependency.
+
+Run: ``.venv/bin/python benchmarks/bench_metric_sync.py [--backend nccl]``
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +37,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import fmt_time, print_table
 
-KS = (4, 16, 64)
-REPEATS = 20
+KS = (4, 16, 64, 256)
+ROUNDS = 30  # interleaved rounds; each figure is their median
+UPDATES = 4  # updates per metric per sync interval
+VALUES = 16  # elements per update
 COLLECTIVES = (
     "all_reduce",
     "all_gather",
@@ -39,6 +53,7 @@ COLLECTIVES = (
 
 
 def _count(counts: dict[str, int]) -> None:
+    """Count every torch.distributed collective (torchmetrics calls them through the module too)."""
     for name in COLLECTIVES:
         original = getattr(dist, name, None)
         if original is None:  # not in this torch version
@@ -49,31 +64,68 @@ def _count(counts: dict[str, int]) -> None:
             return __o(*args, **kwargs)
 
         setattr(dist, name, wrapped)
-        # torchmetrics calls through torch.distributed's module attribute, so this catches its calls too
 
 
-def _ours(k: int) -> tuple[Any, Any]:
-    from ray_cmf.metrics import Max, Mean, MetricCollection, Min, Sum
+class Ours:
+    """ray_cmf: a MetricCollection of K metrics."""
 
-    kinds = (Mean, Sum, Max, Min)
-    metrics = MetricCollection({f"m{i}": kinds[i % 4]() for i in range(k)})
+    def __init__(self, k: int, device: torch.device) -> None:
+        from ray_cmf.metrics import Max, Mean, MetricCollection, Min, Sum
 
-    def update(step: int) -> None:
-        for i, name in enumerate(metrics):
-            metrics[name].update(torch.full((16,), float(step + i)))
+        kinds = (Mean, Sum, Max, Min)
+        self.metrics = MetricCollection({f"m{i}": kinds[i % 4]() for i in range(k)}, device=device)
+        self.members = [self.metrics[name] for name in self.metrics]
+        self.inputs = [torch.full((VALUES,), float(i), device=device) for i in range(k)]
 
-    return update, lambda: metrics.sync().wait()
+    def update(self) -> None:
+        for metric, value in zip(self.members, self.inputs, strict=True):
+            metric.update(value)
+
+    def fold(self) -> None:
+        self.metrics._groups.fold()
+
+    def sync(self) -> Any:
+        return self.metrics.sync().wait()
+
+    def state_elements(self) -> int:
+        return self.metrics._groups.pack.flat.numel()
 
 
-def _torchmetrics(k: int) -> tuple[Any, Any]:
+class Floors:
+    """What the three parts cannot go below, on the same data."""
+
+    def __init__(self, k: int, device: torch.device, elements: int, world: int) -> None:
+        self.inputs = [torch.full((VALUES,), float(i), device=device) for i in range(k)]
+        self.cells = [torch.empty(VALUES, device=device) for _ in range(k)]
+        kinds = {"sum": (k + 1) // 2, "max": (k + 2) // 4, "min": k // 4}  # Mean and Sum reduce by sum
+        self.blocks = {
+            r: torch.rand(n, UPDATES, VALUES, dtype=torch.float64, device=device) for r, n in kinds.items() if n
+        }
+        self.local = torch.zeros(elements, dtype=torch.float64, device=device)
+        self.gathered = torch.empty(world * elements, dtype=torch.float64, device=device)
+
+    def copy(self) -> None:
+        for cell, value in zip(self.cells, self.inputs, strict=True):
+            cell.copy_(value)
+
+    def math(self) -> None:
+        for reduce, block in self.blocks.items():
+            {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduce](block, dim=(1, 2))
+
+    def collective(self) -> None:
+        dist.all_gather_into_tensor(self.gathered, self.local)
+
+
+def _torchmetrics(k: int) -> tuple[Callable[[], None], Callable[[], Any]]:
     import torchmetrics
 
     kinds = (torchmetrics.MeanMetric, torchmetrics.SumMetric, torchmetrics.MaxMetric, torchmetrics.MinMetric)
     metrics = torchmetrics.MetricCollection({f"m{i}": kinds[i % 4]() for i in range(k)}, compute_groups=False)
+    inputs = [torch.full((VALUES,), float(i)) for i in range(k)]
 
-    def update(step: int) -> None:
-        for i, (_, metric) in enumerate(metrics.items()):
-            metric.update(torch.full((16,), float(step + i)))
+    def update() -> None:
+        for (_, metric), value in zip(metrics.items(), inputs, strict=True):
+            metric.update(value)
 
     def sync() -> Any:
         out = metrics.compute()
@@ -83,12 +135,12 @@ def _torchmetrics(k: int) -> tuple[Any, Any]:
     return update, sync
 
 
-def _naive(k: int) -> tuple[Any, Any]:
+def _naive(k: int) -> tuple[Callable[[], None], Callable[[], Any]]:
     states = [torch.zeros(2, dtype=torch.float64) for _ in range(k)]
 
-    def update(step: int) -> None:
+    def update() -> None:
         for i, s in enumerate(states):
-            s.add_(torch.tensor([float(step + i) * 16, 16.0], dtype=torch.float64))
+            s.add_(torch.tensor([float(i) * VALUES, float(VALUES)], dtype=torch.float64))
 
     def sync() -> Any:
         for s in states:
@@ -98,53 +150,144 @@ def _naive(k: int) -> tuple[Any, Any]:
     return update, sync
 
 
-PEERS = {"ray_cmf": _ours, "torchmetrics": _torchmetrics, "naive per-metric all_reduce": _naive}
+def _clock(device: torch.device) -> Callable[[], float]:
+    """Seconds, after the device has finished what was queued (host time alone on a CPU)."""
+    if device.type == "cuda":
+        return lambda: (torch.cuda.synchronize(device), time.perf_counter())[1]
+    return time.perf_counter
 
 
-def _worker(rank: int, world: int, init: str, out: str) -> None:
+def _per_call(fn: Callable[[], None], calls: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) / calls
+
+
+def _measure(k: int, device: torch.device, counts: dict[str, int], peers: bool) -> dict[str, Any]:
+    """One K: every part, ours and its floor, interleaved over ROUNDS rounds (medians)."""
+    ours = Ours(k, device)
+    world = dist.get_world_size()
+    floors = Floors(k, device, ours.state_elements(), world)
+    clock = _clock(device)
+    peer_fns = {"torchmetrics": _torchmetrics(k), "naive per-metric all_reduce": _naive(k)} if peers else {}
+    for update, sync in [(ours.update, ours.sync), *peer_fns.values()]:
+        update()
+        sync()  # warm-up (and ray_cmf's one-time layout check)
+    floors.collective()
+    times: dict[str, list[float]] = {}
+    calls: dict[str, int] = {}
+
+    def timed(name: str, fn: Callable[[], Any]) -> None:
+        dist.barrier()
+        counts["n"] = 0
+        start = clock()
+        fn()
+        times.setdefault(name, []).append(clock() - start)
+        calls[name] = max(calls.get(name, 0), counts["n"])
+
+    reps = max(1, 256 // k)  # at least 256 updates per timing (flushes of full blocks included)
+    for _ in range(ROUNDS):
+        times.setdefault("update", []).append(_per_call(lambda: [ours.update() for _ in range(reps)], k * reps))
+        times.setdefault("copy floor", []).append(_per_call(lambda: [floors.copy() for _ in range(reps)], k * reps))
+        ours.sync()  # untimed: a fresh interval
+        for _ in range(UPDATES):
+            ours.update()
+        start = clock()
+        ours.fold()
+        times.setdefault("math", []).append(clock() - start)
+        timed("math floor", floors.math)
+        ours.sync()
+        for _ in range(UPDATES):
+            ours.update()
+        timed("sync", ours.sync)
+        timed("collective floor", floors.collective)
+        for peer, (update, sync) in peer_fns.items():
+            for _ in range(UPDATES):
+                update()
+            timed(peer, sync)
+    return {"median": {name: statistics.median(ts) for name, ts in times.items()}, "collectives": calls}
+
+
+def _worker(rank: int, world: int, backend: str, init: str, out: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    if backend == "nccl":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=world)
     counts = {"n": 0}
     _count(counts)
-    results = {}
-    for k in KS:
-        for peer, build in PEERS.items():
-            update, sync = build(k)
-            update(0)
-            sync()  # warm-up (and ray_cmf's one-time layout check)
-            times, calls = [], []
-            for step in range(REPEATS):
-                update(step)
-                dist.barrier()
-                counts["n"] = 0
-                start = time.perf_counter()
-                sync()
-                times.append(time.perf_counter() - start)
-                calls.append(counts["n"])
-            results[(peer, k)] = (statistics.median(times), max(calls))
+    results = {k: _measure(k, device, counts, peers=backend == "gloo") for k in KS}
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
 
 
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    backend = parser.parse_args().backend
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "results.pt")
-        mp.spawn(_worker, args=(2, str(Path(tmp) / "init"), out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, backend, str(Path(tmp) / "init"), out), nprocs=2, join=True)
         results = torch.load(out, weights_only=False)
+    print(f"## Metric sync, 2 {backend} ranks: the cost split, medians of {ROUNDS} interleaved rounds\n")
     rows = []
     for k in KS:
-        ours_time, _ours_calls = results[("ray_cmf", k)]
-        for peer in PEERS:
-            t, calls = results[(peer, k)]
-            rows.append([str(k), peer, fmt_time(t), str(calls), f"{t / ours_time:.1f}x"])
-    print("## Metric sync, 2 gloo ranks (median of 20)\n")
-    print_table(["K metrics", "peer", "sync time", "collectives", "time vs ray_cmf"], rows)
-    tm64 = results[("torchmetrics", 64)][0] / results[("ray_cmf", 64)][0]
+        m = results[k]["median"]
+        rows.append(
+            [
+                str(k),
+                fmt_time(m["update"]),
+                fmt_time(m["copy floor"]),
+                _ratio(m["update"], m["copy floor"]),
+                fmt_time(m["math"]),
+                fmt_time(m["math floor"]),
+                _ratio(m["math"], m["math floor"]),
+                fmt_time(m["sync"]),
+                fmt_time(m["collective floor"]),
+                _ratio(m["sync"], m["collective floor"]),
+                str(results[k]["collectives"]["sync"]),
+            ]
+        )
+    print_table(
+        [
+            "K",
+            "update / call",
+            "copy floor",
+            "ratio",
+            f"math / sync ({UPDATES} updates each)",
+            "fused-op floor",
+            "ratio",
+            "sync",
+            "bare collective",
+            "ratio",
+            "collectives",
+        ],
+        rows,
+    )
+    if backend == "gloo":
+        print("\n### Against the peers (sync time, math included)\n")
+        peer_rows = []
+        for k in KS:
+            m, calls = results[k]["median"], results[k]["collectives"]
+            for peer in ("sync", "torchmetrics", "naive per-metric all_reduce"):
+                label = "ray_cmf" if peer == "sync" else peer
+                peer_rows.append([str(k), label, fmt_time(m[peer]), str(calls[peer]), _ratio(m[peer], m["sync"])])
+        print_table(["K metrics", "peer", "sync time", "collectives", "time vs ray_cmf"], peer_rows)
+    at64 = results[64]["median"]
+    target = 1.5 if backend == "gloo" else 1.1
+    verdict = "met" if at64["sync"] <= target * at64["collective floor"] else "NOT met"
     print(
-        f"\nray_cmf vs torchmetrics at K=64: {tm64:.1f}x faster (target >= 5x); "
-        f"ray_cmf collectives per sync: {max(results[('ray_cmf', k)][1] for k in KS)} (target <= 3)"
+        f"\nsync at K=64: {_ratio(at64['sync'], at64['collective floor'])} the bare collective "
+        f"(target <= {target}x: {verdict}); update at K=64: {_ratio(at64['update'], at64['copy floor'])} "
+        "its copy floor (target <= 1.5x)"
     )
 
 

@@ -85,3 +85,24 @@ def test_side_stream_sync_matches_single_process() -> None:
         assert results[0][1]["synced"][key] == pytest.approx(value, rel=1e-9)
     for key, value in expected_second.to_row().items():
         assert results[1][1]["second"][key] == pytest.approx(value, rel=1e-9)
+
+
+def test_a_training_loop_with_syncs_and_uneven_groups_makes_no_host_sync() -> None:
+    """1,000 steps of updates, an asynchronous sync every 50 and a group whose members are updated unevenly
+    (its rows are masked): not one host sync. The rows are read after the loop."""
+    metrics = _collection()
+    metrics.add("rare", Sum())  # a second Sum: one group with "sum", updated one step in ten
+    handles = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1000):
+            _step(metrics, step)
+            if step % 10 == 0:
+                metrics["rare"].update(torch.ones(3, device="cuda"))
+            if step % 50 == 49:
+                handles.append(metrics.sync(async_op=True))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    rows = [metrics.to_row(handle.wait()) for handle in handles]
+    assert len(rows) == 20 and all(row["hist_count"] == 256 * 50 and row["rare"] == 15.0 for row in rows)

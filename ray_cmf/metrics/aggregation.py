@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ray_cmf.metrics.base import Metric, nonfinite
+from ray_cmf.metrics.base import Metric, nonfinite, per_member, rows_mask
 from ray_cmf.metrics.packing import STATE_DTYPE
 
 
@@ -33,21 +32,13 @@ def outputs(value: torch.Tensor, states: Mapping[str, torch.Tensor]) -> dict[str
     return out
 
 
-class _OneValue(Metric):
-    """Metrics updated by one value: a tensor of any shape or a Python number."""
-
-    def update(self, value: Any) -> None:
-        self._stage(value)
-
-    def _apply(self, values: torch.Tensor) -> None:
-        self._accumulate(values.to(STATE_DTYPE).reshape(-1))
-
-    @abstractmethod
-    def _accumulate(self, value: torch.Tensor) -> None:
-        """Update from a flat float64 tensor of values on the metric's device."""
+def float_values(block: torch.Tensor, valid: torch.Tensor | None, fill: float) -> torch.Tensor:
+    """A block ``(members, rows, ...)`` in float64, the rows without an update set to ``fill``."""
+    values = block if block.dtype == STATE_DTYPE else block.to(STATE_DTYPE)
+    return values if valid is None else values.masked_fill(~rows_mask(valid, values), fill)
 
 
-class Sum(_OneValue):
+class Sum(Metric):
     """Sum of every element seen.
 
     Example:
@@ -58,14 +49,20 @@ class Sum(_OneValue):
     """
 
     total: torch.Tensor
+    _stage_dtype = STATE_DTYPE
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.add_state("total", 0.0, "sum")
 
-    def _accumulate(self, value: torch.Tensor) -> None:
-        filtered, _ = self._filter(value, 0.0)
-        self.total.add_(filtered.sum())
+    def update(self, value: Any) -> None:
+        self._stage(value)
+
+    def _apply(
+        self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
+    ) -> None:
+        values, _ = self._filter(states, float_values(inputs[0], valid, 0.0), 0.0)
+        states["total"].add_(values.sum(per_member(values)))
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["total"], states)
@@ -83,6 +80,7 @@ class Mean(Metric):
 
     weighted_sum: torch.Tensor
     weight: torch.Tensor
+    _stage_dtype = STATE_DTYPE
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -102,49 +100,62 @@ class Mean(Metric):
                 f"Mean: weight of shape {tuple(weight_shape)} does not broadcast to the value's {tuple(value_shape)}"
             )
 
-    def _apply(self, values: torch.Tensor, weights: torch.Tensor | None = None) -> None:
-        values = values.to(STATE_DTYPE)
-        if weights is None:
-            values, excluded = self._filter(values.reshape(-1), 0.0)
-            self.weighted_sum.add_(values.sum())
-            self.weight.add_(values.numel())
+    def _apply(
+        self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
+    ) -> None:
+        block = inputs[0]
+        if len(inputs) == 1:
+            values, excluded = self._filter(states, float_values(block, valid, 0.0), 0.0)
+            states["weighted_sum"].add_(values.sum(per_member(values)))
+            per_row = math.prod(values.shape[2:])
+            states["weight"].add_(values.shape[1] * per_row if valid is None else valid.sum(1) * per_row)
             if excluded is not None:
-                self.weight.sub_(excluded)
+                states["weight"].sub_(excluded)
             return
         # each update's weight broadcasts against its value: align the trailing dimensions
-        missing = values.dim() - weights.dim()
-        weights = weights.to(STATE_DTYPE).reshape(weights.shape[:1] + (1,) * missing + weights.shape[1:])
-        values, weights = values.reshape(-1), torch.broadcast_to(weights, values.shape).reshape(-1)
+        weights = inputs[1]
+        missing = block.dim() - weights.dim()
+        weights = weights.reshape(weights.shape[:2] + (1,) * missing + weights.shape[2:]).expand(block.shape)
+        values, weights = float_values(block, valid, 0.0), float_values(weights, valid, 0.0)
         if self._needs_mask(values, weights):
             bad = nonfinite(values) | nonfinite(weights)
-            self.nonfinite.add_(bad.sum())
+            states["nonfinite"].add_(bad.sum(per_member(bad)))
             values, weights = values.masked_fill(bad, 0.0), weights.masked_fill(bad, 0.0)
-        self.weighted_sum.add_(torch.dot(values, weights))
-        self.weight.add_(weights.sum())
+        states["weighted_sum"].add_((values * weights).sum(per_member(values)))
+        states["weight"].add_(weights.sum(per_member(weights)))
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["weighted_sum"] / states["weight"], states)
 
 
-class _Extremum(_OneValue):
+class _Extremum(Metric):
     """Shared body of Max and Min: one state reduced by ``max``/``min``; the identity when empty."""
 
     _reduce = "max"
     extremum: torch.Tensor
+    _stage_dtype = STATE_DTYPE
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._identity = -math.inf if self._reduce == "max" else math.inf
         self.add_state("extremum", self._identity, self._reduce)
 
-    def _accumulate(self, value: torch.Tensor) -> None:
-        value, _ = self._filter(value, self._identity)
-        if value.numel() == 0:  # a shape check, not a value check: no host sync
+    def update(self, value: Any) -> None:
+        self._stage(value)
+
+    def _apply(
+        self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
+    ) -> None:
+        values, _ = self._filter(states, float_values(inputs[0], valid, 0.0), self._identity)
+        if valid is not None:  # rows without an update hold a finite placeholder, so the NaN policy counts none
+            values = values.masked_fill(~rows_mask(valid, values), self._identity)
+        if values.numel() == 0:  # a shape check, not a value check: no host sync
             return
+        extremum, dims = states["extremum"], per_member(values)
         if self._reduce == "max":
-            torch.maximum(self.extremum, value.max(), out=self.extremum)
+            torch.maximum(extremum, values.amax(dims), out=extremum)
         else:
-            torch.minimum(self.extremum, value.min(), out=self.extremum)
+            torch.minimum(extremum, values.amin(dims), out=extremum)
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["extremum"], states)

@@ -11,15 +11,8 @@ from typing import Any
 import torch
 
 from ray_cmf.errors import RayCmfError
-from ray_cmf.metrics.packing import (
-    COLLECTIVE_TIMEOUT_S,
-    REDUCTIONS,
-    STATE_DTYPE,
-    StatePack,
-    SyncHandle,
-    rank,
-    world_size,
-)
+from ray_cmf.metrics.groups import MetricGroups
+from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, REDUCTIONS, STATE_DTYPE, SyncHandle
 from ray_cmf.metrics.staging import Stager
 
 NAN_POLICIES = ("exclude", "propagate")
@@ -42,6 +35,10 @@ class Metric(ABC):
     ``compute()`` returns the last sync's global values until the next ``update``/``reset``; otherwise the
     local values. States are float64 (exact counts up to 2**53).
 
+    A subclass declares its states (``add_state``) and implements its math vectorized over a group of
+    metrics of its kind: ``_apply`` and ``_compute`` see each state as ``(members, *shape)``, so one call
+    serves every metric of the kind in a collection. Settings that change the math belong in ``_config``.
+
     Args:
         nan_policy: ``"exclude"`` (default) leaves NaN/inf out of the value and counts them in the
             ``nonfinite`` output; ``"propagate"`` lets them flow into the value.
@@ -50,6 +47,7 @@ class Metric(ABC):
     """
 
     nonfinite: torch.Tensor  # a state (see ``add_state``), under ``nan_policy="exclude"``
+    _stage_dtype: torch.dtype | None = None  # what staged inputs are converted to as they are copied (None: kept)
 
     def __init__(self, *, nan_policy: str = "exclude", cumulative: bool = False, device: Any = None) -> None:
         if nan_policy not in NAN_POLICIES:
@@ -58,10 +56,10 @@ class Metric(ABC):
         self.cumulative = cumulative
         self._device = torch.device(device if device is not None else "cpu")
         self._state_specs: dict[str, StateSpec] = {}
-        self._pack: StatePack | None = None
-        self._owner: Any = None  # the MetricCollection that packs this metric, if any
-        self._synced: dict[str, torch.Tensor] | None = None
-        self._stager = Stager(self._apply, self._check)
+        self._groups: MetricGroups | None = None  # the packed groups this metric belongs to (built on first use)
+        self._group = self._member = 0  # where it sits in them
+        self._stager: Stager | None = None
+        self._updated_in = -1  # the sync interval of its last update
         if nan_policy == "exclude":
             self.add_state("nonfinite", 0.0, "sum")
 
@@ -70,25 +68,34 @@ class Metric(ABC):
         """Declare a state with its default and its cross-rank reduction (``sum``, ``max`` or ``min``)."""
         if reduce not in REDUCTIONS:
             raise ValueError(f"State {name!r}: reduce must be one of {REDUCTIONS}, got {reduce!r}")
+        if self._groups is not None:
+            raise RayCmfError(f"{type(self).__name__}: declare state {name!r} before the first update")
         tensor = torch.as_tensor(default, dtype=STATE_DTYPE).clone()
         self._state_specs[name] = StateSpec(tensor, reduce)
         setattr(self, name, tensor.to(self._device, copy=True))  # never alias the default
-        self._pack = None
+
+    def _config(self) -> tuple[Any, ...]:
+        """Settings that change this metric's math: metrics of one class and config are updated together."""
+        return ()
+
+    def kind(self) -> tuple[Any, ...]:
+        """What metrics must share to be updated and computed as one group."""
+        states = tuple((name, spec.reduce, tuple(spec.default.shape)) for name, spec in self._state_specs.items())
+        return (type(self), self.nan_policy, self._config(), states)
 
     @property
     def device(self) -> torch.device:
         return self._device
 
-    @property
-    def pack(self) -> StatePack:
-        """This metric's own packed layout (built on first use)."""
-        if self._owner is not None:
+    def _solo(self) -> MetricGroups:
+        """This metric's own packed layout, unless it belongs to a collection (built on first use)."""
+        if self._groups is None:
+            self._groups = MetricGroups([("", self)], self._device, prefixed=False)
+        elif self._groups.prefixed:
             raise RayCmfError(
-                f"{type(self).__name__} belongs to a MetricCollection; sync, reset and checkpoint the collection"
+                f"{type(self).__name__} belongs to a MetricCollection; sync, reset, move and checkpoint the collection"
             )
-        if self._pack is None:
-            self._pack = StatePack([("", self)], self._device)
-        return self._pack
+        return self._groups
 
     # -- the protocol --------------------------------------------------------------------------------
     @abstractmethod
@@ -97,13 +104,27 @@ class Metric(ABC):
 
     @abstractmethod
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Outputs (``value`` first) from a set of states; must not modify them."""
+        """Outputs (``value`` first), each ``(members, ...)``, from states ``(members, *shape)``; must not modify
+        them."""
 
-    # -- staged updates (see staging.py) -----------------------------------------------------------
     def _stage(self, *inputs: Any) -> None:
-        """Record one update's inputs; ``_apply`` runs on them as part of a block."""
-        self._synced = None
-        self._stager.push(inputs, self._device)
+        """Record one update's inputs; ``_apply`` runs on them as part of a block (see staging.py)."""
+        groups = self._groups or self._solo()
+        self._updated_in = groups.interval
+        groups.updated = True
+        self._stager.push(self._member, inputs, groups.device)  # type: ignore[union-attr]
+
+    def _check_update(self, args: tuple[Any, ...]) -> None:
+        """Raise as ``update(*args)`` would on bad inputs, staging nothing (a joint update checks first)."""
+        stager = self._stager
+        assert stager is not None, "a member of a collection has its stager"
+        if stager.seen(args):  # the common case: inputs of the latest update's signature, checked then
+            return
+        self._stage = lambda *inputs: stager.check(inputs)  # type: ignore[method-assign]
+        try:
+            self.update(*args)
+        finally:
+            del self._stage
 
     def _check(self, *inputs: Any, **options: Any) -> None:
         """Raise ValueError, naming the shapes, if one update's inputs do not fit together (shapes only).
@@ -114,34 +135,26 @@ class Metric(ABC):
         return
 
     @abstractmethod
-    def _apply(self, *inputs: Any, **options: Any) -> None:
-        """Vectorized update: every input has a leading dimension indexing the staged updates."""
+    def _apply(
+        self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
+    ) -> None:
+        """Vectorized update of a group: states are ``(members, *shape)``, every input ``(members, rows, *shape)``,
+        ``valid`` the ``(members, rows)`` rows that hold an update (None: all of them)."""
 
-    def _fold(self) -> None:
-        """Apply the staged updates (before the states are read, reduced or saved).
+    def _filter(
+        self, states: Mapping[str, torch.Tensor], values: torch.Tensor, fill: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Apply the NaN policy to ``(members, ...)`` values: non-finite entries become ``fill`` and are counted.
 
-        A member of a collection folds the collection: its updates may be staged there, jointly.
+        Returns the filtered values and how many were replaced per member: a device tensor, or None when nothing
+        needed masking (see ``_needs_mask``).
         """
-        if self._owner is not None:
-            self._owner._fold()
-        else:
-            self._stager.flush()
-
-    def _discard_staged(self) -> None:
-        self._stager.discard()
-
-    def _filter(self, value: torch.Tensor, fill: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Apply the NaN policy: non-finite entries become ``fill`` and are counted (see ``_needs_mask``).
-
-        Returns the filtered values and how many were replaced: a device tensor, or None when nothing needed
-        masking (under ``"propagate"``, for integers, or for a finite block on a CPU device).
-        """
-        if not self._needs_mask(value):
-            return value, None
-        bad = nonfinite(value)
-        excluded = bad.sum()
-        self.nonfinite.add_(excluded)
-        return value.masked_fill(bad, fill), excluded
+        if not self._needs_mask(values):
+            return values, None
+        bad = nonfinite(values)
+        excluded = bad.sum(per_member(bad))
+        states["nonfinite"].add_(excluded)
+        return values.masked_fill(bad, fill), excluded
 
     def _needs_mask(self, *values: torch.Tensor) -> bool:
         """Whether the NaN policy must mask non-finite entries of these values (a shape and dtype check on an
@@ -161,36 +174,21 @@ class Metric(ABC):
 
     def compute(self) -> dict[str, torch.Tensor]:
         """Outputs as device tensors: the last sync's global values, else this rank's local ones."""
-        if self._synced is not None:
-            return self._synced
-        self._fold()
-        return self._compute({name: getattr(self, name) for name in self._state_specs})
+        groups = self._groups
+        if groups is None or not groups.prefixed:
+            groups = self._solo()
+        return groups.values_of(self)
 
-    def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[dict[str, torch.Tensor]]:
+    def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[Mapping[str, torch.Tensor]]:
         """End the interval: reduce a snapshot across ranks (one collective), reset local state, return a handle.
 
         A no-op for communication when torch.distributed is not initialized or the world size is 1.
         """
-        pack = self.pack
-        self._fold()
-        handle = pack.reduce(group, async_op=async_op).then(lambda states: self._keep_synced(pack.states(self, states)))
-        if not async_op:
-            handle.wait()
-        return handle
-
-    def _keep_synced(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The outputs of a sync's reduced states, kept until the next update.
-
-        Outputs that are views of the reduced buffer are copied (a later sync reuses it); computed ones are not.
-        """
-        self._synced = {k: v if v._base is None else v.clone() for k, v in self._compute(states).items()}
-        return self._synced
+        return self._solo().sync(group, async_op=async_op)  # type: ignore[return-value]
 
     def reset(self) -> None:
         """Restore every state to its default."""
-        self._synced = None
-        self._discard_staged()
-        self.pack.reset(self)
+        self._solo().reset()
 
     # -- checkpointing -------------------------------------------------------------------------------
     def state_dict(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> dict[str, torch.Tensor]:
@@ -199,31 +197,40 @@ class Metric(ABC):
         A collective: call it on every rank (then save it on one). Called on one rank only, it raises
         :class:`CollectiveTimeoutError` after ``timeout`` seconds instead of hanging.
         """
-        pack = self.pack
-        self._fold()
-        reduced = pack.global_states(timeout)
-        return {name: view.clone() for name, view in pack.states(self, reduced).items()}
+        return self._solo().state_dict(timeout)
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Restore a global state: rank 0 takes it, other ranks start from the defaults."""
-        self._discard_staged()
-        load_global_state(self.pack, [("", self)], state_dict)
-        self._synced = None
+        self._solo().load_state_dict(state_dict)
 
     def to(self, device: Any) -> Metric:
         """Move the states to ``device`` (values kept); returns self."""
-        if self._owner is not None:
-            raise RayCmfError(f"{type(self).__name__} belongs to a MetricCollection; move the collection instead")
-        self._fold()
-        self._stager.discard()
+        if self._groups is not None:
+            self._solo().fold()
+        self.detach()
         self._device = torch.device(device)
         for name in self._state_specs:
             setattr(self, name, getattr(self, name).to(self._device))
-        self._pack = None
         return self
+
+    def detach(self) -> None:
+        """Leave the packed layout (after its staged updates were applied): the states keep their values."""
+        for name in self._state_specs:
+            setattr(self, name, getattr(self, name).clone())
+        self._groups, self._stager = None, None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(nan_policy={self.nan_policy!r}, cumulative={self.cumulative})"
+
+
+def rows_mask(valid: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``valid`` ``(members, rows)`` shaped to broadcast against ``like`` ``(members, rows, ...)``."""
+    return valid.view(*valid.shape, *([1] * (like.dim() - 2)))
+
+
+def per_member(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of a ``(members, ...)`` tensor that a per-member reduction folds."""
+    return tuple(range(1, tensor.dim()))
 
 
 def nonfinite(value: torch.Tensor) -> torch.Tensor:
@@ -232,19 +239,3 @@ def nonfinite(value: torch.Tensor) -> torch.Tensor:
     ``x - x`` is 0 for every finite ``x`` and NaN otherwise: two cheap kernels, where ``isfinite`` runs four.
     """
     return torch.isnan(value - value)
-
-
-def load_global_state(
-    pack: StatePack, members: list[tuple[str, Metric]], state_dict: Mapping[str, torch.Tensor]
-) -> None:
-    """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min)."""
-    expected = {f"{prefix}{name}" for prefix, metric in members for name in metric._state_specs}
-    missing, extra = expected - set(state_dict), set(state_dict) - expected
-    if missing or extra:
-        raise RayCmfError(f"Metric state_dict does not match: missing {sorted(missing)}, unexpected {sorted(extra)}")
-    pack.reset()
-    if world_size() > 1 and rank() != 0:
-        return
-    for prefix, metric in members:
-        for name, view in pack.states(metric).items():
-            view.copy_(torch.as_tensor(state_dict[f"{prefix}{name}"]).to(view.device, STATE_DTYPE).view(view.shape))

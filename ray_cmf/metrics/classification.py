@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ray_cmf.metrics.aggregation import outputs
-from ray_cmf.metrics.base import Metric, nonfinite
+from ray_cmf.metrics.base import Metric, nonfinite, per_member, rows_mask
 
 
 class Accuracy(Metric):
@@ -54,25 +55,35 @@ class Accuracy(Metric):
         elif self.top_k != 1:
             raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(target.shape)}")
 
-    def _apply(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        if target.dim() > 1:  # the staged updates' dimension joins the samples' dimension
-            preds, target = preds.flatten(0, 1), target.flatten(0, 1)
+    def _config(self) -> tuple[Any, ...]:
+        return (self.top_k,)
+
+    def _apply(
+        self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
+    ) -> None:
+        preds, target = inputs
+        keep = None if valid is None else rows_mask(valid, target).expand(target.shape)
+        if target.dim() > 2:  # the staged updates' dimension joins the samples' dimension
+            preds, target = preds.flatten(1, 2), target.flatten(1, 2)
+            keep = None if keep is None else keep.flatten(1, 2)
         if preds.dim() == target.dim():
             hit, bad = preds == target, None
         else:
             if self.top_k == 1:
-                hit = preds.argmax(dim=1) == target
+                hit = preds.argmax(dim=2) == target
             else:
-                top = preds.topk(min(self.top_k, preds.shape[1]), dim=1).indices
-                hit = (top == target.unsqueeze(1)).any(dim=1)
-            bad = nonfinite(preds).any(dim=1) if self._needs_mask(preds) else None
-        self.total.add_(target.numel())
+                top = preds.topk(min(self.top_k, preds.shape[2]), dim=2).indices
+                hit = (top == target.unsqueeze(2)).any(dim=2)
+            bad = nonfinite(preds).any(dim=2) if self._needs_mask(preds) else None
+        dims = per_member(hit)
         if bad is not None:
-            excluded = bad.sum()
-            self.nonfinite.add_(excluded)
-            self.total.sub_(excluded)
-            hit.masked_fill_(bad, False)
-        self.correct.add_(hit.sum())
+            bad = bad if keep is None else bad & keep
+            excluded = bad.sum(dims)
+            states["nonfinite"].add_(excluded)
+            states["total"].sub_(excluded)
+            hit = hit & ~bad
+        states["total"].add_(math.prod(hit.shape[1:]) if keep is None else keep.sum(dims))
+        states["correct"].add_((hit if keep is None else hit & keep).sum(dims))
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["correct"] / states["total"], states)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ray_cmf.metrics.base import Metric, nonfinite
+from ray_cmf.metrics.base import Metric, nonfinite, rows_mask
 from ray_cmf.metrics.packing import STATE_DTYPE
 
 
@@ -27,6 +27,7 @@ class Histogram(Metric):
     """
 
     counts: torch.Tensor
+    _stage_dtype = STATE_DTYPE
 
     def __init__(
         self, bins: int, low: float, high: float, quantiles: Sequence[float] = (0.5, 0.9, 0.99), **kwargs: Any
@@ -40,42 +41,48 @@ class Histogram(Metric):
         self.quantiles = tuple(quantiles)
         self.add_state("counts", torch.zeros(bins + 2), "sum")
 
+    def _config(self) -> tuple[Any, ...]:
+        return (self.bins, self.low, self.high, self.quantiles)
+
     def update(self, value: Any) -> None:
         self._stage(value)
 
-    def _apply(self, values: torch.Tensor) -> None:
-        value = values.to(STATE_DTYPE).reshape(-1)
-        if self._needs_mask(value):
-            bad = nonfinite(value)
-            self.nonfinite.add_(bad.sum())
-            weight = (~bad).to(self.counts.dtype)
-        else:
-            weight = torch.ones_like(value)
+    def _apply(
+        self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
+    ) -> None:
+        block = inputs[0]
+        value = block.to(STATE_DTYPE).reshape(block.shape[0], -1)
+        keep = None if valid is None else rows_mask(valid, block).expand(block.shape).reshape(value.shape)
+        if self._needs_mask(value if keep is None else value.masked_fill(~keep, 0.0)):
+            bad = nonfinite(value) if keep is None else nonfinite(value) & keep
+            states["nonfinite"].add_(bad.sum(1))
+            keep = ~bad if keep is None else keep & ~bad
+        weight = torch.ones_like(value) if keep is None else keep.to(STATE_DTYPE)
         scaled = ((value - self.low) / (self.high - self.low) * self.bins).floor()
         # +inf and NaN land in the overflow bin, -inf in the underflow bin (they count only under "propagate")
         index = torch.nan_to_num(scaled, nan=self.bins, posinf=self.bins, neginf=-1).clamp(-1, self.bins) + 1
-        self.counts.index_add_(0, index.long(), weight)
+        states["counts"].scatter_add_(1, index.long(), weight)
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        counts = states["counts"]
-        total = counts.sum()
-        cumulative = counts.cumsum(0)
+        counts = states["counts"]  # (members, bins + 2)
+        total = counts.sum(1)
+        cumulative = counts.cumsum(1)
         # each bin's [lower, upper) edges, with under/overflow pinned to low/high; device ops only (no host sync)
         edges = self.low + (self.high - self.low) / self.bins * torch.arange(
             self.bins + 1, device=counts.device, dtype=counts.dtype
         )
-        lower = torch.cat([edges[:1], edges[:-1], edges[-1:]])
-        upper = torch.cat([edges[:1], edges[1:], edges[-1:]])
+        lower = torch.cat([edges[:1], edges[:-1], edges[-1:]]).expand_as(counts)
+        upper = torch.cat([edges[:1], edges[1:], edges[-1:]]).expand_as(counts)
         out: dict[str, torch.Tensor] = {}
         if self.quantiles:
-            targets = torch.stack([total * q for q in self.quantiles])
+            targets = torch.stack([total * q for q in self.quantiles], dim=1)
             i = torch.searchsorted(cumulative, targets).clamp(max=self.bins + 1)
-            before = torch.where(i > 0, cumulative.gather(0, (i - 1).clamp(min=0)), 0.0)
-            inside = counts.gather(0, i)
+            before = torch.where(i > 0, cumulative.gather(1, (i - 1).clamp(min=0)), 0.0)
+            inside = counts.gather(1, i)
             frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
-            start = lower.gather(0, i)
-            estimates = torch.where(total > 0, start + frac * (upper.gather(0, i) - start), math.nan)
-            out = {f"p{q * 100:g}": estimate for q, estimate in zip(self.quantiles, estimates.unbind(), strict=True)}
+            start = lower.gather(1, i)
+            estimates = torch.where(total[:, None] > 0, start + frac * (upper.gather(1, i) - start), math.nan)
+            out = {f"p{q * 100:g}": estimates[:, j] for j, q in enumerate(self.quantiles)}
         out = {"value": out.get("p50", next(iter(out.values()), total)), **out, "count": total, "counts": counts}
         if "nonfinite" in states:
             out["nonfinite"] = states["nonfinite"]

@@ -1,11 +1,13 @@
 """Packed metric state: one contiguous float64 buffer, a region per reduction (sum, max, min).
 
 Every state tensor of the packed metrics is a view into its reduction's region, so updates write
-straight into the packed layout. A sync snapshots the buffer into one of two preallocated copies (double
-buffering), resets the live state, and reduces the copy: asynchronously on gloo (``async_op=True``), on
-a side stream ordered by CUDA events on GPUs. Whatever the number of metrics, a sync is ONE collective
-when the gathered state is small (an all_gather, then each region reduced locally: small collectives cost
-latency, not bandwidth), else at most two all_reduces (sum, and max with the min region negated).
+straight into the packed layout. Metrics of one kind form a group whose states are adjacent: each state
+of a whole group is one ``(members, *shape)`` view, updated and computed by one op for all of them.
+A sync snapshots the buffer into one of two preallocated copies (double buffering), resets the live
+state, and reduces the copy: asynchronously on gloo (``async_op=True``), on a side stream ordered by CUDA
+events on GPUs. Whatever the number of metrics, a sync is ONE collective when the gathered state is small
+(an all_gather, then each region reduced locally: small collectives cost latency, not bandwidth), else at
+most two all_reduces (sum, and max with the min region negated).
 The ranks compare layouts once, on the first sync.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -36,9 +38,6 @@ class StateOwner(Protocol):
 
     _state_specs: dict[str, Any]
     cumulative: bool
-
-
-States = dict[StateOwner, dict[str, torch.Tensor]]  # each owner's states, by name
 
 
 class LayoutMismatchError(RayCmfError):
@@ -66,19 +65,26 @@ def rank(group: Any = None) -> int:
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one state lives: its owner, name, reduction and range in the reduction's buffer."""
+    """Where one state lives: its owner, name, reduction and range in the flat buffer."""
 
     owner: StateOwner
     prefix: str
     name: str
     reduce: str
     shape: tuple[int, ...]
-    offset: int
+    begin: int
     numel: int
 
     @property
     def key(self) -> str:
         return f"{self.prefix}{self.name}"
+
+    @property
+    def span(self) -> slice:
+        return slice(self.begin, self.begin + self.numel)
+
+
+GroupStates = list[dict[str, torch.Tensor]]  # per group: each state of all its members, shaped (members, *shape)
 
 
 class SyncHandle(Generic[T]):
@@ -137,77 +143,66 @@ _PENDING = object()
 
 
 class StatePack:
-    """Packs the states of ``members`` (prefix, metric) into per-reduction buffers on ``device``."""
+    """Packs the states of metric groups into one flat buffer on ``device``, a region per reduction.
 
-    def __init__(self, members: Iterable[tuple[str, StateOwner]], device: torch.device) -> None:
+    ``groups`` holds (prefix, metric) pairs; the metrics of a group declare the same states (names, shapes,
+    reductions). Inside each reduction's region, one state of every member of a group is one contiguous
+    slice, so a group's state is a ``(members, *shape)`` view and one op updates or reduces all members.
+    """
+
+    def __init__(self, groups: Sequence[Sequence[tuple[str, StateOwner]]], device: torch.device) -> None:
         self.device = torch.device(device)
-        self.members = list(members)
+        self.members = [member for group in groups for member in group]
         slots: list[Slot] = []
-        sizes = dict.fromkeys(REDUCTIONS, 0)
-        specs = sorted(
-            ((prefix, name, spec) for prefix, metric in self.members for name, spec in metric._state_specs.items()),
-            key=lambda item: (item[0], item[1]),
-        )
-        owners = {prefix: metric for prefix, metric in self.members}
-        for prefix, name, spec in specs:
-            numel = spec.default.numel()
-            slots.append(
-                Slot(owners[prefix], prefix, name, spec.reduce, tuple(spec.default.shape), sizes[spec.reduce], numel)
-            )
-            sizes[spec.reduce] += numel
+        spans: list[dict[str, tuple[slice, tuple[int, ...]]]] = [{} for _ in groups]
+        regions: dict[str, tuple[int, int]] = {}
+        end = 0
+        for reduce in REDUCTIONS:
+            region_begin = end
+            for g, group in enumerate(groups):
+                specs = group[0][1]._state_specs
+                for name in sorted(n for n, spec in specs.items() if spec.reduce == reduce):
+                    shape, numel, begin = tuple(specs[name].default.shape), specs[name].default.numel(), end
+                    for prefix, owner in group:
+                        slots.append(Slot(owner, prefix, name, reduce, shape, end, numel))
+                        end += numel
+                    spans[g][name] = (slice(begin, end), (len(group), *shape))
+            if end > region_begin:
+                regions[reduce] = (region_begin, end)
         self.slots = slots
-        bounds, start = {}, 0
-        for r in REDUCTIONS:
-            if sizes[r]:
-                bounds[r] = (start, start + sizes[r])
-                start += sizes[r]
-        self.regions = bounds  # reduction -> (begin, end) in the flat buffer
-        self.flat = torch.empty(start, dtype=STATE_DTYPE, device=self.device)
+        self.regions = regions  # reduction -> (begin, end) in the flat buffer
+        self.flat = torch.empty(end, dtype=STATE_DTYPE, device=self.device)
         self.defaults = torch.empty_like(self.flat)
         self.keep = torch.zeros(self.flat.shape, dtype=torch.bool, device=self.device)
         for slot in slots:
             spec = slot.owner._state_specs[slot.name]
-            region = self._span(slot)
-            self.flat[region].copy_(getattr(slot.owner, slot.name).reshape(-1))
-            self.defaults[region].copy_(spec.default.reshape(-1))
-            self.keep[region] = slot.owner.cumulative
-            setattr(slot.owner, slot.name, self.flat[region].view(slot.shape))
+            self.flat[slot.span].copy_(getattr(slot.owner, slot.name).reshape(-1))
+            self.defaults[slot.span].copy_(spec.default.reshape(-1))
+            self.keep[slot.span] = slot.owner.cumulative
+            setattr(slot.owner, slot.name, self.flat[slot.span].view(slot.shape))
+        self._spans = spans
         self._any_cumulative = any(owner.cumulative for _, owner in self.members)
         self._snapshots = [torch.empty_like(self.flat) for _ in range(2)]
-        self._live_states = self._states_in(self.flat)
-        self._snapshot_states = [self._states_in(snapshot) for snapshot in self._snapshots]
+        self.live = self.group_states(self.flat)
+        self._snapshot_states = [self.group_states(snapshot) for snapshot in self._snapshots]
         self._gathered: list[torch.Tensor | None] = [None, None]
         self._next = 0
         self._in_flight: list[SyncHandle[Any] | None] = [None, None]
         self._layout_checked = False
         self.layout = tuple((s.key, s.reduce, s.shape) for s in slots)
 
-    def _span(self, slot: Slot) -> slice:
-        """Where ``slot`` lives in the flat buffer."""
-        begin = self.regions[slot.reduce][0] + slot.offset
-        return slice(begin, begin + slot.numel)
+    def group_states(self, flat: torch.Tensor) -> GroupStates:
+        """Every group's states as ``(members, *shape)`` views into ``flat`` (a buffer laid out like this pack)."""
+        return [{name: flat[span].view(shape) for name, (span, shape) in group.items()} for group in self._spans]
 
-    def _states_in(self, flat: torch.Tensor) -> States:
-        """Every owner's states as views into ``flat`` (built once per buffer: a sync only reads them)."""
-        states: States = {owner: {} for _, owner in self.members}
-        for s in self.slots:
-            states[s.owner][s.name] = flat[self._span(s)].view(s.shape)
-        return states
+    def named_states(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every state as ``{prefix + name: view}`` into ``flat`` (a checkpoint's layout)."""
+        return {slot.key: flat[slot.span].view(slot.shape) for slot in self.slots}
 
-    def states(self, owner: StateOwner, reduced: States | None = None) -> dict[str, torch.Tensor]:
-        """``owner``'s states: views into the live buffer, or into a sync's ``reduced`` result. Do not modify."""
-        return (self._live_states if reduced is None else reduced)[owner]
-
-    def reset(self, owner: StateOwner | None = None, *, keep_cumulative: bool = False) -> None:
-        """Restore defaults: every state, or ``owner``'s; cumulative ones survive when ``keep_cumulative``."""
-        if owner is None:
-            keep = keep_cumulative and self._any_cumulative
-            self.flat.copy_(torch.where(self.keep, self.flat, self.defaults) if keep else self.defaults)
-            return
-        for s in self.slots:
-            if s.owner is owner:
-                span = self._span(s)
-                self.flat[span].copy_(self.defaults[span])
+    def reset(self, *, keep_cumulative: bool = False) -> None:
+        """Restore every state's default; cumulative ones survive when ``keep_cumulative``."""
+        keep = keep_cumulative and self._any_cumulative
+        self.flat.copy_(torch.where(self.keep, self.flat, self.defaults) if keep else self.defaults)
 
     # -- communication -------------------------------------------------------------------------------
     def check_layout(self, group: Any = None, timeout: float = COLLECTIVE_TIMEOUT_S) -> None:
@@ -228,15 +223,17 @@ class StatePack:
     def _comm_device(self, group: Any) -> torch.device:
         return self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
-    def global_states(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> States:
+    def global_states(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> torch.Tensor:
         """The live states reduced across every rank, which keep theirs (a checkpoint's content). A collective:
         every rank must call it; one that waits ``timeout`` seconds for the others raises
         :class:`CollectiveTimeoutError`."""
         what = "state_dict() (a collective: every rank must call it, not only rank 0)"
         self.check_layout(None, timeout)
-        return self.reduce(None, async_op=True, reset=False).wait_within(timeout, what)
+        index = self._next
+        self.reduce(None, async_op=True, reset=False).wait_within(timeout, what)
+        return self._snapshots[index]
 
-    def reduce(self, group: Any = None, *, async_op: bool = False, reset: bool = True) -> SyncHandle[States]:
+    def reduce(self, group: Any = None, *, async_op: bool = False, reset: bool = True) -> SyncHandle[GroupStates]:
         """Snapshot the live state, reset it (cumulative states stay), and reduce the snapshot across ranks."""
         index = self._next
         self._next ^= 1
@@ -251,7 +248,7 @@ class StatePack:
         self._in_flight[index] = handle
         return handle
 
-    def _launch(self, index: int, group: Any, async_op: bool) -> SyncHandle[States]:
+    def _launch(self, index: int, group: Any, async_op: bool) -> SyncHandle[GroupStates]:
         if world_size(group) == 1:
             return SyncHandle(lambda: self._snapshot_states[index])
         self.check_layout(group)
@@ -260,13 +257,13 @@ class StatePack:
             return SyncHandle(finish, [w for w in works if w is not None])  # None: the call already completed
         return self._launch_cuda(index, group, async_op)
 
-    def _exchange(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], States]]:
+    def _exchange(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], GroupStates]]:
         """Start the collectives on a snapshot; ``finish`` (after they complete) returns the reduced states."""
         if world_size(group) * self._snapshots[index].numel() <= GATHER_MAX_ELEMENTS:
             return self._gather(index, group, async_op)
         return self._all_reduce(index, group, async_op)
 
-    def _gather(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], States]]:
+    def _gather(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], GroupStates]]:
         """One all_gather of every rank's snapshot; each region is then reduced locally."""
         snapshot, world = self._snapshots[index], world_size(group)
         gathered = self._gathered[index]
@@ -274,7 +271,7 @@ class StatePack:
             gathered = self._gathered[index] = snapshot.new_empty(world * snapshot.numel())
         work = _all_gather(gathered, snapshot, group, async_op)
 
-        def reduce_locally() -> States:
+        def reduce_locally() -> GroupStates:
             rows = gathered.view(world, -1)
             for r, (begin, end) in self.regions.items():
                 _LOCAL[r](rows[:, begin:end], dim=0, out=snapshot[begin:end])
@@ -282,7 +279,7 @@ class StatePack:
 
         return [work], reduce_locally
 
-    def _all_reduce(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], States]]:
+    def _all_reduce(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], GroupStates]]:
         """At most two all_reduces: SUM, and one MAX over the max and min regions (min(x) == -max(-x))."""
         snapshot = self._snapshots[index]
         works = []
@@ -297,14 +294,14 @@ class StatePack:
             region = snapshot[extremes[0][0] : extremes[-1][1]]
             works.append(dist.all_reduce(region, op=dist.ReduceOp.MAX, group=group, async_op=async_op))
 
-        def restore_min() -> States:
+        def restore_min() -> GroupStates:
             if minimum is not None:
                 snapshot[minimum[0] : minimum[1]].neg_()
             return self._snapshot_states[index]
 
         return works, restore_min
 
-    def _launch_cuda(self, index: int, group: Any, async_op: bool) -> SyncHandle[States]:
+    def _launch_cuda(self, index: int, group: Any, async_op: bool) -> SyncHandle[GroupStates]:
         """Reduce on a side stream, ordered against the main stream by events: updates keep running."""
         if not hasattr(self, "_side_stream"):
             self._side_stream = torch.cuda.Stream(device=self.device)
@@ -317,7 +314,7 @@ class StatePack:
             _, finish = self._exchange(index, group, async_op=False)
             done = torch.cuda.Event()
             done.record(side)
-        handle: SyncHandle[States] = SyncHandle(finish, event=done)
+        handle: SyncHandle[GroupStates] = SyncHandle(finish, event=done)
         if not async_op:
             handle.wait()
         return handle

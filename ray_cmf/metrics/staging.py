@@ -1,29 +1,32 @@
-"""Staged updates: a metric update costs a copy per input; the metric math runs once per block.
+"""Staged updates: a metric update costs a copy per input; the math runs once per block, for a whole group.
 
 Training loops call ``update`` with inputs of the same shapes every step. Running a metric's handful of
-small kernels (argmax, compare, isfinite, sums, in-place adds) on every step costs more host time than
-the math itself, so each update copies its inputs into a preallocated block on the metric's device, and
-the metric applies a whole block as one vectorized update. Blocks are keyed by the inputs' signature
-(shapes and dtypes) and bounded in rows and bytes; inputs too large to stage are applied directly.
-A metric's input checks depend on shapes only, so they run once per new signature, not per update.
+small kernels on every step costs more host time than the math itself, so each update copies its inputs
+into a preallocated block on the device, and the block is applied as one vectorized update. A block holds
+the updates of every member of a group (metrics of one kind, see ``groups``) for one input signature
+(shapes and dtypes): ``(members, rows, *shape)`` per input, so one apply covers the group, whatever its
+size. Rows a member did not fill are masked out. Blocks are bounded in rows and bytes; inputs too large
+to stage are applied directly. Input checks depend on shapes only, so they run once per new signature.
 On a CPU device, scalars are read on the host instead of copied: reading host memory waits for nothing.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-STAGE_ROWS = 64  # updates per block at most
-STAGE_BYTES = 1 << 20  # device memory per block at most; an update larger than half of it is applied directly
-MAX_SIGNATURES = 2  # blocks kept per metric (e.g. the full batch and the last, smaller one)
-NUMBER_DTYPE = torch.float64  # Python numbers are staged as float64
+STAGE_ROWS = 64  # updates per member and block at most
+STAGE_BYTES = 1 << 20  # device memory per block at most; a member's update larger than half of it is applied directly
+MAX_SIGNATURES = 4  # blocks kept per group (e.g. the full batch and the last, smaller one; with and without weights)
+NUMBER_DTYPE = torch.float64  # Python numbers, and scalars read on the host, are staged as float64
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
 _NUMBER = (torch.Size(), NUMBER_DTYPE)
-Apply = Callable[..., None]
+Apply = Callable[[list[torch.Tensor], "torch.Tensor | None"], None]  # (inputs, valid rows or None when all)
+ApplyOne = Callable[[int, list[torch.Tensor]], None]  # (member, its inputs as one row)
 
 
 def signature(inputs: Sequence[Any]) -> Signature:
@@ -31,100 +34,183 @@ def signature(inputs: Sequence[Any]) -> Signature:
     return tuple([(v.shape, v.dtype) if isinstance(v, torch.Tensor) else _NUMBER for v in inputs])
 
 
-def batched(value: Any, device: torch.device) -> torch.Tensor:
-    """One update's input as a block of one row on ``device`` (for inputs applied directly)."""
+def one_row(value: Any, device: torch.device) -> torch.Tensor:
+    """One update's input as a ``(1, 1, *shape)`` block on ``device`` (for inputs applied directly)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to(device).unsqueeze(0)
-    return torch.tensor([value], dtype=NUMBER_DTYPE, device=device)
+        return value.detach().to(device).reshape(1, 1, *value.shape)
+    return torch.tensor([[value]], dtype=NUMBER_DTYPE, device=device)
 
 
 class Block:
-    """Preallocated rows for updates of one signature.
+    """Preallocated rows for one signature's updates of every member of a group.
 
-    A device input is copied into a view per (row, input): one copy each. On a CPU device, scalars (0-d
-    tensors and Python numbers) are read into a Python list instead, made a tensor when the block is applied:
-    reading host memory costs less than launching a copy.
+    A device input is copied into its (member, row) cell: one copy, converting to ``dtype`` when given (metrics
+    whose math is in float64 convert as they copy). On a CPU device, scalars (0-d tensors and Python numbers)
+    are written to a host array instead, seen as a float64 tensor when the block is applied.
     """
 
-    def __init__(self, sig: Signature, rows: int, device: torch.device) -> None:
-        on_host = [device.type == "cpu" and not shape for shape, _ in sig]
-        self.columns: list[torch.Tensor | list[Any]] = [
-            [None] * rows if host else torch.empty((rows, *shape), dtype=dtype, device=device)
-            for host, (shape, dtype) in zip(on_host, sig, strict=True)
-        ]
-        self.dtypes = [dtype for _, dtype in sig]
-        self.host = [(i, column) for i, column in enumerate(self.columns) if on_host[i]]
-        self.cells = [
-            [(i, column[row]) for i, column in enumerate(self.columns) if not on_host[i]] for row in range(rows)
-        ]
-        self.used = 0
+    def __init__(
+        self, sig: Signature, members: int, rows: int, device: torch.device, dtype: torch.dtype | None = None
+    ) -> None:
+        self.rows, self.device = rows, device
+        self.fits = _matcher(sig, device)
+        self.used = [0] * members  # rows filled, per member
+        self.columns: list[torch.Tensor] = []
+        self.device_inputs: list[tuple[int, torch.Tensor, list[torch.Tensor | None]]] = []
+        self.host_inputs: list[tuple[int, array[float]]] = []
+        for i, (shape, input_dtype) in enumerate(sig):
+            if device.type == "cpu" and not shape:
+                host = array("d", bytes(8 * members * rows))
+                self.host_inputs.append((i, host))
+                column = torch.frombuffer(host, dtype=NUMBER_DTYPE).view(members, rows)
+            else:
+                column = torch.empty((members, rows, *shape), dtype=dtype or input_dtype, device=device)
+                self.device_inputs.append((i, column.view(members * rows, *shape), [None] * (members * rows)))
+            self.columns.append(column)
 
-    def put(self, inputs: Sequence[Any]) -> bool:
-        """Record one update's inputs in the next row; True when the block is full."""
-        row = self.used
-        for i, cell in self.cells[row]:
+    def put(self, member: int, inputs: Sequence[Any]) -> bool:
+        """Record one update of ``member`` in its next row; True when that member's rows are full."""
+        row = self.used[member]
+        cell_index = member * self.rows + row
+        for i, cells, views in self.device_inputs:
+            cell = views[cell_index]
+            if cell is None:
+                cell = views[cell_index] = cells[cell_index]
             value = inputs[i]
             if isinstance(value, torch.Tensor):
                 cell.copy_(value.detach() if value.requires_grad else value)
             else:
                 cell.fill_(value)
-        for i, column in self.host:
+        for i, host in self.host_inputs:
             value = inputs[i]
-            column[row] = value.item() if isinstance(value, torch.Tensor) else value
-        self.used = row + 1
-        return self.used == len(self.cells)
+            host[cell_index] = value.item() if isinstance(value, torch.Tensor) else value
+        self.used[member] = row + 1
+        return row + 1 == self.rows
 
     def flush(self, apply: Apply) -> None:
-        """Apply the staged rows as one update and empty the block."""
-        if self.used:
-            used, self.used = self.used, 0
-            apply(
-                *(
-                    column[:used] if isinstance(column, torch.Tensor) else torch.tensor(column[:used], dtype=dtype)
-                    for column, dtype in zip(self.columns, self.dtypes, strict=True)
-                )
-            )
+        """Apply the staged rows of every member as one update and empty the block."""
+        used = self.used
+        top = max(used)
+        if not top:
+            return
+        self.used = [0] * len(used)
+        valid = None if min(used) == top else _valid_rows(used, top, self.device)
+        apply([column[:, :top] for column in self.columns], valid)
+
+
+def _matcher(sig: Signature, device: torch.device) -> Callable[[Sequence[Any]], bool]:
+    """Whether one update's inputs have this signature: the check every update pays, so one input (the common
+    case) gets a check without a loop. A scalar read on the host takes any dtype."""
+    expected = [(shape, dtype if shape or device.type != "cpu" else None) for shape, dtype in sig]
+    if len(expected) == 1:
+        [(shape, dtype)] = expected
+        if dtype is None:  # a scalar read on the host: a number or any 0-d tensor
+
+            def fits_scalar(inputs: Sequence[Any]) -> bool:
+                if len(inputs) != 1:
+                    return False
+                value = inputs[0]
+                return not isinstance(value, torch.Tensor) or value.dim() == 0
+
+            return fits_scalar
+
+        def fits_one(inputs: Sequence[Any]) -> bool:
+            if len(inputs) != 1:
+                return False
+            value = inputs[0]
+            return isinstance(value, torch.Tensor) and value.shape == shape and value.dtype is dtype
+
+        return fits_one
+
+    def fits(inputs: Sequence[Any]) -> bool:
+        if len(inputs) != len(expected):
+            return False
+        for value, (shape, dtype) in zip(inputs, expected, strict=True):
+            if isinstance(value, torch.Tensor):
+                if value.shape != shape or (dtype is not None and value.dtype is not dtype):
+                    return False
+            elif shape or (dtype is not None and dtype is not NUMBER_DTYPE):
+                return False
+        return True
+
+    return fits
+
+
+def _valid_rows(used: list[int], top: int, device: torch.device) -> torch.Tensor:
+    """``(members, top)`` mask of the rows each member filled, sent to ``device`` without waiting on it."""
+    mask = torch.arange(top) < torch.tensor(used)[:, None]
+    if device.type == "cuda":
+        return mask.pin_memory().to(device, non_blocking=True)
+    return mask.to(device)
 
 
 class Stager:
-    """The staged updates of one metric (or of one call pattern of ``MetricCollection.update``).
+    """The staged updates of one group: a block per signature, ``apply`` called once per full block.
 
-    ``apply`` receives each input with a leading dimension of updates. ``check`` validates one update's
-    inputs (raising on bad shapes); it runs once per new signature and for every update applied directly.
+    ``dtype``, when given, is the dtype every staged input is converted to (see ``Block``).
+
+    ``check`` validates one update's inputs (raising on bad shapes); it runs once per new signature and for
+    every update applied directly (through ``apply_one``).
     """
 
-    def __init__(self, apply: Apply, check: Apply) -> None:
-        self._apply, self._check = apply, check
+    def __init__(
+        self,
+        members: int,
+        apply: Apply,
+        apply_one: ApplyOne,
+        check: Callable[..., None],
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        self._members, self._dtype = members, dtype
+        self._apply, self._apply_one, self._check = apply, apply_one, check
         self._blocks: dict[Signature, Block] = {}
+        self._last: Block | None = None  # the block of the latest update (most updates repeat its signature)
 
-    def push(self, inputs: Sequence[Any], device: torch.device) -> None:
-        """Stage one update (applied when its block fills or on ``flush``)."""
-        sig = signature(inputs)
-        block = self._blocks.get(sig) or self._new_block(sig, inputs, device)
-        if block is not None and block.put(inputs):
+    def push(self, member: int, inputs: Sequence[Any], device: torch.device) -> None:
+        """Stage one update of ``member`` (applied when its block fills or on ``flush``)."""
+        block = self._last
+        if block is None or not block.fits(inputs):
+            block = self._block_for(inputs, device)
+            if block is None:
+                self._apply_one(member, [one_row(v, device) for v in inputs])
+                return
+        if block.put(member, inputs):
             block.flush(self._apply)
 
-    def _new_block(self, sig: Signature, inputs: Sequence[Any], device: torch.device) -> Block | None:
-        """Check a new signature's inputs and make its block; None when they are too large and were applied."""
-        self._check(*inputs)
-        rows = min(STAGE_ROWS, STAGE_BYTES // max(1, _nbytes(sig)))
-        if rows < 2:
-            self._apply(*(batched(v, device) for v in inputs))
-            return None
-        if len(self._blocks) == MAX_SIGNATURES:
-            self.flush()
-            self.discard()
-        block = self._blocks[sig] = Block(sig, rows, device)
+    def _block_for(self, inputs: Sequence[Any], device: torch.device) -> Block | None:
+        """The block of these inputs' signature (checked and made when new); None when they are too large."""
+        sig = signature(inputs)
+        block = self._blocks.get(sig)
+        if block is None:
+            self._check(*inputs)
+            rows = min(STAGE_ROWS, STAGE_BYTES // max(1, self._members * _nbytes(sig)))
+            if rows < 2:
+                return None
+            if len(self._blocks) == MAX_SIGNATURES:
+                self.flush()
+                self.discard()
+            block = self._blocks[sig] = Block(sig, self._members, rows, device, self._dtype)
+        self._last = block
         return block
 
+    def seen(self, inputs: Sequence[Any]) -> bool:
+        """Whether these inputs have the signature of the latest staged update (so they passed the check)."""
+        return self._last is not None and self._last.fits(inputs)
+
+    def check(self, inputs: Sequence[Any]) -> None:
+        """Raise as ``push`` would on these inputs, staging nothing (a joint update checks all inputs first)."""
+        if signature(inputs) not in self._blocks:
+            self._check(*inputs)
+
     def flush(self) -> None:
-        """Apply every staged update (before the metric's states are read, reduced or saved)."""
+        """Apply every staged update (before the states are read, reduced or saved)."""
         for block in self._blocks.values():
             block.flush(self._apply)
 
     def discard(self) -> None:
         """Drop staged updates and their blocks (on reset, load or a device move)."""
         self._blocks.clear()
+        self._last = None
 
 
 def _nbytes(sig: Signature) -> int:

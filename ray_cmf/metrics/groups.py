@@ -1,0 +1,210 @@
+"""Metrics grouped by kind over one packed buffer: one vectorized update and one compute per group.
+
+Metrics of one kind (class, NaN policy and configuration, see ``Metric.kind``) share their math, so a
+group of them is updated, computed and read as one: its states are ``(members, *shape)`` views of the
+pack, its staged updates one block per signature. A sync then costs a fixed number of ops per kind,
+whatever the number of metrics. A standalone metric is a group of one, with unprefixed names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ray_cmf.errors import RayCmfError
+from ray_cmf.metrics.packing import (
+    COLLECTIVE_TIMEOUT_S,
+    STATE_DTYPE,
+    GroupStates,
+    StatePack,
+    SyncHandle,
+    rank,
+    world_size,
+)
+from ray_cmf.metrics.staging import Stager
+
+if TYPE_CHECKING:
+    from ray_cmf.metrics.base import Metric
+
+Outputs = list[dict[str, torch.Tensor]]  # per group: each output of all its members, shaped (members, ...)
+
+
+class Names:
+    """Where each named output of a pack lives, and how a row of scalars is read (built once per pack).
+
+    ``scalars`` lists the outputs of one value per metric, (group, output); their values, concatenated, hold
+    ``row_keys[i]`` at ``row_positions[i]``.
+    """
+
+    def __init__(self, named: Sequence[tuple[str, int, int]], outputs: Outputs, key: Callable[[str, str], str]):
+        self.index = {key(name, output): (g, output, member) for name, g, member in named for output in outputs[g]}
+        self.scalars = [(g, output) for g, out in enumerate(outputs) for output, t in out.items() if t[0].numel() == 1]
+        begin, start = 0, {}
+        for g, output in self.scalars:
+            start[g, output] = begin
+            begin += outputs[g][output].shape[0]
+        scalar_keys = [(k, where) for k, where in self.index.items() if (where[0], where[1]) in start]
+        self.row_keys = [k for k, _ in scalar_keys]
+        self.row_positions = [start[g, output] + member for _, (g, output, member) in scalar_keys]
+
+
+class MetricValues(Mapping[str, torch.Tensor]):
+    """The results of a compute or a sync: ``{name: tensor}``, held per group and indexed on access.
+
+    ``row()`` gives every scalar result as a float, in one transfer from an accelerator.
+    """
+
+    def __init__(self, names: Names, outputs: Outputs) -> None:
+        self._names, self._outputs = names, outputs
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        g, output, member = self._names.index[key]
+        return self._outputs[g][output][member]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names.index)
+
+    def __len__(self) -> int:
+        return len(self._names.index)
+
+    def __repr__(self) -> str:
+        return f"MetricValues({dict(self)!r})"
+
+    def member(self, g: int, member: int) -> dict[str, torch.Tensor]:
+        """One metric's outputs, by their own names."""
+        return {output: tensors[member] for output, tensors in self._outputs[g].items()}
+
+    def row(self) -> dict[str, float]:
+        """Every scalar result as a plain float, read in one ``tolist`` (and one transfer from an accelerator)."""
+        names = self._names
+        if not names.scalars:
+            return {}
+        parts = [self._outputs[g][output] for g, output in names.scalars]
+        flat = torch.cat([part if part.dim() == 1 else part.reshape(-1) for part in parts]).to(STATE_DTYPE)
+        values = (flat if flat.device.type == "cpu" else flat.cpu()).tolist()  # host memory needs no transfer
+        return dict(zip(names.row_keys, map(values.__getitem__, names.row_positions), strict=True))
+
+
+class _Group:
+    """The metrics of one kind in a pack: their stager, and their math through the first member."""
+
+    def __init__(self, members: list[Metric], index: int, pack: StatePack) -> None:
+        self.lead, self.index, self.pack = members[0], index, pack
+        self.size = len(members)
+        self.stager = Stager(self.size, self._apply, self._apply_one, self.lead._check, self.lead._stage_dtype)
+
+    def _apply(self, inputs: list[torch.Tensor], valid: torch.Tensor | None) -> None:
+        self.lead._apply(self.pack.live[self.index], inputs, valid)
+
+    def _apply_one(self, member: int, inputs: list[torch.Tensor]) -> None:
+        states = {name: view[member : member + 1] for name, view in self.pack.live[self.index].items()}
+        self.lead._apply(states, inputs, None)
+
+
+class MetricGroups:
+    """Named metrics packed by kind: updates, local and synced values, reset and checkpoints.
+
+    ``prefixed`` names outputs ``<name>`` (the value) and ``<name>_<output>``, and states ``<name>.<state>``
+    (a collection); otherwise outputs and states keep their own names (a standalone metric).
+    """
+
+    def __init__(self, named: Sequence[tuple[str, Metric]], device: torch.device, *, prefixed: bool) -> None:
+        self.device, self.prefixed = device, prefixed
+        kinds: dict[Any, list[tuple[str, Metric]]] = {}
+        for name, metric in named:
+            kinds.setdefault(metric.kind(), []).append((name, metric))
+        prefix = "{}." if prefixed else ""
+        self.pack = StatePack([[(prefix.format(name), m) for name, m in members] for members in kinds.values()], device)
+        self.groups = [_Group([m for _, m in members], g, self.pack) for g, members in enumerate(kinds.values())]
+        self.named = [(name, m) for members in kinds.values() for name, m in members]
+        for g, members in enumerate(kinds.values()):
+            for member, (_, metric) in enumerate(members):
+                metric._groups, metric._group, metric._member = self, g, member
+                metric._stager = self.groups[g].stager
+        self.interval = 0  # syncs so far: a metric updated in the current interval has ``_updated_in`` equal to it
+        self.updated = False  # whether any metric was updated since the last sync
+        self.synced: MetricValues | None = None
+        self._names: Names | None = None
+
+    # -- values ----------------------------------------------------------------------------------------
+    def fold(self) -> None:
+        """Apply every staged update (before the states are read, reduced or saved)."""
+        for group in self.groups:
+            group.stager.flush()
+
+    def _values(self, states: GroupStates, *, keep: bool) -> MetricValues:
+        """Every group's outputs from ``states``; ``keep`` copies those that view a buffer a later sync reuses."""
+        outputs = [group.lead._compute(states[group.index]) for group in self.groups]
+        if keep:
+            outputs = [{k: v if v._base is None else v.clone() for k, v in out.items()} for out in outputs]
+        if self._names is None:  # a kind's outputs never change
+            where = [(name, metric._group, metric._member) for name, metric in self.named]
+            self._names = Names(where, outputs, self._key)
+        return MetricValues(self._names, outputs)
+
+    def _key(self, name: str, output: str) -> str:
+        if not self.prefixed:
+            return output
+        return name if output == "value" else f"{name}_{output}"
+
+    def values(self) -> MetricValues:
+        """The last sync's global values until the next update, else the local ones."""
+        if self.synced is not None and not self.updated:
+            return self.synced
+        self.fold()
+        return self._values(self.pack.live, keep=False)
+
+    def values_of(self, metric: Metric) -> dict[str, torch.Tensor]:
+        """One metric's outputs (by their own names): synced until its next update, else local."""
+        if self.synced is not None and metric._updated_in != self.interval:
+            source = self.synced
+        else:
+            self.fold()
+            source = self._values(self.pack.live, keep=False)
+        return source.member(metric._group, metric._member)
+
+    def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[MetricValues]:
+        """End the interval: reduce a snapshot across ranks, reset local states, keep the global values."""
+        self.fold()
+
+        def finish(states: GroupStates) -> MetricValues:
+            self.synced = self._values(states, keep=True)
+            return self.synced
+
+        handle = self.pack.reduce(group, async_op=async_op).then(finish)
+        self.synced, self.interval, self.updated = None, self.interval + 1, False  # local values until it completes
+        if not async_op:
+            handle.wait()
+        return handle
+
+    def reset(self) -> None:
+        """Every state back to its default; staged updates and synced values dropped."""
+        self.discard_staged()
+        self.pack.reset()
+        self.synced = None
+
+    def discard_staged(self) -> None:
+        for group in self.groups:
+            group.stager.discard()
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> dict[str, torch.Tensor]:
+        """The global states (a collective: every rank calls it), restorable exactly at any world size."""
+        self.fold()
+        return self.pack.named_states(self.pack.global_states(timeout).clone())
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min)."""
+        expected = {slot.key for slot in self.pack.slots}
+        missing, extra = expected - set(state_dict), set(state_dict) - expected
+        if missing or extra:
+            raise RayCmfError(
+                f"Metric state_dict does not match: missing {sorted(missing)}, unexpected {sorted(extra)}"
+            )
+        self.reset()
+        if world_size() > 1 and rank() != 0:
+            return
+        for key, view in self.pack.named_states(self.pack.flat).items():
+            view.copy_(torch.as_tensor(state_dict[key]).to(view.device, STATE_DTYPE).view(view.shape))

@@ -1,0 +1,143 @@
+"""The vectorized path (metrics of one kind updated and computed as one group) against the per-metric path
+(each metric alone, a group of one) and a float64 reference: random updates of random members, shapes,
+NaN and inf, syncs in between."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ray_cmf.metrics import Accuracy, Histogram, Max, Mean, Metric, MetricCollection, Min, Sum
+
+KINDS: dict[str, Any] = {
+    "sum": Sum,
+    "mean": Mean,
+    "wmean": Mean,
+    "max": Max,
+    "min": Min,
+    "raw": lambda: Sum(nan_policy="propagate"),
+    "acc": Accuracy,
+    "topk": lambda: Accuracy(top_k=2),
+    "hist": lambda: Histogram(6, -1.0, 1.0),
+    "wide": lambda: Histogram(3, -5.0, 5.0),
+}
+MEMBERS = [f"{kind}_{i}" for kind in KINDS for i in range(3)]
+SHAPES = [(), (3,), (2, 4)]
+SPECIAL = [math.nan, math.inf, -math.inf]
+
+
+def _build() -> dict[str, Metric]:
+    return {name: KINDS[name.split("_")[0]]() for name in MEMBERS}
+
+
+def _inputs(name: str, shape: tuple[int, ...], seed: int, special: int | None) -> tuple[Any, ...]:
+    """One update's inputs for the member ``name``, with one non-finite entry when ``special`` is set."""
+    rng = np.random.default_rng(seed)
+    kind = name.split("_")[0]
+    if kind in ("acc", "topk"):
+        logits = torch.from_numpy(rng.normal(size=(4, 3)))
+        if special is not None:
+            logits[0, 1] = SPECIAL[special]
+        return logits, torch.from_numpy(rng.integers(0, 3, size=4))
+    x = torch.from_numpy(rng.normal(size=shape).astype(np.float32))
+    if special is not None:
+        x.reshape(-1)[0] = SPECIAL[special]
+    value: Any = float(x) if not shape and seed % 3 == 0 else x  # Python numbers too
+    if kind == "wmean":
+        return value, torch.from_numpy(rng.uniform(size=shape[-1:]))
+    return (value,)
+
+
+updates = st.lists(
+    st.tuples(
+        st.sampled_from(MEMBERS),
+        st.sampled_from(SHAPES),
+        st.integers(0, 2**16),
+        st.one_of(st.none(), st.integers(0, len(SPECIAL) - 1)),
+        st.booleans(),  # sync after this update
+    ),
+    min_size=1,
+    max_size=120,
+)
+
+
+def _same(got: dict[str, float], expected: dict[str, float]) -> None:
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-12, nan_ok=True), key
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(updates)
+def test_a_group_computes_what_each_metric_alone_computes(steps: list[tuple[Any, ...]]) -> None:
+    collection = MetricCollection(_build())
+    alone = _build()
+    for name, shape, seed, special, sync in steps:
+        inputs = _inputs(name, shape, seed, special)
+        collection[name].update(*inputs)
+        alone[name].update(*inputs)
+        if sync:
+            synced = collection.to_row(collection.sync().wait())
+            expected = {}
+            for member, metric in alone.items():
+                for output, value in metric.sync().wait().items():
+                    if value.numel() == 1:
+                        expected[member if output == "value" else f"{member}_{output}"] = value.item()
+            _same(synced, expected)
+    for member, metric in alone.items():  # each member's own view: synced until its next update, else local
+        got, expected = collection[member].compute(), metric.compute()
+        assert got.keys() == expected.keys()
+        for output, value in expected.items():
+            torch.testing.assert_close(got[output], value, equal_nan=True, rtol=1e-12, atol=1e-12, msg=member)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from(SPECIAL)), min_size=0, max_size=5),
+        ),
+        max_size=60,
+    )
+)
+def test_a_group_matches_a_float64_reference(updates: list[tuple[int, list[float]]]) -> None:
+    """Four members per kind, updated unevenly (masked rows), against numpy in float64."""
+    names = [f"{kind}{i}" for kind in ("sum", "mean", "max", "min") for i in range(4)]
+    metrics = MetricCollection({name: KINDS[name[:-1]]() for name in names})
+    seen: dict[int, list[float]] = {i: [] for i in range(4)}
+    for member, values in updates:
+        x = torch.tensor(values, dtype=torch.float64)
+        for kind in ("sum", "mean", "max", "min"):
+            metrics[f"{kind}{member}"].update(x)
+        seen[member].extend(values)
+    row = metrics.to_row()
+    for member, values in seen.items():
+        data = np.asarray(values, dtype=np.float64)
+        finite = data[np.isfinite(data)]
+        assert row[f"sum{member}"] == pytest.approx(finite.sum(), rel=1e-12, abs=1e-9)
+        assert row[f"sum{member}_nonfinite"] == len(data) - len(finite)
+        assert row[f"mean{member}"] == pytest.approx(finite.mean() if len(finite) else math.nan, nan_ok=True)
+        assert row[f"max{member}"] == (finite.max() if len(finite) else -math.inf)
+        assert row[f"min{member}"] == (finite.min() if len(finite) else math.inf)
+
+
+def test_kinds_group_by_class_policy_and_settings() -> None:
+    metrics = MetricCollection(
+        {
+            "a": Sum(),
+            "b": Sum(),
+            "raw": Sum(nan_policy="propagate"),
+            "h1": Histogram(4, 0.0, 1.0),
+            "h2": Histogram(4, 0.0, 2.0),
+            "h3": Histogram(4, 0.0, 1.0),
+        }
+    )
+    sizes = sorted(group.size for group in metrics._groups.groups)
+    assert sizes == [1, 1, 2, 2]  # a+b, raw, h1+h3, h2
