@@ -6,7 +6,15 @@ Importing ``ray_cmf`` imports neither ray nor torch; the integrations load them 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# ML-Metadata's C++ library logs to stderr ("I1201 ... Connecting to database") as soon as it loads; its
+# errors reach Python as exceptions that ray_cmf words itself. Only fatal lines pass, unless the user sets
+# GLOG_minloglevel (0 shows everything; ``ray-cmf -v`` does that).
+from ray_cmf.constants import GLOG_LEVEL_ENV
+
+os.environ.setdefault(GLOG_LEVEL_ENV, "3")
 
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.cmf import Cmf

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ray_cmf._progress import track
 from ray_cmf.constants import DATASET_TYPE, ENVIRONMENT_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
 from ray_cmf.errors import StoreError
 from ray_cmf.lineage import Lineage, properties
@@ -55,7 +56,8 @@ def audit(store: Store, *, remote: bool = False) -> Iterator[Finding]:
     """Re-hash every file artifact of the store and check it against MLMD and DVC (``remote``: and check that
     the store's remote holds it)."""
     pushed = store.require_remote() if remote else None
-    for url, md5, path, lost in _recorded(store):
+    recorded = list(_recorded(store))
+    for url, md5, path, lost in track(recorded, "verifying files", len(recorded)):
         status = _local_status(store, md5, path)
         if status == "ok" and pushed is not None and not md5.endswith(".dir") and not pushed.exists(md5):
             status = "remote-missing"
@@ -84,7 +86,8 @@ def pull(store: Store) -> list[Path]:
     then its place in the store). Returns the files restored."""
     remote = store.require_remote()
     restored = []
-    for _, md5, path, _lost in _recorded(store):
+    recorded = list(_recorded(store))
+    for _, md5, path, _lost in track(recorded, f"pulling from {remote.url}", len(recorded)):
         if path.exists() or md5.endswith(".dir") or not path.is_relative_to(store.root) or store.escapes(path):
             continue
         cached = store.fetch(md5)

@@ -9,6 +9,7 @@ Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``-
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -18,6 +19,8 @@ from typing import Any
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf._json import dumps, jsonable
+from ray_cmf._progress import status
+from ray_cmf.constants import GLOG_LEVEL_ENV
 from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import Lineage, properties, trial_id_of
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
@@ -112,7 +115,8 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     """The trial table's columns to show: Tune's bookkeeping (``time_total_s``, ...) only when asked for
     (``every``), and a counter (``epoch``, ``step``) by its final value only."""
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
-    keep = ["trial_id", "status", *ranked, *[c for c in table.columns if c.startswith("config/")]]
+    recovered = ["recovered"] if "recovered" in table.columns and table["recovered"].any() else []
+    keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     for column in table.columns:
         if not column.endswith(("_best", "_final")):
             continue
@@ -171,6 +175,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     payload = {
         "trial_id": args.trial,
         "status": row["status"],
+        "recovered": bool(row["recovered"]),
         "stage": stage,
         "execution_id": execution.id,
         "config": {c[len("config/") :]: row[c] for c in table.columns if c.startswith("config/")},
@@ -184,7 +189,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
-    console.print(f"[bold]{args.trial}[/bold]  status={payload['status']}  stage={stage}  execution={execution.id}")
+    status = f"{payload['status']}{' (recovered)' if payload['recovered'] else ''}"
+    console.print(f"[bold]{args.trial}[/bold]  status={status}  stage={stage}  execution={execution.id}")
     console.print("config:", jsonable(payload["config"]))
     _emit(args, [{"field": k, "value": v} for k, v in payload["environment"].items()], "environment and seeds")
     _emit(args, files, "lineage: files")
@@ -225,10 +231,24 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+EXPORT_FORMATS = ("csv", "parquet")
+
+
+def _export_format(args: argparse.Namespace) -> str:
+    """``--format``, or the output's extension."""
+    fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
+    if fmt not in EXPORT_FORMATS:
+        raise RayCmfError(f"--format is needed: the output {args.output!r} ends in neither .csv nor .parquet")
+    return str(fmt)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    frame = _sweep(args).steps(args.metric or None)
+    fmt = _export_format(args)
+    sweep = _sweep(args)
+    with status(f"reading the steps of {sweep.pipeline}"):
+        frame = sweep.steps(args.metric or None)
     with atomic_write(_output(args.output)) as pending:
-        if args.format == "csv":
+        if fmt == "csv":
             frame.to_csv(pending.tmp, index=False)
         else:
             frame.to_parquet(pending.tmp, index=False)
@@ -263,7 +283,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     store = Store(args.store)
     if args.add_remote:
         store.set_remote(args.add_remote, args.endpoint_url)
-    report = store.dvc.push()
+    with status(f"pushing {store.root} to {store.remote.url if store.remote else 'the DVC remote'}"):
+        report = store.dvc.push()
     _emit(args, [{"remote": store.remote.url if store.remote else "(dvc default)", "dvc": report.strip()}], "dvc push")
     return EXIT_OK
 
@@ -339,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ray-cmf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show ray_cmf's and ML-Metadata's own log lines"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
@@ -381,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=_positive, help="only the best N trials")
     p = command("export", cmd_export, "every trial's steps as one CSV or Parquet file")
     _add_sweep_options(p)
-    p.add_argument("--format", choices=("csv", "parquet"), required=True)
+    p.add_argument("--format", choices=EXPORT_FORMATS, help="default: from the output's extension (.csv, .parquet)")
     p.add_argument("-o", "--output", required=True)
     p = command("verify", cmd_verify, "re-hash every file against MLMD and DVC; exit 1 on any mismatch")
     p.add_argument("--remote", action="store_true", help="also check that the store's remote holds every file")
@@ -394,9 +418,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verbose(argv: list[str]) -> None:
+    """Show every log line: ray_cmf's at INFO, and ML-Metadata's, whose level is read once, when its library
+    loads (``import ray_cmf`` quiets it): so run the command again in a process that loads it verbose."""
+    if os.environ.get(GLOG_LEVEL_ENV) != "0":
+        env = {**os.environ, GLOG_LEVEL_ENV: "0"}
+        os.execve(sys.executable, [sys.executable, "-m", "ray_cmf.cli", *argv], env)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ray-cmf``; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        _verbose(sys.argv[1:] if argv is None else list(argv))
     try:
         return args.handler(args)
     except RayCmfError as exc:  # what the user named does not exist or cannot be used; anything else is a bug

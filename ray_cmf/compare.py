@@ -32,6 +32,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
+from ray_cmf.exits import CRASHED, RECOVERED, abandoned
 from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, is_number, mode_of, summarize
 from ray_cmf.lineage import Execution, Lineage, properties, state_name, trial_id_of
 from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, read_segments, unify
@@ -315,7 +316,8 @@ class Sweep:
             rows.append(
                 {
                     "trial_id": trial_id,
-                    "status": props.get("status") or state_name(execution),
+                    "status": _status(execution, props),
+                    "recovered": bool(props.get(RECOVERED, False)),
                     "stage": stage,
                     **_ranking(props),
                     **{f"config/{k}": v for k, v in _config(props).items()},
@@ -487,6 +489,12 @@ def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
         if any(column not in row for row in rows):
             table[column] = pd.Series([row.get(column) for row in rows], index=table.index, dtype=object)
     return table
+
+
+def _status(execution: Execution, props: Mapping[str, Any]) -> str:
+    """A trial's status: the one recorded, except ``CRASHED`` for one still RUNNING whose process is gone."""
+    status = str(props.get("status") or state_name(execution))
+    return CRASHED if status == "RUNNING" and abandoned(state_name(execution), props) else status
 
 
 def _config(props: Mapping[str, Any]) -> dict[str, Any]:

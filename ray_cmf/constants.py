@@ -34,3 +34,5 @@ DEFAULT_SYSTEM_METRICS_SECONDS = 10.0
 
 DEFAULT_FLUSH_ROWS = 10_000
 DEFAULT_FLUSH_SECONDS = 30.0
+
+GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints

@@ -16,10 +16,11 @@ import functools
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -113,3 +114,36 @@ def _close_quietly(action: Callable[[], None], what: object) -> None:
         action()
     except Exception as exc:  # one broken sink must not keep the others' rows
         log.warning("ray_cmf: at exit, could not hand over the rows of %s: %s", what, exc)
+
+
+# -- who holds a running execution ---------------------------------------------------------------------
+HOLDER_HOST, HOLDER_PID = "holder_host", "holder_pid"  # the process that ends the execution, when it runs
+CRASHED = "CRASHED"  # the status of an execution whose holder died without ending it
+RECOVERED = "recovered"  # set on an execution, and its series, whose spilled rows recover() committed
+
+
+def holder() -> dict[str, Any]:
+    """This process, as the holder of the executions it marks RUNNING: only it will end them."""
+    return {HOLDER_HOST: socket.gethostname(), HOLDER_PID: os.getpid()}
+
+
+def process_alive(host: str, pid: int) -> bool | None:
+    """Whether process ``pid`` of ``host`` runs; None when ``host`` is another machine (unknown from here)."""
+    if host != socket.gethostname():
+        return None
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def abandoned(state: str, props: Mapping[str, Any]) -> bool:
+    """Whether a RUNNING execution will never be ended: its holder, on this machine, is gone."""
+    if state != "RUNNING" or HOLDER_PID not in props:
+        return False
+    return process_alive(str(props.get(HOLDER_HOST)), int(props[HOLDER_PID])) is False

@@ -1,14 +1,16 @@
-"""Recovery: commit the spilled segments of runs that died before ``commit_metrics``."""
+"""Recovery: commit the spilled segments of runs that died before ``commit_metrics``, and mark the
+executions whose process died without ending them as crashed."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import os
-import socket
 
+from ray_cmf._progress import track
 from ray_cmf.constants import SPILL_DIR, SPILL_MANIFEST
-from ray_cmf.lineage import Artifact
+from ray_cmf.exits import CRASHED, RECOVERED, abandoned, process_alive
+from ray_cmf.lineage import Artifact, Execution, properties, state_name
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest, discard_spill
 from ray_cmf.store import Store
 
@@ -17,22 +19,29 @@ log = logging.getLogger(__name__)
 
 def _alive(manifest: SpillManifest) -> bool:
     """Whether the process that wrote a spill still runs on this host (then its spill is not dangling)."""
-    if manifest.host != socket.gethostname():
-        return False
-    try:
-        os.kill(manifest.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_alive(manifest.host, manifest.pid) is True
 
 
 def _register(store: Store, manifest: SpillManifest, finished: FinishedFile) -> Artifact:
     """Record a recovered series' file as the artifact it would have been (marked ``recovered``)."""
-    return store.commit_metrics(
-        manifest.execution_id, manifest.metrics_name, finished, {"recovered": True}, manifest.instance
+    artifact = store.commit_metrics(
+        manifest.execution_id, manifest.metrics_name, finished, {RECOVERED: True}, manifest.instance
     )
+    store.update_execution(manifest.execution_id, {RECOVERED: True})
+    return artifact
+
+
+def mark_crashed(store: Store) -> list[Execution]:
+    """Mark every RUNNING execution whose holder died on this machine (SIGKILL, a lost node's job) as FAILED
+    with status ``CRASHED``: nothing else will ever end it. Executions held on other machines are left."""
+    crashed = []
+    for execution in store.lineage.store.get_executions():
+        if abandoned(state_name(execution), properties(execution)):
+            crashed.append(store.update_execution(execution.id, {"status": CRASHED}, "FAILED"))
+            log.warning(
+                "ray_cmf.recover: execution %r crashed (its process is gone); marked %s", execution.name, CRASHED
+            )
+    return crashed
 
 
 def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool = False) -> list[Artifact]:
@@ -41,12 +50,16 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
     Every complete spilled row group is kept; a batch torn by the crash is dropped. Spills of processes
     still alive on this host (the writer of a running job, for one) are skipped unless ``force``.
 
+    Then every execution whose process died on this machine without ending it is marked crashed
+    (:func:`mark_crashed`); those whose rows were recovered carry ``recovered=True`` too.
+
     Returns:
         The Step_Metrics artifacts created, each with the custom property ``recovered=True``.
     """
     store = store if isinstance(store, Store) else Store(store)
     recovered: list[Artifact] = []
-    for manifest_path in sorted((store.root / SPILL_DIR).glob(f"*/{SPILL_MANIFEST}")):
+    manifests = sorted((store.root / SPILL_DIR).glob(f"*/{SPILL_MANIFEST}"))
+    for manifest_path in track(manifests, "recovering spilled series", len(manifests)):
         manifest = SpillManifest.read(manifest_path.parent)
         if not force and _alive(manifest):
             log.info("ray_cmf.recover: skipping %s, its writer (pid %s) is alive", manifest_path.parent, manifest.pid)
@@ -58,4 +71,5 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
         artifact = spill.finish(manifest.dest, functools.partial(_register, store, manifest))
         log.warning("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
         recovered.append(artifact)
+    mark_crashed(store)
     return recovered

@@ -34,6 +34,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import Environment
 from ray_cmf.errors import MetricsNotFoundError, StoreError
+from ray_cmf.exits import holder
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, properties
 from ray_cmf.remote import Remote
 from ray_cmf.series_format import FinishedFile
@@ -246,12 +247,17 @@ class Store:
         check_name("execution name", name)
         with self._lock:
             ctx = self.stage(pipeline, stage)
-            return self.lineage.execution(ctx, check_name("execution type", type_name), name, props)
+            type_name = check_name("execution type", type_name)
+            return self.lineage.execution(ctx, type_name, name, {**(props or {}), **holder()})
 
     def update_execution(
         self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
     ) -> Execution:
-        """Merge properties into an execution and optionally set RUNNING/COMPLETE/FAILED/CANCELED."""
+        """Merge properties into an execution and optionally set RUNNING/COMPLETE/FAILED/CANCELED.
+
+        Marking it RUNNING records this process as its holder (see ``exits.abandoned``)."""
+        if state == "RUNNING":
+            props = {**(props or {}), **holder()}
         with self._lock:
             return self.lineage.update_execution(execution_id, props, state)
 

@@ -198,3 +198,41 @@ def test_trials_with_identical_series_each_get_their_rows(tmp_path: Path) -> Non
     steps = sweep.steps()
     assert steps.groupby("trial_id", observed=True).size().to_dict() == {"a": 5, "b": 5, "c": 5}
     assert sweep.trials()["steps"].tolist() == [5, 5, 5]
+
+
+def _stderr_on_a_terminal(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run ``ray-cmf`` with stderr on a pseudo-terminal (stdout piped); returns the run and what the terminal
+    showed."""
+    import os
+    import pty
+
+    exe = Path(sys.executable).with_name("ray-cmf")
+    leader, follower = pty.openpty()
+    with open(follower, "w") as terminal:
+        result = subprocess.run([str(exe), *argv], stdout=subprocess.PIPE, stderr=terminal, text=True)
+    shown = b""
+    os.set_blocking(leader, False)
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return result, shown.decode(errors="replace")
+
+
+def test_long_commands_show_progress_on_a_terminal_and_stay_quiet_when_piped(store_copy: Path) -> None:
+    result, shown = _stderr_on_a_terminal(["verify", "--store", str(store_copy), "--json"])
+    assert result.returncode == 0 and json.loads(result.stdout)  # stdout stays clean JSON
+    assert "verifying files" in shown
+    piped = subprocess.run(
+        [str(Path(sys.executable).with_name("ray-cmf")), "verify", "--store", str(store_copy), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert piped.returncode == 0 and piped.stderr == ""
+    result, shown = _stderr_on_a_terminal(["export", "--store", str(store_copy), "-o", str(store_copy / "x.csv")])
+    assert result.returncode == 0 and "reading the steps of" in shown

@@ -94,3 +94,24 @@ def test_recover_skips_live_writers_and_is_idempotent(store_dir: Path) -> None:
     child.wait()
     assert len(recover(store)) == 1
     assert recover(store) == []
+
+
+def test_a_killed_run_shows_crashed_and_recover_marks_it_recovered(store_dir: Path) -> None:
+    """A run SIGKILLed mid-way never ends its execution: readers on its machine show it CRASHED, not RUNNING
+    (its process is gone), recover() records that for good, and the run says its rows were recovered."""
+    from ray_cmf import Cmf, Sweep
+
+    _run_and_kill(store_dir, 20_000, 0.0, kill_on="ready")
+    [before] = Sweep(store_dir, "crash", metrics_name="train").trials().to_dict("records")
+    assert before["status"] == "CRASHED" and before["recovered"] is False
+    live = Cmf(pipeline_name="crash", store=store_dir)  # a run that is alive (this process) stays RUNNING
+    live.create_execution("live")
+    live.log_metric("live", {"step": 0, "loss": 1.0})
+    statuses = set(Sweep(store_dir, "crash", metrics_name="train").trials()["status"])
+    assert statuses == {"CRASHED", "RUNNING"}
+    _recovered_frame(store_dir)
+    table = Sweep(store_dir, "crash", metrics_name="train").trials()
+    crashed = table[table["status"] == "CRASHED"]
+    assert len(crashed) == 1 and bool(crashed["recovered"].iloc[0]) and crashed["steps"].iloc[0] == 20_000
+    assert set(table["status"]) == {"CRASHED", "RUNNING"}
+    live.close()

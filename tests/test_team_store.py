@@ -334,3 +334,22 @@ def test_a_sweep_pushes_each_committed_file_as_it_goes(
     assert len(files) == 2 and all(Store(store).remote.exists(f.md5) for f in files)  # no `ray-cmf push` ran
     with pytest.raises(StoreError, match="no remote"):  # refused when it is built, before any trial starts
         CmfRayLogger("auto", store=str(tmp_path / "bare"), push=True)
+
+
+def test_ml_metadata_log_lines_reach_the_terminal_only_with_verbose(pg: Postgres, tmp_path: Path) -> None:
+    """ML-Metadata's C++ library prints 'I1201 ... Connecting to database' on every server connection: the
+    CLI keeps them off the terminal, and shows them with -v."""
+    store = tmp_path / "store"
+    cmf = Cmf(filepath=pg.url("team", "team-secret", "cmf_glog"), pipeline_name="pg", store=store)
+    cmf.create_execution("train", execution_name="run-1")
+    _log(cmf, "steps", 3)
+    cmf.commit_metrics("steps")
+    cmf.close()
+    env = {k: v for k, v in os.environ.items() if k != "GLOG_minloglevel"}
+    env["PGPASSWORD"] = "team-secret"
+    command = [sys.executable, "-m", "ray_cmf.cli", "pipelines", "--store", str(store)]
+    quiet = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    loud = subprocess.run([*command[:3], "-v", *command[3:]], env=env, capture_output=True, text=True, check=True)
+    assert "pg" in quiet.stdout and "pg" in loud.stdout
+    assert "Connecting to database" not in quiet.stderr and not quiet.stderr.strip()
+    assert "Connecting to database" in loud.stderr
