@@ -310,7 +310,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
-    path = sweep.report(_output(args.output), metrics=args.metric, mode=args.mode, max_points=args.max_points)
+    path = sweep.report(
+        _output(args.output), metrics=args.metric, series=args.series, mode=args.mode, max_points=args.max_points
+    )
     size = path.stat().st_size / 2**20
     _emit(args, [{"report": str(path), "trials": len(sweep.executions()), "MB": round(size, 2)}], "report written")
     return EXIT_OK
@@ -326,6 +328,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         refresh_seconds=args.refresh,
         metrics=args.metric,
+        series=args.series,
         mode=args.mode,
         max_points=args.max_points,
     )
@@ -340,6 +343,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 # -- parser -----------------------------------------------------------------------------------------
+SERIES_HELP = "plot this series' metrics (repeatable; default: every series the trials logged)"
+
+
 def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool = False) -> None:
     parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
     parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
@@ -392,11 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p)
     p.add_argument("-o", "--output", required=True, help="HTML path")
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
+    p.add_argument("--series", action="append", help=SERIES_HELP)
     p = command("serve", cmd_serve, "serve the report on localhost; it follows a running sweep")
     _add_sweep_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0 picks a free one)")
-    p.add_argument("--refresh", type=int, default=10, help="seconds between rebuilds and page reloads")
+    p.add_argument("--refresh", type=int, default=10, help="seconds between rebuilds and page updates")
+    p.add_argument("--series", action="append", help=SERIES_HELP)
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p = command("plot", cmd_plot, "learning curves as a PNG")
     _add_sweep_options(p, metric_required=True)

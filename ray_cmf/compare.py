@@ -218,7 +218,12 @@ class Sweep:
 
     # -- frames --------------------------------------------------------------------------------------
     def steps(
-        self, metrics: Iterable[str] | None = None, trials: Iterable[str] | None = None, *, live: bool = False
+        self,
+        metrics: Iterable[str] | None = None,
+        trials: Iterable[str] | None = None,
+        *,
+        live: bool = False,
+        exact: bool = False,
     ) -> pd.DataFrame:
         """Tidy frame (trial_id, step, metric columns) from ONE dataset scan that reads only those columns.
 
@@ -226,10 +231,14 @@ class Sweep:
         ``rank0``, ``rank1``), and ``rank`` where the rows carry one. A metric some trials lack is null in
         theirs. ``live=True`` adds the rows that running trials have spilled but not committed yet
         (read-only: the complete batches of their spill segments; nothing waits for the writer).
+        ``exact=True`` gives numbers as Arrow-backed columns, where a null (nothing logged) is not a NaN (a
+        NaN logged); plain float columns hold both as NaN.
         """
         metrics = list(metrics) if metrics is not None else None
         table = self._step_table(metrics, set(trials) if trials is not None else None, live=live)
-        return _tidy(table.to_pandas(), metrics, overlap=live) if table.num_rows else _no_steps(metrics)
+        if not table.num_rows:
+            return _no_steps(metrics)
+        return _tidy(table.to_pandas(types_mapper=_exact_numbers if exact else None), metrics, overlap=live)
 
     def _step_table(self, metrics: list[str] | None, trials: set[str] | None, *, live: bool) -> pa.Table:
         """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``."""
@@ -437,16 +446,18 @@ class Sweep:
         path: str | os.PathLike[str],
         *,
         metrics: Sequence[str] | None = None,
+        series: Sequence[str] | None = None,
         mode: str = "min",
         max_points: int = 200,
     ) -> Path:
         """Write the sweep's interactive report: one self-contained HTML file that opens offline (trial
-        table, learning curves, parallel coordinates, hyperparameter importance, lineage, Train device
-        metrics). ``mode`` says whether lower or higher ``metrics`` are better; each curve keeps at most
+        table, best first; learning curves of every series the trials logged, each under its name;
+        parallel coordinates, hyperparameter importance, lineage). ``series`` limits the curves to those
+        series; ``mode`` says whether lower or higher ``metrics`` are better; each curve keeps at most
         ``max_points`` points."""
         from ray_cmf.report import write
 
-        return write(self, Path(path), metrics=metrics, mode=mode, max_points=max_points)
+        return write(self, Path(path), metrics=metrics, series=series, mode=mode, max_points=max_points)
 
     # -- plots ---------------------------------------------------------------------------------------
     def plot_curves(

@@ -32,7 +32,7 @@ from ray_cmf._names import check_mode
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, numeric, summarize
 from ray_cmf.lineage import trial_id_of
-from ray_cmf.results import TUNE_BOOKKEEPING
+from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 _TEMPLATE = string.Template((resources.files("ray_cmf") / "report_template.html").read_text(encoding="utf-8"))
 
 DEFAULT_MAX_POINTS = 200  # per curve
-DEVICE_METRICS_NAME = "train_steps"
+AXES = frozenset({"wall_time", "timestamp", "SequenceNumber"})  # clocks and row numbers: x-axes, not metrics
 
 
 # -- downsampling --------------------------------------------------------------------------------------
@@ -75,11 +75,20 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int, mode: str = "min")
 # -- the data on the page ------------------------------------------------------------------------------
 @dataclass
 class _Section:
-    """One series of curves (a metric of the sweep's series, or of its Train runs' device metrics)."""
+    """One plot: a metric of one of the trials' series, a curve per trial (or per rank)."""
 
     key: str
-    title: str
+    series: str
+    metric: str
     traces: list[dict[str, Any]]
+
+    @property
+    def title(self) -> str:
+        return f"{self.metric} · {self.series}"
+
+    def as_data(self) -> dict[str, Any]:
+        """What the page draws it from."""
+        return {**self.__dict__, "title": self.title}
 
 
 def _hover_config(trials: pd.DataFrame) -> dict[str, str]:
@@ -142,15 +151,17 @@ def _curves(
 ) -> list[dict[str, Any]]:
     """One plotly trace per curve: the downsampled curve, the trial id and config on hover. Where a curve
     holds non-finite values (it diverged), a second trace of its colour marks them at the plot's edge."""
-    x_all = steps["step"].to_numpy()[trials.order]
-    y_all = steps[metric].to_numpy(dtype=float, na_value=np.nan)[trials.order]
+    x_all = steps["step"].to_numpy(dtype=float, na_value=np.nan)[trials.order]
+    column = steps[metric]
+    y_all = column.to_numpy(dtype=float, na_value=np.nan)[trials.order]
+    logged = ~column.isna().to_numpy()[trials.order]  # a null is a row without this metric, not a divergence
     finite = y_all[np.isfinite(y_all)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     pad = (high - low) * 0.05 or 1.0
     edges = {"Infinity": high + pad, "NaN": high + pad, "-Infinity": low - pad}
     traces = []
     for number, (label, trial_id, rows) in enumerate(trials.spans):
-        x, y = x_all[rows], y_all[rows]
+        x, y = x_all[rows][logged[rows]], y_all[rows][logged[rows]]
         keep = downsample(x, y, max_points, mode)
         colour = PALETTE[number % len(PALETTE)]
         name = html.escape(label)
@@ -161,6 +172,7 @@ def _curves(
                     "mode": "lines",
                     "name": label,
                     "legendgroup": label,
+                    "meta": trial_id,
                     "x": x[keep].tolist(),
                     "y": y[keep].tolist(),
                     "line": {"width": 1.2, "color": colour},
@@ -177,6 +189,7 @@ def _curves(
                     "mode": "markers",
                     "name": f"{label} (non-finite)",
                     "legendgroup": label,
+                    "meta": trial_id,
                     "x": x[odd].tolist(),
                     "y": [edges[k] for k in kinds],
                     "text": kinds,
@@ -197,21 +210,29 @@ def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
 
 
 def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
-    """Parallel coordinates from every varying config key to the best ``metric`` (categories as ticks)."""
-    best = trials[f"{metric}_best"]
+    """Parallel coordinates from every varying config key to the best ``metric`` (categories as ticks; a
+    log-spread key on a log10 axis). Trials without a finite best are left out, never drawn at an end of
+    the axis as if they ranked."""
+    best = trials[f"{metric}_best"].astype(float)
+    trials = trials[np.isfinite(best.to_numpy())]
+    if trials.empty:
+        return None
     dims = []
     for column in [c for c in trials.columns if c.startswith("config/")]:
-        values = trials[column]
+        values, key = trials[column], column[len("config/") :]
         if values.nunique(dropna=True) < 2:
             continue
         if numeric(values):
-            dims.append({"label": column[len("config/") :], "values": _floats(values)})
+            if log_spread(values):
+                dims.append({"label": f"log10({key})", "values": _floats(np.log10(values.astype(float)))})
+            else:
+                dims.append({"label": key, "values": _floats(values)})
         else:
             labels = sorted(map(str, values.dropna().unique()))
             codes = {label: i for i, label in enumerate(labels)}
             dims.append(
                 {
-                    "label": column[len("config/") :],
+                    "label": key,
                     "values": [codes.get(str(v)) for v in values],
                     "tickvals": list(range(len(labels))),
                     "ticktext": labels,
@@ -219,12 +240,21 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
             )
     if not dims:
         return None
-    dims.append({"label": f"best {metric}", "values": _floats(best)})
+    shown = _floats(trials[f"{metric}_best"])
+    dims.append({"label": f"best {metric}", "values": shown})
     return {
         "type": "parcoords",
         "dimensions": dims,
-        "line": {"color": _floats(best), "colorscale": "Viridis", "showscale": True},
+        "line": {"color": shown, "colorscale": "Viridis", "showscale": True},
+        "left_out": int(len(best) - len(trials)),
     }
+
+
+def log_spread(values: pd.Series) -> bool:
+    """Whether a hyperparameter was likely sampled log-uniformly: positive values spanning two decades or
+    more (the config records values, not Tune's search space)."""
+    numbers = values.dropna().astype(float)
+    return bool(len(numbers) > 1 and (numbers > 0).all() and numbers.max() / numbers.min() >= 100)
 
 
 def _floats(values: Iterable[Any]) -> list[float | None]:
@@ -263,6 +293,7 @@ def _params(trials: pd.DataFrame, metric: str) -> list[dict[str, Any]]:
             {
                 "key": key,
                 "importance": score,
+                "log": log_spread(trials[f"config/{key}"]),
                 "trace": {
                     "type": "scatter",
                     "mode": "markers",
@@ -286,13 +317,13 @@ def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
 
 def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
     """The metrics to plot (from a trial table's ``_best`` columns, or a steps frame's numeric columns):
-    those asked for, else every one but Tune's own timing and counters."""
+    those asked for, else every one but Tune's own timing, step counters and clocks (axes, not metrics)."""
     if "step" in table.columns:
         found = [c for c in table.columns if c not in ("trial_id", "step") and numeric(table[c])]
     else:
         found = [c[: -len("_best")] for c in table.columns if c.endswith("_best")]
     if metrics is None:
-        return [m for m in found if m not in TUNE_BOOKKEEPING]
+        return [m for m in found if m not in TUNE_BOOKKEEPING and m not in COUNTERS and m not in AXES]
     unknown = [m for m in metrics if m not in found]
     if unknown:
         raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {found}")
@@ -309,64 +340,139 @@ def _with_summary(trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str],
     return table
 
 
-def _device_sections(sweep: Sweep, hover: dict[str, str], max_points: int, live: bool) -> list[_Section]:
-    """Curves of the device metrics that the sweep's Train runs logged (``train_steps``), if any."""
-    if sweep.metrics_name == DEVICE_METRICS_NAME or DEVICE_METRICS_NAME not in sweep.series_names():
-        return []
-    device = sweep.of_series(DEVICE_METRICS_NAME)
-    if not device.files() and not live:
-        return []
-    steps = device.steps(live=live)
-    metrics = [c for c in _metrics(steps, None) if c not in ("wall_time", "samples_per_s")]
-    spans = _Trials.of(steps)
-    return [
-        _Section(f"device-{i}", f"{m} (Train device metrics)", _curves(steps, spans, m, hover, "min", max_points))
-        for i, m in enumerate(metrics)
-    ]
+def _series_sections(
+    sweep: Sweep, names: Sequence[str], hover: dict[str, str], max_points: int, live: bool, mode: str
+) -> tuple[list[_Section], bool]:
+    """Curves of every metric of the other series the trials logged (``names``): their Train runs' device
+    metrics, ``get_cmf()`` series, system metrics. Also whether any curve was downsampled."""
+    sections: list[_Section] = []
+    downsampled = False
+    for name in names:
+        other = sweep.of_series(name)
+        if not other.files() and not live:
+            continue
+        steps = other.steps(live=live, exact=True)
+        spans = _Trials.of(steps)
+        downsampled |= _longest(spans) > max_points
+        for metric in _metrics(steps, None):
+            sections.append(_Section("", name, metric, _curves(steps, spans, metric, hover, mode, max_points)))
+    return sections, downsampled
+
+
+def _longest(trials: _Trials) -> int:
+    return max((rows.stop - rows.start for _, _, rows in trials.spans), default=0)
+
+
+def _chosen_series(sweep: Sweep, series: Sequence[str] | None) -> list[str]:
+    """The series to plot besides the sweep's own: those named, else every one its trials hold."""
+    held = sweep.series_names()
+    if series is None:
+        return [name for name in held if name != sweep.metrics_name]
+    unknown = [name for name in series if name not in held]
+    if unknown:
+        raise RayCmfError(f"Unknown series {unknown}; the trials hold {held}")
+    return [name for name in series if name != sweep.metrics_name]
 
 
 # -- rendering -----------------------------------------------------------------------------------------
-def build(
+def build(sweep: Sweep, *, refresh_seconds: int | None = None, **options: Any) -> str:
+    """The report of ``sweep`` as one HTML page (the ``options`` of :func:`content`). A page with
+    ``refresh_seconds`` fetches its content again that often from the server that sent it, in place."""
+    return _page(sweep, content(sweep, **options), refresh_seconds)
+
+
+def content(
     sweep: Sweep,
     *,
     metrics: Sequence[str] | None = None,
+    series: Sequence[str] | None = None,
     mode: str = "min",
     max_points: int = DEFAULT_MAX_POINTS,
     live: bool = False,
-    refresh_seconds: int | None = None,
-) -> str:
-    """The report of ``sweep`` as one HTML page (``live``: include spilled, uncommitted rows)."""
+) -> dict[str, Any]:
+    """What the page shows, as JSON-ready parts: ``data`` (the plots), ``table`` (the trial table's HTML),
+    ``title``, ``note``, ``importance_note`` and ``lineage`` (HTML).
+
+    ``metrics``: those of the sweep's own series to plot (default: all); ``series``: which of the trials'
+    series to plot (default: every one, each metric under its series' name); ``mode``: whether lower or
+    higher is better; ``max_points`` per curve; ``live``: include spilled, uncommitted rows.
+    """
     if max_points < 5:
         raise InvalidArgumentError(f"max_points must be >= 5, got {max_points!r}")
     check_mode(mode)
+    others = _chosen_series(sweep, series)
     trials = sweep.trials(metrics, mode=mode)
     if live:  # the table follows the running trials: best / final / steps from every row so far
-        steps = sweep.steps(metrics, live=True)
+        steps = sweep.steps(metrics, live=True, exact=True)
         chosen = _metrics(steps, metrics)
         trials = _with_summary(trials, steps, chosen, mode)
     else:
         chosen = _metrics(trials, metrics)
-        steps = sweep.steps(chosen)
+        steps = sweep.steps(chosen, exact=True)
+    primary = chosen[0] if chosen else None
+    trials = _best_first(trials, primary, mode)
     hover = _hover_config(trials)
     spans = _Trials.of(steps)
+    own = series is None or sweep.metrics_name in series
     sections = [
-        _Section(f"curve-{i}", m, _curves(steps, spans, m, hover, mode, max_points)) for i, m in enumerate(chosen)
+        _Section("", sweep.metrics_name, m, _curves(steps, spans, m, hover, mode, max_points))
+        for m in (chosen if own else [])
     ]
-    primary = chosen[0] if chosen else None
-    data = {
-        "sections": [s.__dict__ for s in sections + _device_sections(sweep, hover, max_points, live)],
+    more, downsampled = _series_sections(sweep, others, hover, max_points, live, mode)
+    sections += more
+    for number, section in enumerate(sections):
+        section.key = f"curve-{number}"
+    data: dict[str, Any] = {
+        "sections": [section.as_data() for section in sections],
         "parcoords": _parcoords(trials, primary) if primary else None,
         "params": _params(trials, primary) if primary else [],
         "primary": primary,
+        "mode": mode,
+        "status": dict(zip(trials["trial_id"].astype(str), trials["status"].astype(str), strict=True)),
     }
-    return _page(sweep, trials, chosen, data, _lineage(sweep), max_points, refresh_seconds)
+    downsampled |= own and _longest(spans) > max_points
+    return {
+        "data": data,
+        "table": _table(trials, chosen, mode),
+        "title": f"{sweep.pipeline}: {len(trials)} trial{'' if len(trials) == 1 else 's'}",
+        "note": _curves_note(max_points, downsampled),
+        "importance_note": (
+            f"Importance: |Spearman rank correlation| between the hyperparameter and each trial's best {primary}."
+            if primary and len(data["params"]) > 1
+            else ""
+        ),
+        "lineage": _lineage_html(_lineage(sweep)),
+    }
 
 
-def _table(trials: pd.DataFrame, metrics: list[str]) -> str:
+def _curves_note(max_points: int, downsampled: bool) -> str:
+    """The caption of the curves: what they show of the data (a caption that matches it)."""
+    note = (
+        f"Curves longer than {max_points} points show the minimum and maximum of each of "
+        f"{(max_points - 3) // 2} equal step buckets, plus the first, the last and the best point."
+        if downsampled
+        else "Every logged point is drawn."
+    )
+    return note + " Click a trial in the table to pick out its curves everywhere; click it again to let go."
+
+
+def _best_first(trials: pd.DataFrame, metric: str | None, mode: str) -> pd.DataFrame:
+    """The trial table sorted by its best ``metric``, best first (trials without one last)."""
+    column = f"{metric}_best"
+    if metric is None or column not in trials.columns:
+        return trials
+    key = trials[column].astype(float)
+    return trials.iloc[np.argsort((key if mode == "min" else -key).fillna(np.inf).to_numpy(), kind="stable")]
+
+
+def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
+    """The trial table, in the order it comes (best first), the first metric's best marked as its sort."""
     columns = ["trial_id", "status", *[c for c in trials.columns if c.startswith("config/")]]
     columns += [f"{m}_{k}" for m in metrics for k in ("best", "final") if f"{m}_{k}" in trials.columns]
     columns += ["steps", "md5"]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    sorted_by = f"{metrics[0]}_best" if metrics else None
+    order = ' class="asc"' if mode == "min" else ' class="desc"'
+    head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)
     body = []
     for row in trials[columns].to_dict(orient="records"):
         cells = []
@@ -377,7 +483,8 @@ def _table(trials: pd.DataFrame, metrics: list[str]) -> str:
             shown = numeric and value != value and c.endswith(("_best", "_final"))  # a NaN the trial logged
             text = "" if value is None or (numeric and value != value and not shown) else _short(value)
             cells.append(f"<td{sort}>{text}</td>")
-        body.append(f"<tr>{''.join(cells)}</tr>")
+        trial, status = html.escape(str(row["trial_id"]), quote=True), html.escape(str(row["status"]), quote=True)
+        body.append(f'<tr data-trial="{trial}" data-status="{status}">{"".join(cells)}</tr>')
     return f'<table id="trials"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
@@ -398,43 +505,23 @@ def _lineage_html(lineage: dict[str, list[dict[str, Any]]]) -> str:
     return "".join(parts)
 
 
-def _page(
-    sweep: Sweep,
-    trials: pd.DataFrame,
-    metrics: list[str],
-    data: dict[str, Any],
-    lineage: dict[str, list[dict[str, Any]]],
-    max_points: int,
-    refresh_seconds: int | None,
-) -> str:
+def _page(sweep: Sweep, parts: dict[str, Any], refresh_seconds: int | None) -> str:
     from plotly.offline import get_plotlyjs
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    refresh = f'<meta http-equiv="refresh" content="{refresh_seconds}">' if refresh_seconds else ""
-    title = f"{sweep.pipeline}: {len(trials)} trials"
-    note = (
-        f"Each curve shows at most {max_points} points: the minimum and maximum of each of "
-        f"{(max_points - 3) // 2} equal step buckets, plus the first, the last and the best point."
-    )
-    primary = data["primary"]
-    importance_note = (
-        f"Importance: |Spearman rank correlation| between the hyperparameter and each trial's best {primary}."
-        if primary
-        else ""
-    )
     return _TEMPLATE.substitute(
-        title=html.escape(title),
-        refresh=refresh,
+        title=html.escape(parts["title"]),
         when=when,
-        live=" (live: includes uncommitted rows)" if refresh_seconds else "",
+        live=" (live: includes uncommitted rows, updated in place)" if refresh_seconds else "",
+        refresh_ms=dumps(refresh_seconds * 1000 if refresh_seconds else None),
         store=html.escape(str(sweep.store.root)),
         series=html.escape(sweep.metrics_name),
-        table=_table(trials, metrics),
-        note=html.escape(note),
-        importance_note=html.escape(importance_note),
-        lineage=_lineage_html(lineage),
+        table=parts["table"],
+        note=html.escape(parts["note"]),
+        importance_note=html.escape(parts["importance_note"]),
+        lineage=parts["lineage"],
         plotly=get_plotlyjs(),
-        data=dumps(data).replace("</", "<\\/"),
+        data=dumps(parts["data"]).replace("</", "<\\/"),
     )
 
 
@@ -467,37 +554,51 @@ class ReportServer(ThreadingHTTPServer):
         self.refresh_seconds = refresh_seconds
         self.options = options
         self._lock = threading.Lock()
-        self._page: tuple[float, bytes] | None = None
+        self._built: tuple[float, bytes, bytes] | None = None
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}/"
 
-    def page(self) -> bytes:
-        """The current page: rebuilt when older than ``refresh_seconds``; one build at a time."""
+    def _current(self) -> tuple[bytes, bytes]:
+        """The page and its content as JSON: rebuilt when older than ``refresh_seconds``; one build at a time."""
         with self._lock:
-            if self._page is None or time.monotonic() - self._page[0] >= self.refresh_seconds:
-                text = build(self.sweep_factory(), live=True, refresh_seconds=self.refresh_seconds, **self.options)
-                self._page = (time.monotonic(), text.encode())
-            return self._page[1]
+            if self._built is None or time.monotonic() - self._built[0] >= self.refresh_seconds:
+                sweep = self.sweep_factory()
+                parts = content(sweep, live=True, **self.options)
+                page = _page(sweep, parts, self.refresh_seconds).encode()
+                self._built = (time.monotonic(), page, dumps(parts).encode())
+            return self._built[1], self._built[2]
+
+    def page(self) -> bytes:
+        """The whole page (plotly.js included)."""
+        return self._current()[0]
+
+    def data(self) -> bytes:
+        """What the page shows, as JSON (see :func:`content`): the open page fetches it to update in place."""
+        return self._current()[1]
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: ReportServer
 
     def do_GET(self) -> None:
-        if self.path not in ("/", "/index.html"):
+        routes = {"/": ("text/html", self.server.page), "/index.html": ("text/html", self.server.page)}
+        routes["/data.json"] = ("application/json", self.server.data)
+        route = routes.get(self.path)
+        if route is None:
             self.send_error(HTTPStatus.NOT_FOUND)
             return
+        kind, body_of = route
         try:
-            body = self.server.page()
+            body = body_of()
         except Exception as exc:  # a store mid-write, or a bad option: say so on the page
             log.warning("ray_cmf: building the report failed: %s", exc)
             self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR, f"ray_cmf: {exc}")
             return
         self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Type", f"{kind}; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ray_cmf import Store
+from tests._browser import CHROMIUM, CHROMIUM_ARGS
+from tests._require import require
 from tests._servers import FAKE_AWS
 
 
@@ -36,3 +39,15 @@ def ray_session() -> Iterator[None]:
 
 
 from tests.test_tune import sweep  # noqa: E402,F401  (one real sweep per session, shared with the compare tests)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium (the report tests'); CI fails where it is missing."""
+    require(None if CHROMIUM is not None else "no chromium on this machine (.ci/run installs Debian's chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

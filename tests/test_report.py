@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import threading
 import time
 import urllib.request
@@ -18,24 +17,16 @@ import pytest
 from ray_cmf import Cmf, Sweep
 from ray_cmf.cli import main
 from ray_cmf.report import ReportServer, downsample, importance
-from tests._require import require
+from tests._browser import open_report, screenshot
 from tests._sweeps import run_grid
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [  # the flags that keep Chromium off the network on a closed machine
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-LRS = [0.01, 0.03, 0.1, 0.3]
+LRS = [0.001, 0.01, 0.1, 0.3]  # spread over 2+ decades: a log axis
 ITERATIONS = 12
+DIVERGES = {"lr": 0.3, "optimizer": "sgd"}  # its loss turns NaN, then the trial fails
 
 
 def _data(page_html: str) -> dict[str, Any]:
-    return json.loads(re.search(r"const DATA = (.*);\n", page_html).group(1))  # type: ignore[union-attr]
+    return json.loads(re.search(r"let DATA = (.*);\n", page_html).group(1))  # type: ignore[union-attr]
 
 
 # -- downsampling and importance -----------------------------------------------------------------------
@@ -76,8 +67,14 @@ def _trainable(config: dict[str, Any]) -> None:
     import ray_cmf.tune
 
     cmf = ray_cmf.tune.get_cmf(system_metrics=None)
+    diverges = config == DIVERGES
     for it in range(ITERATIONS):
         loss = config["lr"] * 10 / (it + 1) + (0.05 if config["optimizer"] == "sgd" else 0.0)
+        if diverges and it >= 5:
+            loss = float("nan")
+        if diverges and it == 8:
+            cmf.commit_metrics("train_steps")
+            raise RuntimeError("diverged")
         for step in range(it * 4, it * 4 + 4):  # per-step device metrics, as a TorchTrainer run links them
             cmf.log_metric("train_steps", {"step": step, "grad_norm": 1.0 / (step + 1)})
         tune.report({"loss": loss, "acc": 1 - loss / 10})
@@ -99,14 +96,22 @@ def test_report_holds_every_part(sweep_store: Path, tmp_path: Path) -> None:
     page = path.read_text()
     data = _data(page)
     assert not re.search(r"<(script|link)[^>]*(src|href)=\"https?:", page)  # plotly.js is inside the file
-    titles = [s["title"] for s in data["sections"]]
-    assert titles == ["loss", "acc", "grad_norm (Train device metrics)"]
-    assert all(len(s["traces"]) == len(LRS) * 2 for s in data["sections"])  # one trace per trial
+    titles = [s["title"] for s in data["sections"]]  # every series, each metric under its series' name
+    assert titles == ["loss · tune_results", "acc · tune_results", "grad_norm · train_steps"]
+    trials = len(LRS) * 2
+    for section in data["sections"]:  # a curve per trial, and the diverged one's non-finite markers
+        lines = [t for t in section["traces"] if t["mode"] == "lines"]
+        assert len(lines) == trials and {t["meta"] for t in lines} == set(data["status"])
     assert "optimizer=adam" in data["sections"][0]["traces"][0]["hovertemplate"]
-    assert [d["label"] for d in data["parcoords"]["dimensions"]] == ["lr", "optimizer", "best loss"]
-    assert [p["key"] for p in data["params"]] == ["lr"]  # the only numeric hyperparameter
-    assert page.count("<details>") == len(LRS) * 2  # one lineage block per trial
-    assert "Spearman" in page and "at most 200 points" in page
+    assert [d["label"] for d in data["parcoords"]["dimensions"]] == ["log10(lr)", "optimizer", "best loss"]
+    assert [(p["key"], p["log"]) for p in data["params"]] == [("lr", True)]  # one numeric key: no bar chart
+    assert "Importance: |Spearman" not in page  # the note goes with the chart
+    assert page.count("<details>") == trials  # one lineage block per trial
+    assert "Every logged point is drawn" in page and "equal step buckets" not in page  # 12 points per curve
+    assert sorted(data["status"].values()).count("FAILED") == 1
+    table = Sweep(sweep_store).trials(["loss"])
+    best_first = table.sort_values("loss_best", kind="stable")["trial_id"].tolist()
+    assert re.findall(r'<tr data-trial="([^"]+)"', page) == best_first
 
 
 def test_cli_report_and_its_errors(sweep_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,43 +123,33 @@ def test_cli_report_and_its_errors(sweep_store: Path, tmp_path: Path, capsys: py
     assert "nope" in capsys.readouterr().err
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    require(None if CHROMIUM is not None else "no chromium on this machine (.ci/run installs Debian's chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-def _open(browser: Any, url: str, *, offline: bool) -> tuple[Any, list[str], list[str]]:
-    context = browser.new_context(offline=offline, viewport={"width": 1400, "height": 1000})
-    requests: list[str] = []
-    errors: list[str] = []
-    context.on("request", lambda request: requests.append(request.url))
-    page = context.new_page()
-    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(url)
-    page.wait_for_function("document.querySelectorAll('#curve-0 .scatterlayer .trace').length > 0")
-    return page, requests, errors
-
-
 def test_report_renders_in_chromium_offline(sweep_store: Path, tmp_path: Path, browser: Any) -> None:
     path = Sweep(sweep_store).report(tmp_path / "sweep.html", metrics=["loss", "acc"])
-    page, requests, errors = _open(browser, path.as_uri(), offline=True)
+    page, requests, errors = open_report(browser, path.as_uri(), offline=True)
     trials = len(LRS) * 2
-    assert page.locator("#curve-0 .scatterlayer .trace").count() == trials  # SVG: one trace per trial
-    assert page.locator("#device-0 .scatterlayer .trace").count() == trials  # the device metrics
-    assert page.locator("#parcoords svg").count() > 0 and page.locator("#params .main-svg").count() > 0
-    assert page.locator("#trials tbody tr").count() == trials
-    page.locator("#trials th", has_text="loss_best").click()  # sorting: the best trial first
-    first = page.locator("#trials tbody tr").first.locator("td").first.inner_text()
-    assert first == Sweep(sweep_store).best("loss", "min")["trial_id"].iloc[0]
-    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
-    assert (tmp_path / "report.png").stat().st_size > 10_000
+    best = Sweep(sweep_store).best("loss", "min")["trial_id"].iloc[0]
+    titles = page.locator(".plot .gtitle").all_text_contents()  # what the user reads above each plot
+    assert titles[:3] == ["loss · tune_results", "acc · tune_results", "grad_norm · train_steps"]
+    assert page.locator("#curve-0 .scatterlayer .trace").count() == trials + 1  # + the NaN markers
+    assert page.locator("#curve-2 .scatterlayer .trace").count() == trials  # the in-trial series
+    assert page.locator("#parcoords svg").count() > 0 and page.locator("#params .js-plotly-plot").count() == 1
+    assert "One numeric hyperparameter varies" in page.locator("#importance").inner_text()
+    rows = page.locator("#trials tbody tr")
+    assert rows.count() == trials
+    assert rows.first.get_attribute("data-trial") == best  # best first, before any click
+    screenshot(page, "report-sweep.png")
+    rows.first.click()  # the picker: that trial's curves stand out in every plot
+    opacity = page.evaluate("document.getElementById('curve-2').data.map(t => [t.meta, t.opacity])")
+    assert {meta: value for meta, value in opacity} == {m: 1 if m == best else 0.12 for m, _ in opacity}
+    assert "picked" in (rows.first.get_attribute("class") or "")
+    screenshot(page, "report-picked.png")
+    page.locator("#complete-only").check()  # the failed, diverged trial leaves the table and the plots
+    assert page.locator("#trials tbody tr:not(.hidden)").count() == trials - 1
+    visible = page.evaluate("document.getElementById('curve-0').data.filter(t => t.visible !== false).length")
+    assert visible == trials - 1
+    screenshot(page, "report-completed-only.png")
+    page.locator("#trials th", has_text="loss_best").click()  # a click on the sorted column reverses it
+    assert rows.first.get_attribute("data-trial") != best
     assert errors == []
     assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []  # nothing off the page
 
@@ -199,8 +194,28 @@ def test_serve_follows_a_running_series_from_its_spill(live_server: tuple[Report
     assert points == 50
 
 
-def test_the_served_page_renders_in_chromium(live_server: tuple[ReportServer, Any], browser: Any) -> None:
-    server, _ = live_server
-    page, _, errors = _open(browser, server.url, offline=False)
+def test_the_served_page_updates_in_place_in_chromium(live_server: tuple[ReportServer, Any], browser: Any) -> None:
+    """The open page fetches only its content (JSON) and redraws: no reload of the whole page, and the
+    user's zoom stays."""
+    server, log = live_server
+    page, requests, errors = open_report(browser, server.url, offline=False)
     assert page.locator("#trials tbody tr").count() == 1 and errors == []
     assert page.locator("#trials tbody td").nth(3).inner_text() == "0.05"  # loss_best of the 20 rows so far
+    page.evaluate("window.notReloaded = true")
+    page.evaluate("Plotly.relayout('curve-0', {'xaxis.range': [5, 15]})")  # the user zooms in
+    log(20, 50)
+    page.wait_for_function("document.getElementById('curve-0').data[0].x.length === 50", timeout=30_000, polling=200)
+    assert page.evaluate("window.notReloaded === true")
+    assert page.evaluate("document.getElementById('curve-0').layout.xaxis.range") == [5, 15]
+    assert page.locator("#trials tbody td").nth(3).inner_text() == "0.02"  # 1 / 50
+    assert any(url.endswith("/data.json") for url in requests)
+    assert [url for url in requests if url == server.url] == [server.url]  # the page itself: once
+    screenshot(page, "report-live.png")
+    assert errors == []
+
+
+def test_the_server_sends_the_content_as_json(live_server: tuple[ReportServer, Any]) -> None:
+    server, _ = live_server
+    parts = json.loads(urllib.request.urlopen(server.url + "data.json").read())
+    assert set(parts) == {"data", "table", "title", "note", "importance_note", "lineage"}
+    assert parts["title"] == "live: 1 trial" and len(parts["data"]["sections"][0]["traces"][0]["x"]) == 20

@@ -304,3 +304,21 @@ def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_
     assert steps.finish() is not None
     with pytest.raises(RayCmfError, match="'never'"):
         StepLogger(MetricCollection({"loss": Mean()}), trial_id="never", system_metrics=None, registration_timeout=1)
+
+
+def test_the_report_of_a_train_run_shows_each_series_and_rank(two_workers: Path, browser: Any) -> None:
+    """A Train run's report: its step series, its ranks' reports and system metrics, each under its name,
+    a curve per rank where the series holds several, in Chromium."""
+    from tests._browser import open_report, screenshot
+
+    path = _series(two_workers, "train_steps").report(two_workers / "train.html")
+    page, _, errors = open_report(browser, path.as_uri(), offline=True)
+    titles = page.locator(".plot .gtitle").all_text_contents()
+    assert {"loss · train_steps", "top · train_steps", "seen · train_steps", "loss · train_reports"} <= set(titles)
+    assert any(t.endswith("· system_metrics") for t in titles)
+    assert not any(t.startswith(("step ·", "wall_time ·")) for t in titles)  # axes, not metrics
+    reports = titles.index("loss · train_reports")
+    names = page.evaluate(f"document.getElementById('curve-{reports}').data.map(t => t.name)")
+    assert len(names) == 2 and all("rank" in n for n in names)  # one curve per rank
+    screenshot(page, "report-train-run.png")
+    assert errors == []

@@ -50,6 +50,7 @@ class Sum(Metric):
 
     total: torch.Tensor
     _stage_dtype = STATE_DTYPE
+    _stages_arguments = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -81,6 +82,7 @@ class Mean(Metric):
     weighted_sum: torch.Tensor
     weight: torch.Tensor
     _stage_dtype = STATE_DTYPE
+    _stages_arguments = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -134,6 +136,7 @@ class _Extremum(Metric):
     _reduce = "max"
     extremum: torch.Tensor
     _stage_dtype = STATE_DTYPE
+    _stages_arguments = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

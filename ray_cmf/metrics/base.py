@@ -48,6 +48,7 @@ class Metric(ABC):
 
     nonfinite: torch.Tensor  # a state (see ``add_state``), under ``nan_policy="exclude"``
     _stage_dtype: torch.dtype | None = None  # what staged inputs are converted to as they are copied (None: kept)
+    _stages_arguments = False  # whether ``update(*args)`` stages ``args`` as given (a joint update may stage them)
 
     def __init__(self, *, nan_policy: str = "exclude", cumulative: bool = False, device: Any = None) -> None:
         if nan_policy not in NAN_POLICIES:

@@ -27,6 +27,7 @@ class Accuracy(Metric):
 
     correct: torch.Tensor
     total: torch.Tensor
+    _stages_arguments = True
 
     def __init__(self, top_k: int = 1, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -9,7 +9,7 @@ import torch
 
 from ray_cmf._names import check_name
 from ray_cmf.metrics.base import Metric
-from ray_cmf.metrics.groups import MetricGroups, MetricValues
+from ray_cmf.metrics.groups import MetricGroups, MetricValues, Pattern
 from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, SyncHandle
 
 
@@ -39,6 +39,8 @@ class MetricCollection:
         self._metrics = dict(metrics)
         self._device = torch.device(device) if device is not None else next(iter(self._metrics.values())).device
         self._groups = self._pack()
+        self._patterns: dict[Pattern, tuple[list[Metric], bool]] = {}  # per call pattern: its metrics, and
+        # whether they all stage their arguments as given (then the call is staged as one)
 
     def _pack(self) -> MetricGroups:
         for metric in self._metrics.values():
@@ -81,10 +83,32 @@ class MetricCollection:
     def update(self, **inputs: Any) -> None:
         """Update several metrics in one call: ``update(loss=t, acc=(preds, target))``.
 
-        The same as calling each named metric's ``update`` (a tuple holds a metric's positional inputs), except
-        that inputs that do not fit raise before any metric is updated.
+        The same as calling each named metric's ``update`` (a tuple holds a metric's positional inputs), for less
+        host time per step: the call's inputs are staged together, one row of one block per call pattern. Inputs
+        that do not fit raise before any metric is updated.
         """
-        calls = [(self._member(name), value if type(value) is tuple else (value,)) for name, value in inputs.items()]
+        flat: list[Any] = []
+        counts: list[int] = []
+        bare = True  # no None among the inputs (a Mean's weight=None stages no weight: its own update says so)
+        for value in inputs.values():
+            if type(value) is tuple:
+                flat.extend(value)
+                counts.append(len(value))
+                bare = bare and all(v is not None for v in value)
+            else:
+                flat.append(value)
+                counts.append(1)
+        pattern = (tuple(inputs), tuple(counts))
+        known = self._patterns.get(pattern)
+        if known is None:
+            members = [self._member(name) for name in inputs]
+            known = self._patterns[pattern] = (members, all(m._stages_arguments for m in members))
+        joint, stages = known
+        if stages and bare:
+            self._groups.push_joint(pattern, joint, flat)
+            return
+        values = inputs.values()
+        calls = [(m, v if type(v) is tuple else (v,)) for m, v in zip(joint, values, strict=True)]
         for metric, args in calls:
             metric._check_update(args)
         for metric, args in calls:

@@ -8,6 +8,7 @@ whatever the number of metrics. A standalone metric is a group of one, with unpr
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,31 @@ class _Group:
         self.lead._apply(states, inputs, None)
 
 
+MAX_PATTERNS = 8  # call patterns of a joint update staged at once (each keeps its own blocks)
+Pattern = tuple[tuple[str, ...], tuple[int, ...]]  # a joint update's metric names and their input counts
+
+
+class _Joint:
+    """The staged joint updates of one call pattern (``MetricCollection.update(loss=..., acc=...)``): the
+    call's inputs share one block row, so a step's update is one signature check and one copy per input.
+    When the block is applied, each metric's columns update it alone: a joint call names a few metrics,
+    and their math runs once per block."""
+
+    def __init__(self, groups: MetricGroups, metrics: list[Metric], counts: tuple[int, ...]) -> None:
+        self.groups, self.metrics = groups, metrics
+        bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
+        self.parts = [slice(a, b) for a, b in itertools.pairwise(bounds)]
+        self.stager = Stager(1, self._apply, lambda _, columns: self._apply(columns, None), self._check)
+
+    def _apply(self, columns: list[torch.Tensor], valid: torch.Tensor | None) -> None:
+        for metric, part in zip(self.metrics, self.parts, strict=True):
+            self.groups.groups[metric._group]._apply_one(metric._member, columns[part])
+
+    def _check(self, *inputs: Any) -> None:
+        for metric, part in zip(self.metrics, self.parts, strict=True):
+            metric._check(*inputs[part])
+
+
 class MetricGroups:
     """Named metrics packed by kind: updates, local and synced values, reset and checkpoints.
 
@@ -127,10 +153,29 @@ class MetricGroups:
         self.updated = False  # whether any metric was updated since the last sync
         self.synced: MetricValues | None = None
         self._names: Names | None = None
+        self._joint: dict[Pattern, _Joint] = {}
 
     # -- values ----------------------------------------------------------------------------------------
+    def push_joint(self, pattern: Pattern, metrics: list[Metric], inputs: list[Any]) -> None:
+        """Stage one joint update: ``inputs`` are the named metrics' staged inputs, in ``pattern``'s order."""
+        joint = self._joint.get(pattern)
+        if joint is None:
+            if len(self._joint) == MAX_PATTERNS:
+                self._flush_joint()
+                self._joint.clear()
+            joint = self._joint[pattern] = _Joint(self, metrics, pattern[1])
+        for metric in metrics:
+            metric._updated_in = self.interval
+        self.updated = True
+        joint.stager.push(0, inputs, self.device)
+
+    def _flush_joint(self) -> None:
+        for joint in self._joint.values():
+            joint.stager.flush()
+
     def fold(self) -> None:
         """Apply every staged update (before the states are read, reduced or saved)."""
+        self._flush_joint()
         for group in self.groups:
             group.stager.flush()
 
@@ -186,6 +231,7 @@ class MetricGroups:
         self.synced = None
 
     def discard_staged(self) -> None:
+        self._joint.clear()
         for group in self.groups:
             group.stager.discard()
 

@@ -28,6 +28,7 @@ class Histogram(Metric):
 
     counts: torch.Tensor
     _stage_dtype = STATE_DTYPE
+    _stages_arguments = True
 
     def __init__(
         self, bins: int, low: float, high: float, quantiles: Sequence[float] = (0.5, 0.9, 0.99), **kwargs: Any
