@@ -41,13 +41,17 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> N
     from rich.console import Console
     from rich.table import Table
 
+    console = Console() if sys.stdout.isatty() else Console(width=100_000)  # piped: a line per row, never folded
+    if not rows:
+        console.print(f"{title}: none", soft_wrap=True)
+        return
     table = Table(title=title, title_justify="left")
-    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["(none)"]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
     for column in columns:
-        table.add_column(str(column), overflow="fold")
+        table.add_column(str(column), overflow="fold" if sys.stdout.isatty() else "ignore", no_wrap=True)
     for row in rows:
         table.add_row(*(_cell(row.get(c)) for c in columns))
-    Console(width=max(120, Console().width)).print(table)
+    console.print(table)
 
 
 def _cell(value: Any) -> str:
@@ -142,9 +146,15 @@ def cmd_trials(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
     table = sweep.trials(args.metric or None, mode=args.mode, verify=args.verify)
     if args.status:
+        unknown = sorted(set(args.status) - STATUSES - set(table["status"]))
+        if unknown:
+            raise RayCmfError(
+                f"--status {', '.join(unknown)}: no such status; trials have {sorted(set(table['status']))} "
+                f"(any of {sorted(STATUSES)})"
+            )
         table = table[table["status"].isin(args.status)]
-    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else None)
-    if sort is not None:
+    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else "trial_id")
+    if sort:
         if sort not in table.columns:
             raise RayCmfError(f"--sort {sort!r} is not a column; the table has {list(table.columns)}")
         ascending = args.mode == "min" if sort.endswith(("_best", "_final")) else True
@@ -201,10 +211,17 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     sweep = _sweep(args, args.trial_a, args.trial_b)
     diff = sweep.diff(args.trial_a, args.trial_b)
+    if not args.all_columns:  # Tune's own timing differs between any two trials: shown when asked for
+        diff = diff[[not _bookkeeping(str(field)) for field in diff.index]]
     pairs = zip(diff.index, diff.values, strict=True)
     rows = [{"field": field, args.trial_a: a, args.trial_b: b} for field, (a, b) in pairs]
     _emit(args, rows, f"what differs between {args.trial_a} and {args.trial_b}")
     return EXIT_OK
+
+
+def _bookkeeping(field: str) -> bool:
+    """Whether a trial-table field is one of Tune's bookkeeping numbers (``time_total_s_best``, ...)."""
+    return any(field in (name, f"{name}_best", f"{name}_final") for name in TUNE_BOOKKEEPING)
 
 
 def _output(path: str) -> Path:
@@ -246,7 +263,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     fmt = _export_format(args)
     sweep = _sweep(args)
     with status(f"reading the steps of {sweep.pipeline}"):
-        frame = sweep.steps(args.metric or None)
+        frame = sweep.steps(args.metric or None, exact=True)  # a null (nothing logged) stays apart from a NaN
     with atomic_write(_output(args.output)) as pending:
         if fmt == "csv":
             frame.to_csv(pending.tmp, index=False)
@@ -300,11 +317,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from ray_cmf.recovery import recover
+    from ray_cmf.recovery import mark_crashed, recover
 
-    artifacts = recover(args.store, force=args.force)
+    store = Store(args.store)
+    crashed = [{"execution": e.name, "status": "CRASHED"} for e in mark_crashed(store)]
+    artifacts = recover(store, force=args.force)
     rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in artifacts]
     _emit(args, rows, "recovered metrics")
+    if crashed and not args.json:  # (their status is in `trials --json`)
+        _emit(args, crashed, "executions whose process is gone, now marked")
     return EXIT_OK
 
 
@@ -343,6 +364,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 # -- parser -----------------------------------------------------------------------------------------
+STATUSES = frozenset({"RUNNING", "COMPLETE", "FAILED", "CANCELED", "CRASHED"})  # what a trial's status may be
 SERIES_HELP = "plot this series' metrics (repeatable; default: every series the trials logged)"
 
 
@@ -394,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p)
     p.add_argument("trial_a")
     p.add_argument("trial_b")
+    p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
     p = command("report", cmd_report, "the sweep's interactive report: one self-contained HTML file")
     _add_sweep_options(p)
     p.add_argument("-o", "--output", required=True, help="HTML path")

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ray_cmf._json import dumps
 from ray_cmf._names import check_name
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
@@ -164,6 +165,8 @@ class Cmf:
             "Pipeline_Type": self.pipeline_name,
             **(custom_properties or {}),
         }
+        if custom_properties and "config_json" not in custom_properties:  # what Sweep shows as config/<key>
+            props["config_json"] = dumps(dict(custom_properties))
         self.close()  # the previous execution ended: its series' rows go to it
         self.metrics, self._keys = {}, {}
         self._binding, self.execution = self._writer.call(

@@ -487,7 +487,10 @@ class Sweep:
 
 def _ranking(props: Mapping[str, Any]) -> dict[str, Any]:
     """A trial's place in its sweep's top N (``in_top_n``, ``top_rank``), where CmfRayLogger ranked it."""
-    return {key: props[key] for key in ("in_top_n", "top_rank") if key in props}
+    ranking = {key: props[key] for key in ("in_top_n", "top_rank") if key in props}
+    if "top_rank" in ranking:
+        ranking["top_rank"] = ranking["top_rank"] or None  # 0: not in the top N, so no rank
+    return ranking
 
 
 def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:

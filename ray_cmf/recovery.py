@@ -38,9 +38,7 @@ def mark_crashed(store: Store) -> list[Execution]:
     for execution in store.lineage.store.get_executions():
         if abandoned(state_name(execution), properties(execution)):
             crashed.append(store.update_execution(execution.id, {"status": CRASHED}, "FAILED"))
-            log.warning(
-                "ray_cmf.recover: execution %r crashed (its process is gone); marked %s", execution.name, CRASHED
-            )
+            log.info("ray_cmf.recover: execution %r crashed (its process is gone); marked %s", execution.name, CRASHED)
     return crashed
 
 
@@ -69,7 +67,7 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
             discard_spill(spill.directory)
             continue
         artifact = spill.finish(manifest.dest, functools.partial(_register, store, manifest))
-        log.warning("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
+        log.info("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
         recovered.append(artifact)
     mark_crashed(store)
     return recovered

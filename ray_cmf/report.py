@@ -101,7 +101,7 @@ def _hover_config(trials: pd.DataFrame) -> dict[str, str]:
 
 def _short(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return str(jsonable(value)) if not math.isfinite(value) else f"{value:.4g}"  # NaN, Infinity
     return html.escape(str(value))[:40]
 
 
@@ -169,7 +169,7 @@ def _curves(
             traces.append(
                 {
                     "type": "scatter",
-                    "mode": "lines",
+                    "mode": "lines" if len(keep) > 1 else "markers",  # one point: a dot, never an invisible line
                     "name": label,
                     "legendgroup": label,
                     "meta": trial_id,
@@ -201,11 +201,13 @@ def _curves(
 
 
 def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices of the non-finite values worth marking: where each run of them starts, and the last one."""
+    """Indices of the non-finite values worth marking: where each run of them (of one kind: NaN, +inf or
+    -inf) starts, and the last one."""
     odd = np.flatnonzero(~np.isfinite(y))
     if not len(odd):
         return odd
-    starts = odd[np.r_[True, np.diff(odd) > 1]]
+    kind = np.where(np.isnan(y[odd]), 0, np.sign(y[odd]))  # NaN, +inf, -inf: a new kind starts a new run
+    starts = odd[np.r_[True, (np.diff(odd) > 1) | (np.diff(kind) != 0)]]
     return np.unique(np.r_[starts[:max_points], odd[-1]])
 
 

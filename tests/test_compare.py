@@ -181,6 +181,15 @@ def test_a_store_from_cmf_alone_is_readable(tmp_path: Path, capsys: pytest.Captu
     assert sweep.steps(["loss"])["step"].tolist() == list(range(1, 11))
     code, out, _ = _cli(capsys, "trials", "--store", str(tmp_path / "store"), "--metrics-name", "train", "--json")
     assert code == 0 and json.loads(out)[0]["steps"] == 10
+    assert json.loads(out)[0]["config/lr"] == 0.5  # create_execution's properties are the run's config
+    code, _, err = _cli(
+        capsys, "trials", "--store", str(tmp_path / "store"), "--metrics-name", "train", "--status", "done"
+    )
+    assert code == 2 and "--status done: no such status" in err and "COMPLETE" in err
+    code, out, _ = _cli(
+        capsys, "trials", "--store", str(tmp_path / "store"), "--metrics-name", "train", "--status", "FAILED"
+    )
+    assert code == 0 and "none" in out  # an empty answer says so
     with pytest.raises(StoreError, match="No pipeline"):
         Sweep(Store(tmp_path / "store"), pipeline="missing")
 
