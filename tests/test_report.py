@@ -219,3 +219,26 @@ def test_the_server_sends_the_content_as_json(live_server: tuple[ReportServer, A
     parts = json.loads(urllib.request.urlopen(server.url + "data.json").read())
     assert set(parts) == {"data", "table", "title", "note", "importance_note", "lineage"}
     assert parts["title"] == "live: 1 trial" and len(parts["data"]["sections"][0]["traces"][0]["x"]) == 20
+
+
+def test_a_clean_sweep_reads_as_a_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
+    """Three runs that all finish: the table best first, every run's curve, and a picked run's row and curve."""
+    store = tmp_path / "store"
+    cmf = Cmf(pipeline_name="clean", store=store)
+    for lr in (0.1, 0.01, 0.001):
+        cmf.create_execution("train", {"lr": lr, "width": int(1 / lr)}, execution_name=f"lr{lr}")
+        for step in range(30):
+            cmf.log_metric("steps", {"step": step, "loss": lr * 10 / (step + 1), "epoch": step // 10})
+        cmf.commit_metrics("steps")
+    cmf.close()
+    path = Sweep(store, metrics_name="steps").report(tmp_path / "clean.html")
+    page, _, errors = open_report(browser, path.as_uri(), offline=True)
+    order = [row.get_attribute("data-trial") for row in page.locator("#trials tbody tr").all()]
+    assert order == ["lr0.001", "lr0.01", "lr0.1"]  # the best loss first
+    assert page.locator(".plot .gtitle").all_text_contents()[0] == "loss · steps"  # epoch is an axis, not a curve
+    assert page.locator("#curve-0 .scatterlayer .trace").count() == 3
+    assert page.locator("#importance.js-plotly-plot").count() == 1  # two hyperparameters: their importance
+    page.locator("#trials tbody tr").nth(1).click()
+    assert "picked" in (page.locator("#trials tbody tr").nth(1).get_attribute("class") or "")
+    screenshot(page, "report-clean-sweep.png")
+    assert errors == []
