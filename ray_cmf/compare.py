@@ -507,8 +507,9 @@ def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def _status(execution: Execution, props: Mapping[str, Any]) -> str:
     """A trial's status: the one recorded, except ``CRASHED`` for one still RUNNING whose process is gone."""
-    status = str(props.get("status") or state_name(execution))
-    return CRASHED if status == "RUNNING" and abandoned(state_name(execution), props) else status
+    state = state_name(execution)
+    status = str(props.get("status") or state)
+    return CRASHED if status == "RUNNING" and abandoned(state, props) else status
 
 
 def _config(props: Mapping[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,15 @@ def _log(cmf: Cmf, name: str, rows: int) -> None:
         cmf.log_metric(name, {"step": step, "loss": 1.0 / (step + 1)})
 
 
+def _one_run(url: str, store: Path, rows: int) -> None:
+    """A store whose MLMD is on a server: one run, ``run-1``, with ``rows`` committed rows of ``steps``."""
+    cmf = Cmf(filepath=url, pipeline_name="pg", store=store)
+    cmf.create_execution("train", execution_name="run-1")
+    _log(cmf, "steps", rows)
+    cmf.commit_metrics("steps")
+    cmf.close()
+
+
 def test_cmf_on_a_server_creates_the_database_and_keeps_no_password(db: Postgres | MariaDB, tmp_path: Path) -> None:
     url = db.url("team", "team-secret", "cmf_one")
     cmf = Cmf(filepath=url, pipeline_name="pg", store=tmp_path / "store")
@@ -94,11 +103,7 @@ def test_the_store_directory_alone_finds_the_server_with_the_password_from_the_e
     db: Postgres | MariaDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = tmp_path / "store"
-    cmf = Cmf(filepath=db.url("team", "team-secret", "cmf_two"), pipeline_name="pg", store=store)
-    cmf.create_execution("train", execution_name="run-1")
-    _log(cmf, "steps", 5)
-    cmf.commit_metrics("steps")
-    cmf.close()
+    _one_run(db.url("team", "team-secret", "cmf_two"), store, 5)
     monkeypatch.setenv(db.password_env, "team-secret")
     assert Store(store).mlmd == f"{db.scheme}://team@127.0.0.1:{db.port}/cmf_two"  # from the config file
     assert Sweep(store, metrics_name="steps").steps()["step"].tolist() == list(range(5))
@@ -340,11 +345,7 @@ def test_ml_metadata_log_lines_reach_the_terminal_only_with_verbose(pg: Postgres
     """ML-Metadata's C++ library prints 'I1201 ... Connecting to database' on every server connection: the
     CLI keeps them off the terminal, and shows them with -v."""
     store = tmp_path / "store"
-    cmf = Cmf(filepath=pg.url("team", "team-secret", "cmf_glog"), pipeline_name="pg", store=store)
-    cmf.create_execution("train", execution_name="run-1")
-    _log(cmf, "steps", 3)
-    cmf.commit_metrics("steps")
-    cmf.close()
+    _one_run(pg.url("team", "team-secret", "cmf_glog"), store, 3)
     env = {k: v for k, v in os.environ.items() if k != "GLOG_minloglevel"}
     env["PGPASSWORD"] = "team-secret"
     command = [sys.executable, "-m", "ray_cmf.cli", "pipelines", "--store", str(store)]

@@ -87,31 +87,21 @@ class MetricCollection:
         host time per step: the call's inputs are staged together, one row of one block per call pattern. Inputs
         that do not fit raise before any metric is updated.
         """
-        flat: list[Any] = []
-        counts: list[int] = []
-        bare = True  # no None among the inputs (a Mean's weight=None stages no weight: its own update says so)
-        for value in inputs.values():
-            if type(value) is tuple:
-                flat.extend(value)
-                counts.append(len(value))
-                bare = bare and all(v is not None for v in value)
-            else:
-                flat.append(value)
-                counts.append(1)
-        pattern = (tuple(inputs), tuple(counts))
+        calls = [value if type(value) is tuple else (value,) for value in inputs.values()]
+        flat = [item for args in calls for item in args]
+        pattern = (tuple(inputs), tuple(map(len, calls)))
         known = self._patterns.get(pattern)
         if known is None:
             members = [self._member(name) for name in inputs]
             known = self._patterns[pattern] = (members, all(m._stages_arguments for m in members))
         joint, stages = known
-        if stages and bare:
+        # (a None among the inputs, a Mean's weight=None, stages no weight: its own update says so)
+        if stages and all(item is not None for item in flat):
             self._groups.push_joint(pattern, joint, flat)
             return
-        values = inputs.values()
-        calls = [(m, v if type(v) is tuple else (v,)) for m, v in zip(joint, values, strict=True)]
-        for metric, args in calls:
+        for metric, args in zip(joint, calls, strict=True):
             metric._check_update(args)
-        for metric, args in calls:
+        for metric, args in zip(joint, calls, strict=True):
             metric.update(*args)
 
     def _member(self, name: str) -> Metric:

@@ -198,17 +198,18 @@ class MetricGroups:
         """The last sync's global values until the next update, else the local ones."""
         if self.synced is not None and not self.updated:
             return self.synced
-        self.fold()
-        return self._values(self.pack.live, keep=False)
+        return self._local()
 
     def values_of(self, metric: Metric) -> dict[str, torch.Tensor]:
         """One metric's outputs (by their own names): synced until its next update, else local."""
-        if self.synced is not None and metric._updated_in != self.interval:
-            source = self.synced
-        else:
-            self.fold()
-            source = self._values(self.pack.live, keep=False)
+        fresh = self.synced is not None and metric._updated_in != self.interval
+        source = self.synced if fresh and self.synced is not None else self._local()
         return source.member(metric._group, metric._member)
+
+    def _local(self) -> MetricValues:
+        """This rank's values now: every staged update applied."""
+        self.fold()
+        return self._values(self.pack.live, keep=False)
 
     def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[MetricValues]:
         """End the interval: reduce a snapshot across ranks, reset local states, keep the global values."""
