@@ -27,3 +27,10 @@ def check_mode(mode: object, argument: str = "mode") -> str:
     if mode not in MODES:
         raise InvalidArgumentError(f"{argument} must be 'min' or 'max', got {mode!r}")
     return str(mode)
+
+
+def check_limit(limit: object, argument: str = "limit") -> int | None:
+    """Return ``limit`` if it is None (no limit) or an int >= 1, else raise naming it."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise InvalidArgumentError(f"{argument} must be an int >= 1, got {limit!r}")
+    return limit

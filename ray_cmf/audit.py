@@ -11,7 +11,7 @@ from pathlib import Path
 from ray_cmf._progress import track
 from ray_cmf.constants import DATASET_TYPE, ENVIRONMENT_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
 from ray_cmf.errors import StoreError
-from ray_cmf.lineage import Lineage, properties
+from ray_cmf.lineage import Lineage, collected, properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path, file_md5
 
@@ -47,6 +47,8 @@ def _recorded(store: Store) -> Iterator[tuple[str, str, Path, int]]:
         if lineage.find_type_id("artifact", type_name) is None:
             continue
         for artifact in lineage.store.get_artifacts_by_type(type_name):
+            if collected(artifact):  # gc took its bytes (or is taking them): nothing to check or pull
+                continue
             props = properties(artifact)
             url, md5 = str(props.get("url", artifact.uri)), str(props.get("Commit", ""))
             yield url, md5, store.resolve(url), int(props.get("rows_lost") or 0)

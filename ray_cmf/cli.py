@@ -1,4 +1,5 @@
-"""The ``ray-cmf`` command line: list, compare, show, plot, export, verify, push and recover.
+"""The ``ray-cmf`` command line: list, compare, show, plot, export, verify, push, recover, and curate (tag,
+note, delete, undelete, gc).
 
 Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``--json`` for scripting.
 ``--json`` output is strict JSON: a non-finite number is the string ``"NaN"``, ``"Infinity"`` or
@@ -13,7 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from ray_cmf._atomic import atomic_write
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import GLOG_LEVEL_ENV
+from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import RayCmfError
 from ray_cmf.lineage import Lineage, properties, trial_id_of
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
@@ -74,7 +76,21 @@ def _sweep(args: argparse.Namespace, *trials: str) -> Any:
 
     store = Store(args.store)
     pipeline = args.pipeline or _pick_pipeline(Lineage(store.mlmd, readonly=True), trials)
-    return Sweep(store, pipeline=pipeline, stage=args.stage, metrics_name=args.metrics_name)
+    return Sweep(
+        store,
+        pipeline=pipeline,
+        stage=args.stage,
+        metrics_name=args.metrics_name,
+        include_deleted=getattr(args, "include_deleted", False),
+    )
+
+
+def _picked(args: argparse.Namespace) -> Any:
+    """The sweep a command reads, restricted to the trials ``--where`` holds for (all without it)."""
+    sweep = _sweep(args)
+    if not args.where:
+        return sweep
+    return sweep.only(sweep.trials(args.metric or None, mode=args.mode, where=args.where)["trial_id"])
 
 
 def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
@@ -120,7 +136,10 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     (``every``), and a counter (``epoch``, ``step``) by its final value only."""
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = ["recovered"] if "recovered" in table.columns and table["recovered"].any() else []
+    curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
+    curated += [c for c in (NOTE_COLUMN, DELETED_COLUMN) if c in table.columns and table[c].notna().any()]
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
+    keep += curated
     for column in table.columns:
         if not column.endswith(("_best", "_final")):
             continue
@@ -144,7 +163,8 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 def cmd_trials(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
-    table = sweep.trials(args.metric or None, mode=args.mode, verify=args.verify)
+    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else "trial_id")
+    table = sweep.trials(args.metric or None, mode=args.mode, verify=args.verify, where=args.where, sort=sort)
     if args.status:
         unknown = sorted(set(args.status) - STATUSES - set(table["status"]))
         if unknown:
@@ -153,19 +173,15 @@ def cmd_trials(args: argparse.Namespace) -> int:
                 f"(any of {sorted(STATUSES)})"
             )
         table = table[table["status"].isin(args.status)]
-    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else "trial_id")
-    if sort:
-        if sort not in table.columns:
-            raise RayCmfError(f"--sort {sort!r} is not a column; the table has {list(table.columns)}")
-        ascending = args.mode == "min" if sort.endswith(("_best", "_final")) else True
-        table = table.sort_values(sort, ascending=ascending, na_position="last", kind="stable")
+    if args.limit:
+        table = table.head(args.limit)
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
     _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    sweep = _sweep(args)
+    sweep = _picked(args)
     best = sweep.best(args.metric[0], args.mode, n=args.top)
     columns = _summary_columns(best, args.metric)
     _emit(args, _frame_rows(best[columns]), f"top {args.top} by {args.metric[0]} ({args.mode})")
@@ -189,6 +205,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         "stage": stage,
         "execution_id": execution.id,
         "config": {c[len("config/") :]: row[c] for c in table.columns if c.startswith("config/")},
+        "tags": {
+            c[len(TAG_COLUMN) :]: row[c] for c in table.columns if c.startswith(TAG_COLUMN) and row[c] is not None
+        },
+        "note": row.get(NOTE_COLUMN),
         "environment": sweep.environment(args.trial),
         "files": files,
         "last_rows": _frame_rows(last),
@@ -202,6 +222,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     status = f"{payload['status']}{' (recovered)' if payload['recovered'] else ''}"
     console.print(f"[bold]{args.trial}[/bold]  status={status}  stage={stage}  execution={execution.id}")
     console.print("config:", jsonable(payload["config"]))
+    if payload["tags"]:
+        console.print("tags:", payload["tags"])
+    if payload["note"]:
+        console.print("note:", payload["note"], soft_wrap=True)
     _emit(args, [{"field": k, "value": v} for k, v in payload["environment"].items()], "environment and seeds")
     _emit(args, files, "lineage: files")
     _emit(args, payload["last_rows"], f"last {args.rows} rows")
@@ -241,7 +265,7 @@ def _positive(text: str) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    path = _sweep(args).plot_curves(
+    path = _picked(args).plot_curves(
         args.metric[0], _output(args.output), color_by=args.color_by, top=args.top, mode=args.mode
     )
     _emit(args, [{"plot": str(Path(path).absolute())}], "plot written")
@@ -261,7 +285,7 @@ def _export_format(args: argparse.Namespace) -> str:
 
 def cmd_export(args: argparse.Namespace) -> int:
     fmt = _export_format(args)
-    sweep = _sweep(args)
+    sweep = _picked(args)
     with status(f"reading the steps of {sweep.pipeline}"):
         frame = sweep.steps(args.metric or None, exact=True)  # a null (nothing logged) stays apart from a NaN
     with atomic_write(_output(args.output)) as pending:
@@ -330,7 +354,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    sweep = _sweep(args)
+    sweep = _picked(args)
     path = sweep.report(
         _output(args.output), metrics=args.metric, series=args.series, mode=args.mode, max_points=args.max_points
     )
@@ -342,9 +366,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ray_cmf.report import ReportServer
 
-    _sweep(args)  # a bad store, pipeline or stage fails here, before the server starts
+    _picked(args)  # a bad store, pipeline, stage or --where fails here, before the server starts
     server = ReportServer(
-        lambda: _sweep(args),
+        lambda: _picked(args),
         host=args.host,
         port=args.port,
         refresh_seconds=args.refresh,
@@ -363,13 +387,120 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tag(args: argparse.Namespace) -> int:
+    sweep = _sweep(args, args.trial)
+    tags = dict(_key_value(text) for text in args.tags)
+    if not tags and not args.remove:
+        raise RayCmfError("tag: name a tag to set (key=value) or one to --remove")
+    sweep.tag(args.trial, remove=args.remove or (), **tags)
+    row = _curated_row(sweep, args.trial)
+    _emit(args, [row], f"tags of {args.trial}")
+    return EXIT_OK
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise RayCmfError(f"tag: {text!r} is not key=value")
+    return key, value
+
+
+def _curated_row(sweep: Any, trial: str) -> dict[str, Any]:
+    """A trial's tags and note as ``trials`` shows them."""
+    table = sweep.trials(metrics=[])
+    row = table[table["trial_id"] == trial].iloc[0]
+    tags = {c: row[c] for c in table.columns if c.startswith(TAG_COLUMN) and row[c] is not None}
+    return {"trial_id": trial, **tags, NOTE_COLUMN: row[NOTE_COLUMN]}
+
+
+def cmd_note(args: argparse.Namespace) -> int:
+    sweep = _sweep(args, args.trial)
+    sweep.note(args.trial, args.text)
+    _emit(args, [_curated_row(sweep, args.trial)], f"note of {args.trial}")
+    return EXIT_OK
+
+
+def _chosen_trials(args: argparse.Namespace, sweep: Any) -> dict[str, str]:
+    """The trials a delete or undelete names, by id or by ``--where`` (one of the two), with their status."""
+    if bool(args.trials) == bool(args.where):
+        raise RayCmfError(f"{args.command}: name the trials (ids) or pick them with --where, one of the two")
+    table = sweep.trials(args.metric or None, mode=args.mode, where=args.where)
+    status = dict(zip(table["trial_id"], table["status"], strict=True))
+    if not args.trials:
+        return status
+    unknown = [t for t in args.trials if t not in status]
+    if unknown:
+        raise RayCmfError(f"{args.command}: no trial {unknown} in {sweep.pipeline}; it has {sorted(status)}")
+    return {t: status[t] for t in args.trials}
+
+
+def _confirmed(args: argparse.Namespace, question: str) -> bool:
+    """Whether to go on: ``--yes``, not a terminal, or the user says so."""
+    if args.yes or not sys.stdin.isatty():
+        return True
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    args.include_deleted = args.command == "undelete"
+    sweep = _sweep(args, *args.trials)
+    chosen = _chosen_trials(args, sweep)
+    if chosen and not args.dry_run:
+        if not _confirmed(args, f"{args.command.capitalize()} {len(chosen)} trials of {sweep.pipeline}?"):
+            print(f"ray-cmf {args.command}: nothing changed", file=sys.stderr)
+            return EXIT_FAILED
+        (sweep.delete if args.command == "delete" else sweep.undelete)(list(chosen))
+    rows = [{"trial_id": trial, "status": status} for trial, status in chosen.items()]
+    _emit(args, rows, f"{'would ' if args.dry_run else ''}{args.command}")
+    return EXIT_OK
+
+
+def _duration(text: str) -> timedelta:
+    """``30m``, ``12h``, ``7d`` or ``2w`` as a timedelta."""
+    units = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 12h, 7d or 2w")
+    return timedelta(**{units[unit]: float(number)})
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from ray_cmf.cleanup import collect
+
+    store = Store(args.store)
+    freed = collect(store, older_than=args.older_than, remote=args.remote, dry_run=args.dry_run, force=args.force)
+    row = {
+        "trials": len(freed.trials),
+        "files": len(freed.files),
+        "MB": round(freed.bytes / 2**20, 3),
+        "cache_objects": freed.cache_objects,
+        "remote_objects": freed.remote_objects,
+        "spills": freed.spills,
+        "kept_shared": freed.kept_shared,
+    }
+    if args.json:
+        _print_json({**row, "bytes": freed.bytes, "trial_ids": freed.trials, "urls": freed.files})
+        return EXIT_OK
+    _emit(args, [row], "gc: would free (dry run)" if args.dry_run else "gc: freed")
+    return EXIT_OK
+
+
 # -- parser -----------------------------------------------------------------------------------------
 STATUSES = frozenset({"RUNNING", "COMPLETE", "FAILED", "CANCELED", "CRASHED"})  # what a trial's status may be
 SERIES_HELP = "plot this series' metrics (repeatable; default: every series the trials logged)"
 
 
-def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool = False) -> None:
+WHERE_HELP = (
+    "only the trials this expression holds for, e.g. 'config/lr < 0.01 and tag/team == \"vision\"' "
+    "(comparisons, in, and, or, not, parentheses; over the columns of `trials`)"
+)
+
+
+def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool = False, where: bool = True) -> None:
     parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
+    parser.add_argument("--include-deleted", action="store_true", help="also the trials marked deleted")
+    if where:
+        parser.add_argument("--where", help=WHERE_HELP)
     parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
     parser.add_argument("--metrics-name", help="which series (default: tune_results, the Tune results)")
     parser.add_argument(
@@ -403,17 +534,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p)
     p.add_argument("--verify", action="store_true", help="re-hash each trial's file")
     p.add_argument("--sort", help="sort by this column (default: the first --metric's best, best first)")
+    p.add_argument("--limit", type=_positive, help="show the first N trials only")
     p.add_argument("--status", action="append", help="only trials with this status (repeatable): COMPLETE, FAILED, ...")
     p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
     p = command("compare", cmd_compare, "the top trials by one metric")
     _add_sweep_options(p, metric_required=True)
     p.add_argument("--top", type=_positive, default=5)
-    p = command("show", cmd_show, "one trial: config, environment, seeds, lineage, files, last rows")
-    _add_sweep_options(p)
+    p = command("show", cmd_show, "one trial: config, tags, note, environment, seeds, lineage, files, last rows")
+    _add_sweep_options(p, where=False)
     p.add_argument("trial")
     p.add_argument("--rows", type=int, default=5, help="how many last rows to show")
     p = command("diff", cmd_diff, "config, environment, seeds and results that differ between two trials")
-    _add_sweep_options(p)
+    _add_sweep_options(p, where=False)
     p.add_argument("trial_a")
     p.add_argument("trial_b")
     p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
@@ -446,6 +578,29 @@ def build_parser() -> argparse.ArgumentParser:
     command("pull", cmd_pull, "fetch the store's missing files from its remote by md5")
     p = command("recover", cmd_recover, "commit the spilled rows of runs that crashed before committing")
     p.add_argument("--force", action="store_true", help="also recover spills of processes still alive")
+    p = command("tag", cmd_tag, "set or remove a trial's tags (key=value ...)")
+    _add_sweep_options(p, where=False)
+    p.add_argument("trial")
+    p.add_argument("tags", nargs="*", metavar="key=value")
+    p.add_argument("--remove", action="append", metavar="KEY", help="remove this tag (repeatable)")
+    p = command("note", cmd_note, 'set a trial\'s note ("" removes it)')
+    _add_sweep_options(p, where=False)
+    p.add_argument("trial")
+    p.add_argument("text")
+    for name, help_text in (
+        ("delete", "mark trials deleted (reversible with undelete; gc frees their files)"),
+        ("undelete", "clear the deletion mark of trials"),
+    ):
+        p = command(name, cmd_delete, help_text)
+        _add_sweep_options(p)
+        p.add_argument("trials", nargs="*", metavar="TRIAL")
+        p.add_argument("--yes", action="store_true", help="do not ask for confirmation on a terminal")
+        p.add_argument("--dry-run", action="store_true", help="list the trials it would mark, mark none")
+    p = command("gc", cmd_gc, "free the files, cache objects and spills that only deleted trials hold")
+    p.add_argument("--older-than", type=_duration, metavar="AGE", help="only trials deleted at least AGE ago (7d)")
+    p.add_argument("--remote", action="store_true", help="also remove their objects from the store's DVC remote")
+    p.add_argument("--dry-run", action="store_true", help="say what it would free, free nothing")
+    p.add_argument("--force", action="store_true", help="run even while executions of the store are running")
     return parser
 
 

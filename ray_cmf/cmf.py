@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray_cmf._json import dumps
@@ -27,6 +27,7 @@ from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.client import WriterClient
 from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
+from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, outcome, track
@@ -208,6 +209,18 @@ class Cmf:
         if self.execution is not None and self.execution.id == execution_id:
             self.execution = updated
         return updated
+
+    def set_tags(self, remove: Iterable[str] = (), **tags: str | int | float | bool) -> None:
+        """Tag the current execution (``team="vision"``; values are kept as text) and drop the tags
+        ``remove``. ``Sweep.trials()`` shows them as ``tag/<key>`` columns; ``ray-cmf tag`` edits them later."""
+        binding = self._current()
+        self._writer.call(
+            StoreWriter.patch_execution,
+            execution_id=binding.execution_id,
+            props=tag_properties(tags),
+            remove=untag_properties(remove),
+            store=binding.store,
+        )
 
     def _current(self) -> Binding:
         """The current execution's binding, created implicitly (as cmflib does) when the user has made none."""

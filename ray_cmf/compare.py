@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from ray_cmf._names import check_mode
+from ray_cmf._names import check_limit, check_mode
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
+    DELETED_PROPERTY,
     RESULTS_METRICS_NAME,
     SEQUENCE_COLUMN,
     SPILL_DIR,
@@ -30,11 +32,22 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
     TRIAL_PROPERTY,
 )
+from ray_cmf.curation import (
+    DELETED_COLUMN,
+    TAG_COLUMN,
+    curated_columns,
+    deleted_at,
+    deleted_properties,
+    note_properties,
+    tag_properties,
+    untag_properties,
+)
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.exits import CRASHED, RECOVERED, abandoned
 from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, is_number, mode_of, summarize
-from ray_cmf.lineage import Execution, Lineage, properties, state_name, trial_id_of
+from ray_cmf.lineage import Execution, Lineage, collected, properties, state_name, trial_id_of
+from ray_cmf.query import Query, parse
 from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, read_segments, unify
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
@@ -83,6 +96,7 @@ class Sweep:
         metrics_name: Which series to compare. By default the Tune results (``tune_results``), or the one
             series the pipeline holds when it holds no Tune results; a name the pipeline does not hold, or
             a default that is not obvious (several other series), is an error that lists the series.
+        include_deleted: Also the trials marked deleted (:meth:`delete`); they are left out by default.
 
     Example:
         >>> import tempfile
@@ -104,8 +118,11 @@ class Sweep:
         pipeline: str | None = None,
         stage: str | None = None,
         metrics_name: str | None = None,
+        *,
+        include_deleted: bool = False,
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
+        self.include_deleted = include_deleted
         self.lineage = Lineage(self.store.mlmd, readonly=True)
         self.pipeline = pipeline or self._only_pipeline()
         parent = self.lineage.find_pipeline(self.pipeline)
@@ -137,7 +154,17 @@ class Sweep:
 
     def of_series(self, metrics_name: str) -> Sweep:
         """The same trials' series of another name (their Train runs' ``train_steps``, say)."""
-        return Sweep(self.store, self.pipeline, self.stage, metrics_name=metrics_name)
+        other = Sweep(self.store, self.pipeline, self.stage, metrics_name, include_deleted=self.include_deleted)
+        other._executions = self._executions
+        return other
+
+    def only(self, trial_ids: Iterable[str]) -> Sweep:
+        """The same sweep restricted to some trials (the ones a ``where`` expression picked, say): its table,
+        steps, plots and report hold those trials only."""
+        keep = set(trial_ids)
+        view = Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=self.include_deleted)
+        view._executions = [(e, s) for e, s in self.executions() if trial_id_of(e) in keep]
+        return view
 
     def series_names(self) -> list[str]:
         """The names of the series the compared executions hold, committed or still spilled, sorted."""
@@ -180,6 +207,8 @@ class Sweep:
         trials = {trial_id_of(e) for e, _ in out if e.type_id == trial_type}
         inside = [(e, s) for e, s in out if properties(e).get(TRIAL_PROPERTY) in trials]
         out = [pair for pair in out if pair not in inside]  # a run inside a trial shows as its trial
+        if not self.include_deleted:
+            out = [(e, s) for e, s in out if deleted_at(properties(e)) is None]
         return sorted(out, key=lambda pair: pair[0].id)
 
     def files(self) -> list[TrialFile]:
@@ -189,7 +218,7 @@ class Sweep:
             artifacts = {
                 a.id: a
                 for a in self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
-                if properties(a)["metrics_name"] == self.metrics_name
+                if properties(a)["metrics_name"] == self.metrics_name and not collected(a)
             }
             latest: dict[int, dict[str, Any]] = {}
             for output in self.lineage.producers(list(artifacts)):  # oldest first: the newest version wins
@@ -302,45 +331,79 @@ class Sweep:
         return tables
 
     def trials(
-        self, metrics: Iterable[str] | None = None, *, mode: str | Mapping[str, str] = "min", verify: bool = False
+        self,
+        metrics: Iterable[str] | None = None,
+        *,
+        mode: str | Mapping[str, str] = "min",
+        verify: bool = False,
+        where: str | None = None,
+        sort: str | None = None,
+        limit: int | None = None,
     ) -> pd.DataFrame:
-        """One row per trial: id, status, config columns, best/final/steps per metric, md5, url, verified.
+        """One row per trial: id, status, config, tags, note, start time, best/final/steps per metric, md5, url.
 
         ``metrics`` limits the summarised (and read) columns; ``mode`` says whether lower (``min``) or
         higher (``max``) is best, for all metrics or per metric; ``verify=True`` re-hashes every file
         against its recorded md5. ``<metric>_best`` is the best finite value (a diverged value, NaN or
         ±inf, never ranks best) and ``<metric>_final`` the last value logged (non-finite included); over
         every series of a trial that holds several. ``steps`` counts the trial's rows.
-        """
 
-        summary = self._summary_from_footers(metrics, mode)
+        ``where`` keeps the trials an expression holds for (``'config/lr < 0.01 and status == "COMPLETE"'``;
+        see :mod:`ray_cmf.query`); one that reads only recorded columns (config, status, tags, times) is
+        answered before any file is opened. ``sort`` orders by a column (a ``_best``/``_final`` one best
+        first, any other ascending) and ``limit`` keeps the first rows.
+        """
+        import pandas as pd
+
+        query = parse(where) if where is not None else None
+        check_limit(limit)
+        recorded = _recorded_columns([self._recorded(execution, stage) for execution, stage in self.executions()])
+        if query is not None:
+            recorded = _with_tags(recorded, query)
+            if set(query.names()) <= set(recorded.columns):  # MLMD alone answers it: no footer of the others read
+                recorded, query = recorded[query.mask(recorded)], None
+        chosen = set(recorded["trial_id"]) if len(recorded) else set()
+        summary = self._summary_from_footers(metrics, mode, chosen)
         if summary is None:
-            summary = self._summary_from_scan(metrics, mode)
-        files = {f.trial_id: f for f in reversed(self.files())}  # a trial's first series names its file
-        rows = []
-        for execution, stage in self.executions():
-            trial_id = trial_id_of(execution)
-            props = properties(execution)
-            file = files.get(trial_id)
-            rows.append(
-                {
-                    "trial_id": trial_id,
-                    "status": _status(execution, props),
-                    "recovered": bool(props.get(RECOVERED, False)),
-                    "stage": stage,
-                    **_ranking(props),
-                    **{f"config/{k}": v for k, v in _config(props).items()},
-                    **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
-                    **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
-                    "md5": file.md5 if file else None,
-                    "url": file.url if file else None,
-                    "verified": self._verified(trial_id) if verify else None,
-                }
-            )
-        table = _recorded_columns(rows).join(summary, on="trial_id")
+            summary = self._summary_from_scan(metrics, mode, chosen)
+        if not len(recorded):
+            recorded = pd.DataFrame(columns=["trial_id"])
+        table = recorded.join(summary, on="trial_id")
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
+        if query is not None:
+            table = table[query.mask(table)]
+        table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
         tail = ["steps", "md5", "url", "verified"]
-        return table[[c for c in table.columns if c not in tail] + tail]
+        table = table[[c for c in table.columns if c not in tail] + [c for c in tail if c in table.columns]]
+        if sort is not None:
+            table = sort_trials(table, sort, mode)
+        return (table.head(limit) if limit is not None else table).reset_index(drop=True)
+
+    def _recorded(self, execution: Execution, stage: str) -> dict[str, Any]:
+        """A trial's row of the table as MLMD records it (no file read)."""
+        trial_id = trial_id_of(execution)
+        props = properties(execution)
+        file = self._first_files().get(trial_id)
+        deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
+        return {
+            "trial_id": trial_id,
+            "status": _status(execution, props),
+            "recovered": bool(props.get(RECOVERED, False)),
+            "stage": stage,
+            **_ranking(props),
+            **{f"config/{k}": v for k, v in _config(props).items()},
+            **curated_columns(props),
+            "started_at": _utc_text(execution.create_time_since_epoch),
+            **deleted,
+            **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
+            **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
+            "md5": file.md5 if file else None,
+            "url": file.url if file else None,
+        }
+
+    def _first_files(self) -> dict[str, TrialFile]:
+        """Each trial's first series of this name (the one its row names)."""
+        return {f.trial_id: f for f in reversed(self.files())}
 
     def _verified(self, trial_id: str) -> bool | None:
         """Whether every committed file of a trial matches its md5 (None: it has none)."""
@@ -348,7 +411,7 @@ class Sweep:
         return all(f.path.exists() and file_md5(f.path) == f.md5 for f in mine) if mine else None
 
     def _summary_from_footers(
-        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]
+        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], trials: set[str]
     ) -> pd.DataFrame | None:
         """best/final/steps per trial from the summaries in the files' footers: no data scan.
 
@@ -358,7 +421,7 @@ class Sweep:
         import pandas as pd
 
         footers = self._footers()
-        summaries = {f.trial_id: footers[f.path][1] for f in self.files() if f.path in footers}
+        summaries = {f.trial_id: footers[f.path][1] for f in self.files() if f.path in footers and f.trial_id in trials}
         if self._several() or any(
             s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 for s in summaries.values()
         ):
@@ -375,7 +438,7 @@ class Sweep:
                 row[f"{metric}_final"] = stats.get("last", math.nan)
             row["steps"] = summary["rows"]
             rows[trial_id] = row
-        return pd.DataFrame.from_dict(rows, orient="index")
+        return pd.DataFrame.from_dict(rows, orient="index") if rows else pd.DataFrame(columns=["steps"])
 
     def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
         """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all)."""
@@ -386,13 +449,15 @@ class Sweep:
             raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(schema)}")
         return [m for m in chosen if m in numeric]
 
-    def _summary_from_scan(self, metrics: Iterable[str] | None, mode: str | Mapping[str, str]) -> pd.DataFrame:
+    def _summary_from_scan(
+        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], trials: set[str]
+    ) -> pd.DataFrame:
         """best/final/steps per trial from one scan of the series (latest attempt per step), nulls kept
         apart from NaN so that ``_final`` is the last value logged."""
         import pandas as pd
 
         chosen = self._summarised(self._schema(), metrics)
-        table = self._step_table(chosen if metrics is not None else None, None, live=False)
+        table = self._step_table(chosen if metrics is not None else None, trials, live=False)
         if not table.num_rows:
             return pd.DataFrame(columns=["steps"])
         return summarize(_tidy(table.to_pandas(types_mapper=_exact_numbers), chosen), chosen, mode)
@@ -441,6 +506,38 @@ class Sweep:
         differs = pair.apply(lambda r: not _same(r.iloc[0], r.iloc[1]), axis=1)
         return pair[differs]
 
+    # -- curation: tags, notes, deletion ------------------------------------------------------------
+    def tag(self, trial_id: str, remove: Iterable[str] = (), **tags: str | int | float | bool) -> None:
+        """Set tags on a trial (``sweep.tag("t1", team="vision")``; values kept as text) and drop the tags
+        ``remove``. They show as ``tag/<key>`` columns and can be queried (``where='tag/team == "vision"'``)."""
+        self._patch([trial_id], tag_properties(tags), untag_properties(remove))
+
+    def note(self, trial_id: str, text: str) -> None:
+        """Set a trial's note (free text; an empty text removes it)."""
+        self._patch([trial_id], *note_properties(text))
+
+    def delete(self, trial_ids: Iterable[str]) -> list[str]:
+        """Mark trials deleted: they leave this sweep's tables, steps, plots and the report (``include_deleted``
+        shows them); nothing is removed until ``ray-cmf gc``, and :meth:`undelete` brings them back."""
+        return self._patch(trial_ids, *deleted_properties(True))
+
+    def undelete(self, trial_ids: Iterable[str]) -> list[str]:
+        """Clear the deletion mark of trials (the data ``gc`` already freed stays freed)."""
+        return self._patch(trial_ids, *deleted_properties(False))
+
+    def _patch(self, trial_ids: Iterable[str], props: Mapping[str, Any], remove: Sequence[str]) -> list[str]:
+        """Set and drop properties of the named trials (any of them deleted or not); returns the ids."""
+        everyone = Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=True)
+        by_id = {trial_id_of(e): e for e, _ in everyone.executions()}
+        trial_ids = list(trial_ids)
+        unknown = [t for t in trial_ids if t not in by_id]
+        if unknown:
+            raise RayCmfError(f"Unknown trial(s) {unknown} in {self.pipeline}; it has {sorted(by_id)}")
+        for trial in trial_ids:
+            self.store.patch_execution(by_id[trial].id, props, remove)
+        self._executions, self._files, self._footer_cache = None, None, None  # read again: they changed
+        return trial_ids
+
     def report(
         self,
         path: str | os.PathLike[str],
@@ -485,6 +582,34 @@ class Sweep:
         )
 
 
+def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] = "min") -> pd.DataFrame:
+    """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode``, any other
+    ascending (numbers before text, whatever mix a config key holds); blanks last."""
+    if column not in table.columns:
+        raise InvalidArgumentError(f"sort {column!r} is not a column; the table has {list(table.columns)}")
+    metric = column.rsplit("_", 1)[0]
+    descending = column.endswith(("_best", "_final")) and mode_of(mode, metric) == "max"
+    values = table[column].tolist()
+    present = [i for i, v in enumerate(values) if not _blank(v)]
+    present.sort(key=lambda i: _order(values[i]), reverse=descending)
+    return table.iloc[present + [i for i, v in enumerate(values) if _blank(v)]]
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    return (0, float(value)) if isinstance(value, int | float | np.number) else (1, str(value))
+
+
+def _with_tags(table: pd.DataFrame, query: Query) -> pd.DataFrame:
+    """The table with a blank column for every tag the query reads that no trial has (yet)."""
+    absent = [n for n in query.names() if n.startswith(TAG_COLUMN) and n not in table.columns]
+    return table.assign(**{name: None for name in absent}) if absent else table
+
+
+def _utc_text(ms: int) -> str | None:
+    """A time MLMD records (ms since the epoch) as UTC ISO 8601 text, which sorts and compares as time."""
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds") if ms else None
+
+
 def _ranking(props: Mapping[str, Any]) -> dict[str, Any]:
     """A trial's place in its sweep's top N (``in_top_n``, ``top_rank``), where CmfRayLogger ranked it."""
     ranking = {key: props[key] for key in ("in_top_n", "top_rank") if key in props}
@@ -495,12 +620,13 @@ def _ranking(props: Mapping[str, Any]) -> dict[str, Any]:
 
 def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The trial table's recorded part: a column that some trials lack keeps each value as it was recorded
-    (an int stays an int) and None where it is missing, instead of pandas' NaN, which is a value."""
+    (an int stays an int) and None where it is missing, instead of pandas' NaN, which is a value (and would
+    be written to JSON as "NaN")."""
     import pandas as pd
 
     table = pd.DataFrame(rows)
     for column in table.columns:
-        if any(column not in row for row in rows):
+        if any(row.get(column) is None for row in rows):
             table[column] = pd.Series([row.get(column) for row in rows], index=table.index, dtype=object)
     return table
 

@@ -35,4 +35,11 @@ DEFAULT_SYSTEM_METRICS_SECONDS = 10.0
 DEFAULT_FLUSH_ROWS = 10_000
 DEFAULT_FLUSH_SECONDS = 30.0
 
+# What users curate on an execution after the fact, under a prefix no config key can take (config_properties
+# keeps such keys in config_json only).
+RESERVED_PREFIX = "ray_cmf:"
+TAG_PREFIX = RESERVED_PREFIX + "tag:"  # one property per tag: ray_cmf:tag:<key>
+NOTE_PROPERTY = RESERVED_PREFIX + "note"
+DELETED_PROPERTY = RESERVED_PREFIX + "deleted_at"  # when it was deleted (UTC ISO 8601); absent: it is not
+
 GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints

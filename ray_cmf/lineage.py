@@ -21,7 +21,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, float_of
 from ray_cmf.connection import connection_config, explain, is_url
-from ray_cmf.constants import PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE
+from ray_cmf.constants import PIPELINE_CONTEXT_TYPE, RESERVED_PREFIX, STAGE_CONTEXT_TYPE
 from ray_cmf.errors import StoreError
 
 T = TypeVar("T")
@@ -59,8 +59,10 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
 
 
 def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Execution properties for a config: its flattened scalars plus the whole config as JSON."""
-    return {**flatten_config(config), "config_json": json.dumps(config, default=repr, sort_keys=True)}
+    """Execution properties for a config: its flattened scalars plus the whole config as JSON (a key under
+    ray_cmf's reserved prefix stays in the JSON only, so it cannot pose as a tag or a deletion mark)."""
+    flat = {k: v for k, v in flatten_config(config).items() if not k.startswith(RESERVED_PREFIX)}
+    return {**flat, "config_json": json.dumps(config, default=repr, sort_keys=True)}
 
 
 def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
@@ -260,6 +262,17 @@ class Lineage:
         self.store.put_executions([execution])
         return execution
 
+    def patch_execution(self, execution_id: int, props: Mapping[str, Any], remove: Iterable[str] = ()) -> Execution:
+        """Set ``props`` and drop the properties ``remove`` of an execution, touching no other field: a field
+        mask makes it one update that cannot undo what another process wrote meanwhile (a state, a status)."""
+        current = self.get_execution(execution_id)
+        patch = mlpb.Execution(id=execution_id, type_id=current.type_id)
+        _set(patch.custom_properties, props, self._int_bits)
+        paths = [f"custom_properties.{key}" for key in dict.fromkeys([*props, *remove])]
+        if paths:
+            self.store.put_executions([patch], field_mask_paths=paths)
+        return self.get_execution(execution_id)
+
     def get_execution(self, execution_id: int) -> Execution:
         found = self.store.get_executions_by_id([execution_id])
         if not found:
@@ -380,6 +393,11 @@ class Lineage:
         """Every OUTPUT event of the executions (one query), oldest first."""
         events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
         return _outputs(events)
+
+
+def collected(artifact: Artifact) -> bool:
+    """Whether ``ray-cmf gc`` took (or is taking) an artifact's file away: its record stays, its bytes do not."""
+    return bool(artifact.state in (mlpb.Artifact.MARKED_FOR_DELETION, mlpb.Artifact.DELETED))
 
 
 def state_name(execution: Execution) -> str:

@@ -67,5 +67,13 @@ class Remote:
         fs.put_file(str(src), target)
         return True
 
+    def remove(self, md5: str) -> bool:
+        """Delete the object of ``md5`` from the remote; True if it was there."""
+        fs, target = self._fs(), self.object_path(md5)
+        if not fs.exists(target):
+            return False
+        fs.rm_file(target)
+        return True
+
     def to_config(self) -> dict[str, str]:
         return {"url": self.url, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}

@@ -15,7 +15,7 @@ import math
 import string
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from http import HTTPStatus
@@ -29,6 +29,7 @@ import numpy as np
 from ray_cmf._atomic import write_text
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._names import check_mode
+from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, numeric, summarize
 from ray_cmf.lineage import trial_id_of
@@ -443,7 +444,7 @@ def content(
             if primary and len(data["params"]) > 1
             else ""
         ),
-        "lineage": _lineage_html(_lineage(sweep)),
+        "lineage": _lineage_html(_lineage(sweep), _notes(trials)),
     }
 
 
@@ -469,13 +470,13 @@ def _best_first(trials: pd.DataFrame, metric: str | None, mode: str) -> pd.DataF
 
 def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     """The trial table, in the order it comes (best first), the first metric's best marked as its sort."""
-    columns = ["trial_id", "status", *[c for c in trials.columns if c.startswith("config/")]]
+    columns = ["trial_id", "status", *[c for c in trials.columns if c.startswith(("config/", TAG_COLUMN))]]
     columns += [f"{m}_{k}" for m in metrics for k in ("best", "final") if f"{m}_{k}" in trials.columns]
     columns += ["steps", "md5"]
     sorted_by = f"{metrics[0]}_best" if metrics else None
     order = ' class="asc"' if mode == "min" else ' class="desc"'
     head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)
-    body = []
+    body, notes = [], _notes(trials)
     for row in trials[columns].to_dict(orient="records"):
         cells = []
         for c in columns:
@@ -486,13 +487,24 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
             text = "" if value is None or (numeric and value != value and not shown) else _short(value)
             cells.append(f"<td{sort}>{text}</td>")
         trial, status = html.escape(str(row["trial_id"]), quote=True), html.escape(str(row["status"]), quote=True)
-        body.append(f'<tr data-trial="{trial}" data-status="{status}">{"".join(cells)}</tr>')
+        note = notes.get(str(row["trial_id"]))
+        hint = f' title="{html.escape(note, quote=True)}"' if note else ""
+        body.append(f'<tr data-trial="{trial}" data-status="{status}"{hint}>{"".join(cells)}</tr>')
     return f'<table id="trials"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def _lineage_html(lineage: dict[str, list[dict[str, Any]]]) -> str:
+def _notes(trials: pd.DataFrame) -> dict[str, str]:
+    """Each trial's note, where it has one."""
+    if NOTE_COLUMN not in trials:
+        return {}
+    return {str(t): str(n) for t, n in zip(trials["trial_id"], trials[NOTE_COLUMN], strict=True) if n}
+
+
+def _lineage_html(lineage: dict[str, list[dict[str, Any]]], notes: Mapping[str, str]) -> str:
+    """Each trial's detail: its note, then every artifact it used or made."""
     parts = []
     for trial_id, rows in lineage.items():
+        note = f"<p class=note>{html.escape(notes[trial_id])}</p>" if trial_id in notes else ""
         lines = "".join(
             f"<tr><td>{r['event']}</td><td>{html.escape(r['type'])}</td><td>{html.escape(str(r['name']))}</td>"
             f"<td>{r['version']}</td><td><code>{html.escape(r['md5'])}</code></td><td>{r['rows'] or ''}</td>"
@@ -500,7 +512,7 @@ def _lineage_html(lineage: dict[str, list[dict[str, Any]]]) -> str:
             for r in rows
         )
         parts.append(
-            f"<details><summary>{html.escape(trial_id)} ({len(rows)} artifacts)</summary><table class=lineage>"
+            f"<details><summary>{html.escape(trial_id)} ({len(rows)} artifacts)</summary>{note}<table class=lineage>"
             "<tr><th>event</th><th>type</th><th>name</th><th>version</th><th>md5</th><th>rows</th><th>url</th></tr>"
             f"{lines}</table></details>"
         )

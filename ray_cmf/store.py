@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +260,11 @@ class Store:
             props = {**(props or {}), **holder()}
         with self._lock:
             return self.lineage.update_execution(execution_id, props, state)
+
+    def patch_execution(self, execution_id: int, props: Mapping[str, Any], remove: Iterable[str] = ()) -> Execution:
+        """Set and drop some properties of an execution and nothing else (see :meth:`Lineage.patch_execution`)."""
+        with self._lock:
+            return self.lineage.patch_execution(execution_id, props, remove)
 
     def start_attempt(self, execution_id: int) -> int:
         """Count one more start of an execution (a trial's or a run's) and return it: 1 for the first."""

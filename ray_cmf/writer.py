@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -220,6 +220,17 @@ class StoreWriter:
     ) -> Execution:
         """Merge properties into an execution and optionally set its state."""
         return self._open(store).update_execution(execution_id, props, state)
+
+    def patch_execution(
+        self,
+        *,
+        execution_id: int,
+        props: Mapping[str, Any],
+        remove: Sequence[str] = (),
+        store: Store | None = None,
+    ) -> Execution:
+        """Set and drop some properties of an execution, touching no other field (tags, a note)."""
+        return self._open(store).patch_execution(execution_id, props, remove)
 
     def record_environment(self, *, execution_id: int, environment: Environment, store: Store | None = None) -> None:
         """Record what an execution ran on (see :mod:`ray_cmf.environment`); the package list is shared."""

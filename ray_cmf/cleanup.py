@@ -1,0 +1,193 @@
+"""Garbage collection: free the files that only deleted trials hold (``ray-cmf gc``).
+
+A trial marked deleted keeps its MLMD record, so its lineage stays explainable; gc takes away the bytes:
+its committed Parquet files (with their ``.dvc`` files), their DVC cache objects, on request their objects
+on the store's remote, and its spill segments. Content addressing means one object can belong to a live
+and a deleted trial; such an object stays.
+
+A gc killed half-way leaves a store that ``ray-cmf verify`` accepts, and the next gc finishes: every
+artifact to free is first marked ``MARKED_FOR_DELETION`` in one transaction (verify and every read then
+skip it), its bytes are removed (each removal may already have happened), and it is marked ``DELETED``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import ml_metadata.proto.metadata_store_pb2 as mlpb
+
+from ray_cmf._progress import track
+from ray_cmf.constants import ARTIFACTS_DIR, SPILL_DIR, SPILL_MANIFEST, STEP_METRICS_TYPE, TRIAL_PROPERTY
+from ray_cmf.curation import deleted_at
+from ray_cmf.errors import StoreError
+from ray_cmf.exits import HOLDER_HOST, HOLDER_PID, process_alive
+from ray_cmf.lineage import Artifact, Execution, Lineage, properties, state_name, trial_id_of
+from ray_cmf.series_format import SpillManifest, discard_spill
+from ray_cmf.store import Store
+from ray_cmf.versioning import cache_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Collected:
+    """What a gc freed (or, dry, would free)."""
+
+    trials: list[str] = field(default_factory=list)  # the deleted trials whose files were freed
+    files: list[str] = field(default_factory=list)  # store URLs of the Parquet files
+    bytes: int = 0  # of the files and their cache objects
+    cache_objects: int = 0
+    remote_objects: int = 0
+    spills: int = 0
+    kept_shared: int = 0  # files of deleted trials kept because a live trial holds the same content
+
+
+def running_holders(lineage: Lineage) -> list[str]:
+    """The executions a live process still runs (held here by a live pid, or on another machine, which
+    cannot be checked from here), as ``name (pid P on H)``."""
+    held = []
+    for execution in lineage.store.get_executions():
+        props = properties(execution)
+        if state_name(execution) != "RUNNING" or HOLDER_PID not in props:
+            continue
+        host, pid = str(props.get(HOLDER_HOST)), int(props[HOLDER_PID])
+        if process_alive(host, pid) is not False:
+            held.append(f"{execution.name} (pid {pid} on {host})")
+    return held
+
+
+def collect(
+    store: Store,
+    *,
+    older_than: timedelta | None = None,
+    remote: bool = False,
+    dry_run: bool = False,
+    force: bool = False,
+) -> Collected:
+    """Free what only the trials deleted at least ``older_than`` ago hold (see the module's docstring).
+
+    ``remote`` also removes their objects from the store's DVC remote; ``dry_run`` removes nothing and says
+    what would go. Refuses while a writer runs a sweep on the store (an execution RUNNING under a live
+    process), unless ``force``.
+    """
+    lineage = store.lineage
+    held = running_holders(lineage)
+    if held and not dry_run and not force:
+        raise StoreError(
+            f"gc: the store {store.root} is being written: {len(held)} executions are running "
+            f"({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}). Run gc once the sweep ends "
+            "(or `ray-cmf recover` marks crashed ones; --force runs it anyway)."
+        )
+    pushed = store.require_remote() if remote else None
+    executions = lineage.store.get_executions()
+    dead = _dead(executions, older_than)
+    out = Collected(
+        trials=sorted({trial_id_of(e) for e in executions if e.id in dead and TRIAL_PROPERTY not in properties(e)})
+    )
+    doomed, out.kept_shared = _doomed(lineage, executions, dead)
+    for artifact in doomed:
+        out.files.append(str(properties(artifact).get("url", artifact.uri)))
+    spills = _spills(store, dead)
+    out.spills = len(spills)
+    if not dry_run:
+        _set_state(lineage, doomed, mlpb.Artifact.MARKED_FOR_DELETION)
+    for artifact in track(doomed, "freeing deleted trials' files", len(doomed)):
+        for path in _paths(store, artifact):
+            if path.is_file():  # an interrupted gc may have removed it already
+                out.bytes += path.stat().st_size
+                out.cache_objects += path.is_relative_to(store.root / ".dvc")
+                if not dry_run:
+                    path.unlink()
+        md5 = str(properties(artifact).get("Commit", ""))
+        if pushed is not None and md5 and (pushed.exists(md5) if dry_run else pushed.remove(md5)):
+            out.remote_objects += 1
+    if dry_run:
+        return out
+    _set_state(lineage, doomed, mlpb.Artifact.DELETED)
+    for directory in spills:
+        discard_spill(directory)
+    _prune_empty(store.root / ARTIFACTS_DIR)
+    log.info("ray_cmf.gc: freed %d files, %d bytes of %d deleted trials", len(out.files), out.bytes, len(out.trials))
+    return out
+
+
+def _dead(executions: Iterable[Execution], older_than: timedelta | None) -> set[int]:
+    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial."""
+    cutoff = datetime.now(timezone.utc) - (older_than or timedelta(0))
+    executions = list(executions)
+    dead = {e.id for e in executions if (when := deleted_at(properties(e))) is not None and when <= cutoff}
+    trials = {trial_id_of(e) for e in executions if e.id in dead}
+    return dead | {e.id for e in executions if properties(e).get(TRIAL_PROPERTY) in trials}
+
+
+def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], int]:
+    """The metric files that only dead executions hold (those an interrupted gc marked, too), and how many
+    files of theirs stay because a live execution holds the same content or path."""
+    events = lineage.store.get_events_by_execution_ids([e.id for e in executions]) if executions else []
+    holders: dict[int, set[int]] = {}
+    for event in events:
+        holders.setdefault(event.artifact_id, set()).add(event.execution_id)
+    type_id = lineage.find_type_id("artifact", STEP_METRICS_TYPE)
+    artifacts = lineage.store.get_artifacts_by_id(list(holders)) if holders else []
+    live_content = set()
+    for artifact in artifacts:
+        if holders[artifact.id] - dead:
+            props = properties(artifact)
+            live_content |= {str(props.get("Commit")), str(props.get("url", artifact.uri))}
+    doomed, shared = [], 0
+    for artifact in artifacts:
+        if artifact.type_id != type_id or artifact.state == mlpb.Artifact.DELETED or not holders[artifact.id] & dead:
+            continue
+        props = properties(artifact)
+        held_alive = bool(holders[artifact.id] - dead) or (
+            str(props.get("Commit")) in live_content or str(props.get("url", artifact.uri)) in live_content
+        )
+        if held_alive and artifact.state != mlpb.Artifact.MARKED_FOR_DELETION:
+            shared += 1
+        else:
+            doomed.append(artifact)
+    return doomed, shared
+
+
+def _paths(store: Store, artifact: Artifact) -> list[Path]:
+    """The bytes an artifact holds in the store: its file and ``.dvc`` file (when inside the store) and its
+    DVC cache object."""
+    props = properties(artifact)
+    path = store.resolve(str(props.get("url", artifact.uri)))
+    paths = [cache_path(store.root, str(props.get("Commit")))]
+    if path.is_relative_to(store.root / ARTIFACTS_DIR) and not store.escapes(path):
+        paths = [path, path.with_name(path.name + ".dvc"), *paths]
+    return paths
+
+
+def _set_state(lineage: Lineage, artifacts: list[Artifact], state: int) -> None:
+    """Set the state of every artifact in one transaction (nothing else of theirs changes)."""
+    if not artifacts:
+        return
+    patches = [mlpb.Artifact(id=a.id, type_id=a.type_id, state=state) for a in artifacts]
+    lineage.store.put_artifacts(patches, field_mask_paths=["state"])
+
+
+def _spills(store: Store, dead: set[int]) -> list[Path]:
+    """The spill directories of dead executions."""
+    found = []
+    for manifest in sorted((store.root / SPILL_DIR).glob(f"*/{SPILL_MANIFEST}")):
+        try:
+            if SpillManifest.read(manifest.parent).execution_id in dead:
+                found.append(manifest.parent)
+        except (OSError, ValueError, TypeError):
+            continue
+    return found
+
+
+def _prune_empty(root: Path) -> None:
+    """Remove the directories that gc left empty under ``root``."""
+    if not root.is_dir():
+        return
+    for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(directory.iterdir()):
+            directory.rmdir()

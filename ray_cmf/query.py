@@ -1,0 +1,324 @@
+"""``--where`` expressions: a small grammar of our own over the trial table, parsed once and evaluated per column.
+
+    expr    := and ("or" and)*
+    and     := not ("and" not)*
+    not     := "not" not | "(" expr ")" | test
+    test    := operand OP operand | operand ["not"] "in" "[" literal ("," literal)* "]"
+    operand := NAME | literal                OP: < <= == != >= >
+    literal := number | "text" | 'text' | true | false | null
+
+A NAME is a trial-table column (``config/lr``, ``val_loss_best``, ``tag/team``, ``started_at``); one with
+other characters is written in backticks. Nothing is ever passed to ``eval``.
+
+Values compare as recorded: numbers with numbers, text with text. A comparison of a missing value or of
+values of different kinds (a number against text) is false, except ``!=`` and ``not in``, which are true:
+the rule pandas and IEEE 754 follow for NaN. ``x == null`` tests for a missing value. A column whose name
+ends in ``_at`` holds UTC times as ISO 8601 text; a date or time compared with it is read as UTC.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ray_cmf.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+      (?P<number>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan)(?![\w./]))
+    | (?P<text>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+    | (?P<quoted>`[^`]+`)
+    | (?P<op><=|>=|==|!=|<|>|\(|\)|\[|\]|,)
+    | (?P<name>[^\W\d][\w./:-]*)
+    )""",
+    re.VERBOSE,
+)
+_KEYWORDS = {"and", "or", "not", "in", "true", "false", "null"}
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">=": operator.ge,
+    ">": operator.gt,
+}
+_MISSING = object()
+
+
+class QueryError(InvalidArgumentError):
+    """An expression that cannot be parsed, or that names a column the table lacks; the message shows where."""
+
+    def __init__(self, text: str, column: int, why: str, detail: str = "") -> None:
+        super().__init__(f"--where: {why} at column {column + 1}{detail}\n  {text}\n  {' ' * column}^")
+        self.column = column
+
+
+@dataclass(frozen=True)
+class _Token:
+    kind: str  # number | text | name | op | keyword | end
+    value: Any
+    at: int
+
+
+def _tokens(text: str) -> list[_Token]:
+    out, at, end = [], 0, len(text.rstrip())
+    while at < end:
+        match = _TOKEN.match(text, at)
+        if match is None or match.end() == at:
+            start = len(text) - len(text[at:].lstrip())
+            hint = " (compare with '==')" if text[start] == "=" else ""
+            raise QueryError(text, start, f"unexpected {text[start]!r}{hint}")
+        kind = match.lastgroup or ""
+        raw = match.group(kind)
+        start = match.start(kind)
+        at = match.end()
+        if kind == "name" and raw.lower() in _KEYWORDS:
+            out.append(_Token("keyword", raw.lower(), start))
+        elif kind == "quoted":
+            out.append(_Token("name", raw[1:-1], start))
+        elif kind == "text":
+            out.append(_Token("text", re.sub(r"\\(.)", r"\1", raw[1:-1]), start))
+        elif kind == "number":
+            value: float | int = float(raw) if re.search(r"[.eEna]", raw) else int(raw)
+            out.append(_Token("number", value, start))
+        else:
+            out.append(_Token(kind, raw, start))
+    out.append(_Token("end", None, len(text)))
+    return out
+
+
+# -- the parsed expression ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Name:
+    name: str
+    at: int
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Compare:
+    op: str
+    left: Name | Literal
+    right: Name | Literal
+
+
+@dataclass(frozen=True)
+class Member:
+    operand: Name | Literal
+    values: tuple[Any, ...]
+    negated: bool
+
+
+@dataclass(frozen=True)
+class Logic:
+    op: str  # and | or | not
+    parts: tuple[Node, ...]
+
+
+Node = Compare | Member | Logic
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokens(text)
+        self.i = 0
+
+    def peek(self) -> _Token:
+        return self.tokens[self.i]
+
+    def take(self, kind: str, value: Any = None) -> _Token | None:
+        token = self.peek()
+        if token.kind == kind and (value is None or token.value == value):
+            self.i += 1
+            return token
+        return None
+
+    def expect(self, kind: str, value: Any, what: str) -> _Token:
+        token = self.take(kind, value)
+        if token is None:
+            raise self.error(f"expected {what}")
+        return token
+
+    def error(self, why: str) -> QueryError:
+        token = self.peek()
+        found = "the end" if token.kind == "end" else repr(self.text[token.at :].split()[0])
+        return QueryError(self.text, token.at, f"{why}, found {found}")
+
+    def parse(self) -> Node:
+        if self.peek().kind == "end":
+            raise QueryError(self.text, 0, "the expression is empty")
+        node = self.disjunction()
+        if self.peek().kind != "end":
+            raise self.error("expected 'and', 'or' or the end")
+        return node
+
+    def disjunction(self) -> Node:
+        parts = [self.conjunction()]
+        while self.take("keyword", "or"):
+            parts.append(self.conjunction())
+        return parts[0] if len(parts) == 1 else Logic("or", tuple(parts))
+
+    def conjunction(self) -> Node:
+        parts = [self.negation()]
+        while self.take("keyword", "and"):
+            parts.append(self.negation())
+        return parts[0] if len(parts) == 1 else Logic("and", tuple(parts))
+
+    def negation(self) -> Node:
+        if self.take("keyword", "not"):
+            return Logic("not", (self.negation(),))
+        if self.take("op", "("):
+            node = self.disjunction()
+            self.expect("op", ")", "')'")
+            return node
+        return self.test()
+
+    def test(self) -> Node:
+        left = self.operand()
+        token = self.peek()
+        if token.kind == "op" and token.value in _COMPARE:
+            self.i += 1
+            return Compare(token.value, left, self.operand())
+        negated = bool(self.take("keyword", "not"))
+        if self.take("keyword", "in"):
+            return Member(left, self.values(), negated)
+        raise self.error("expected a comparison (< <= == != >= >) or 'in'" if not negated else "expected 'in'")
+
+    def values(self) -> tuple[Any, ...]:
+        self.expect("op", "[", "'[' to open a list")
+        values = [self.literal()]
+        while self.take("op", ","):
+            values.append(self.literal())
+        self.expect("op", "]", "',' or ']'")
+        return tuple(values)
+
+    def operand(self) -> Name | Literal:
+        token = self.peek()
+        if token.kind == "name":
+            self.i += 1
+            return Name(token.value, token.at)
+        return Literal(self.literal())
+
+    def literal(self) -> Any:
+        token = self.peek()
+        if token.kind in ("number", "text"):
+            self.i += 1
+            return token.value
+        if token.kind == "keyword" and token.value in ("true", "false", "null"):
+            self.i += 1
+            return {"true": True, "false": False, "null": None}[token.value]
+        raise self.error("expected a column name, a number, text in quotes, true, false or null")
+
+
+@dataclass(frozen=True)
+class Query:
+    """A parsed ``--where`` expression: :meth:`names` it reads, and :meth:`mask` over a table."""
+
+    text: str
+    root: Node
+
+    def names(self) -> list[str]:
+        """The columns the expression reads, in order of appearance."""
+        return list(dict.fromkeys(name.name for name in _names(self.root)))
+
+    def check(self, columns: Sequence[str]) -> None:
+        """Raise :class:`QueryError` at the first name that is not one of ``columns`` (listing them)."""
+        known = set(columns)
+        for name in _names(self.root):
+            if name.name not in known:
+                raise QueryError(self.text, name.at, f"no column {name.name!r}", f"; the trials have {sorted(known)}")
+
+    def mask(self, table: pd.DataFrame) -> pd.Series:
+        """Which rows of ``table`` the expression holds for (a boolean Series on its index)."""
+        import pandas as pd
+
+        self.check(list(table.columns))
+        return pd.Series(_evaluate(self.root, table), index=table.index, dtype=bool)
+
+
+def parse(text: str) -> Query:
+    """Parse a ``--where`` expression; a bad one raises :class:`QueryError` pointing at the column of the error."""
+    return Query(text, _Parser(text).parse())
+
+
+def _names(node: Node) -> list[Name]:
+    if isinstance(node, Logic):
+        return [name for part in node.parts for name in _names(part)]
+    operands = (node.left, node.right) if isinstance(node, Compare) else (node.operand,)
+    return [o for o in operands if isinstance(o, Name)]
+
+
+def _evaluate(node: Node, table: pd.DataFrame) -> list[bool]:
+    if isinstance(node, Logic):
+        parts = [_evaluate(part, table) for part in node.parts]
+        if node.op == "not":
+            return [not value for value in parts[0]]
+        combine = all if node.op == "and" else any
+        return [combine(row) for row in zip(*parts, strict=True)]
+    if isinstance(node, Member):
+        values = _column(node.operand, table)
+        hits = [any(_holds("==", v, member, _time(node.operand)) for member in node.values) for v in values]
+        return [not hit for hit in hits] if node.negated else hits
+    timed = _time(node.left) or _time(node.right)
+    left, right = _column(node.left, table), _column(node.right, table)
+    return [_holds(node.op, a, b, timed) for a, b in zip(left, right, strict=True)]
+
+
+def _time(operand: Name | Literal) -> bool:
+    return isinstance(operand, Name) and operand.name.endswith("_at")
+
+
+def _column(operand: Name | Literal, table: pd.DataFrame) -> list[Any]:
+    if isinstance(operand, Name):
+        return table[operand.name].tolist()
+    return [operand.value] * len(table)
+
+
+def _holds(op: str, a: Any, b: Any, timed: bool) -> bool:
+    """One comparison: missing (None, NaN) or unlike values compare false, except under ``!=``; ``== null``
+    holds for a missing value."""
+    a, b = _comparable(a, timed), _comparable(b, timed)
+    if a is _MISSING or b is _MISSING:
+        both = a is _MISSING and b is _MISSING
+        return both if op == "==" else (not both if op == "!=" else False)
+    if _kind(a) != _kind(b):
+        return op == "!="
+    return bool(_COMPARE[op](a, b))
+
+
+def _comparable(value: Any, timed: bool) -> Any:
+    """A value as it compares: a number (bools are numbers), text (a time as UTC ISO text), or missing."""
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()  # numpy scalars
+    if value is None or (isinstance(value, float) and math.isnan(value)) or _kind(value) in ("NAType", "NaTType"):
+        return _MISSING
+    if timed and isinstance(value, str):
+        return _utc(value)
+    return value
+
+
+def _utc(text: str) -> str:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _kind(value: Any) -> str:
+    return "number" if isinstance(value, int | float) else type(value).__name__

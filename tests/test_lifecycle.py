@@ -1,0 +1,390 @@
+"""After the sweep: tags and notes, ``--where`` queries, soft deletion and gc, on stores built through the real
+writer and edited from other processes through the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ray_cmf import Cmf, InvalidArgumentError, RayCmfError, Store, StoreError, Sweep
+from ray_cmf.cleanup import collect
+from ray_cmf.cli import main
+from ray_cmf.query import QueryError, parse
+from tests._stores import Trial, write_trials
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+def _other_process(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``ray-cmf ARGV`` in a process of its own (as a user at another terminal runs it)."""
+    return subprocess.run(
+        [sys.executable, "-m", "ray_cmf.cli", *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _rows(scale: float, steps: int = 5) -> list[dict[str, Any]]:
+    return [{"training_iteration": i + 1, "loss": scale / (i + 1)} for i in range(steps)]
+
+
+def _sweep(store_dir: Path) -> Store:
+    """Four trials of mixed configs: a FAILED one, a string among numbers, one without ``opt``."""
+    return write_trials(
+        store_dir,
+        [
+            Trial("a", {"lr": 0.1, "opt": "adam", "layers": 2}, {"": _rows(1.0)}),
+            Trial("b", {"lr": 0.01, "opt": "sgd", "layers": 4}, {"": _rows(2.0)}),
+            Trial("c", {"lr": "auto", "layers": 4}, {"": _rows(3.0)}, status="FAILED"),
+            Trial("d", {"lr": 0.001, "opt": "adam", "layers": 8}, {"": _rows(math.inf)}),
+        ],
+    )
+
+
+# -- tags and notes --------------------------------------------------------------------------------------
+def test_tags_and_notes_set_from_another_process_show_in_every_view(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = _sweep(tmp_path / "store")
+    root = str(store.root)
+    done = _other_process("tag", "a", "team=vision", "prio=1", "équipe=ü", "--store", root)
+    assert done.returncode == 0, done.stderr
+    assert _other_process("note", "b", "lr too low? ✓", "--store", root).returncode == 0
+
+    table = Sweep(root).trials().set_index("trial_id")
+    assert table.loc["a", "tag/team"] == "vision" and table.loc["a", "tag/prio"] == "1"
+    assert table.loc["a", "tag/équipe"] == "ü" and table.loc["b", "tag/team"] is None
+    assert table.loc["b", "note"] == "lr too low? ✓" and table.loc["a", "note"] is None
+
+    code, rows = _cli(capsys, "trials", "--store", root)
+    assert code == 0 and {r["trial_id"]: r.get("tag/team") for r in rows} == {
+        "a": "vision",
+        "b": None,
+        "c": None,
+        "d": None,
+    }
+    code, shown = _cli(capsys, "show", "b", "--store", root)
+    assert code == 0 and shown["note"] == "lr too low? ✓" and shown["tags"] == {}
+    code, best = _cli(capsys, "compare", "--metric", "loss", "--store", root)
+    assert code == 0 and best[0]["trial_id"] == "a" and best[0]["tag/team"] == "vision"
+    page = Sweep(root).report(tmp_path / "r.html").read_text()
+    assert "<th>tag/team</th>" in page and "lr too low? ✓" in page
+
+    assert _other_process("tag", "a", "--remove", "team", "--store", root).returncode == 0
+    assert _other_process("note", "b", "", "--store", root).returncode == 0
+    table = Sweep(root).trials().set_index("trial_id")
+    assert "tag/team" not in table.columns and table.loc["a", "tag/prio"] == "1" and table["note"].isna().all()
+
+
+def test_a_tag_key_or_value_that_cannot_be_kept_is_refused_by_name(tmp_path: Path) -> None:
+    sweep = Sweep(_sweep(tmp_path / "store"))
+    with pytest.raises(InvalidArgumentError, match=r"'bad\.key'"):
+        sweep.tag("a", **{"bad.key": "x"})
+    with pytest.raises(InvalidArgumentError, match="'team' has value"):
+        sweep.tag("a", team=["a", "list"])  # type: ignore[arg-type]
+    with pytest.raises(RayCmfError, match="Unknown trial"):
+        sweep.tag("nobody", team="x")
+    done = _other_process("tag", "a", "no-equals-sign", "--store", str(tmp_path / "store"))
+    assert done.returncode == 2 and "is not key=value" in done.stderr
+
+
+def test_a_tag_set_while_the_writer_ends_the_trial_keeps_both(tmp_path: Path) -> None:
+    """The trial is RUNNING when another process tags it; the writer then ends it: both changes stay."""
+    store = write_trials(tmp_path / "store", [Trial("live", {"lr": 0.1}, {"": _rows(1.0)}, status="RUNNING")])
+    assert _other_process("tag", "live", "team=vision", "--store", str(store.root)).returncode == 0
+    [execution] = store.lineage.store.get_executions()
+    store.update_execution(execution.id, {"status": "COMPLETE"}, "COMPLETE")  # what the writer's end() does
+    [row] = Sweep(store.root).trials().to_dict(orient="records")
+    assert row["status"] == "COMPLETE" and row["tag/team"] == "vision"
+
+
+def test_a_run_tags_itself_with_set_tags(tmp_path: Path) -> None:
+    cmf = Cmf(pipeline_name="runs", store=tmp_path / "store")
+    cmf.create_execution("train", {"lr": 0.1}, execution_name="run-1")
+    cmf.set_tags(team="nlp", kind="baseline")
+    cmf.set_tags(remove=["kind"], stage=2)
+    cmf.log_metric("steps", {"step": 0, "loss": 1.0})
+    cmf.commit_metrics("steps")
+    cmf.close()
+    [row] = Sweep(tmp_path / "store", metrics_name="steps").trials().to_dict(orient="records")
+    assert row["tag/team"] == "nlp" and row["tag/stage"] == "2" and "tag/kind" not in row
+    assert row["config/lr"] == 0.1
+
+
+def test_a_config_key_under_the_reserved_prefix_cannot_pose_as_a_tag_or_a_deletion(tmp_path: Path) -> None:
+    store = write_trials(
+        tmp_path / "store", [Trial("t", {"ray_cmf:tag:team": "x", "ray_cmf:deleted_at": "2020-01-01"}, {"": _rows(1)})]
+    )
+    [row] = Sweep(store).trials().to_dict(orient="records")  # not deleted, not tagged; the config keeps both
+    assert not any(k.startswith("tag/") for k in row) and row["config/ray_cmf:tag:team"] == "x"
+
+
+# -- queries ---------------------------------------------------------------------------------------------
+def test_where_sort_and_limit_over_configs_of_mixed_types_tags_and_summaries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = _sweep(tmp_path / "store")
+    sweep = Sweep(store)
+    sweep.tag("b", team="vision")
+
+    def picked(where: str, **options: Any) -> list[str]:
+        return list(sweep.trials(where=where, **options)["trial_id"])
+
+    assert picked("config/lr < 0.05") == ["b", "d"]  # "auto" is not a number: not < 0.05
+    assert picked('config/lr == "auto" or tag/team == "vision"') == ["b", "c"]
+    assert picked('not (status in ["FAILED"]) and config/opt != "sgd"') == ["a", "d"]
+    assert picked("config/opt == null") == ["c"]
+    assert picked("loss_final > 1e308") == ["d"]  # inf is data; ±inf and NaN never rank best
+    assert picked("loss_best < 0.5 and steps == 5", sort="loss_best") == ["a", "b"]
+    assert picked("config/layers in [4, 8]", sort="config/layers", limit=2) == ["b", "c"]
+    assert picked(f'started_at > "{(datetime.now(timezone.utc) - timedelta(days=1)).date()}"') == list("abcd")
+    assert picked('started_at < "2020-01-01"') == []
+    assert picked("tag/nobody_has_this == null") == list("abcd")
+    assert list(sweep.trials(sort="config/lr")["trial_id"]) == ["d", "b", "a", "c"]  # numbers first, then text
+
+    code, rows = _cli(capsys, "trials", "--store", str(store.root), "--where", "config/layers >= 4", "--limit", "2")
+    assert code == 0 and [r["trial_id"] for r in rows] == ["b", "c"]
+    out = tmp_path / "picked.csv"
+    assert main(["export", "--store", str(store.root), "--where", 'config/opt == "adam"', "-o", str(out)]) == 0
+    assert sorted(set(pd.read_csv(out)["trial_id"])) == ["a", "d"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("where", "column", "says"),
+    [
+        ("config/lr <", 12, "expected a column name, a number"),
+        ("config/lr = 1", 11, "compare with '=='"),
+        ("(status == 'FAILED'", 20, "expected ')'"),
+        ("status == 'x' and", 18, "found the end"),
+        ("lr < 1", 1, "no column 'lr' at column 1; the trials have"),
+        ("status in 'x'", 11, "expected '[' to open a list"),
+        ("", 1, "empty"),
+    ],
+)
+def test_a_bad_where_exits_2_and_points_at_the_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, column: int, says: str
+) -> None:
+    store = _sweep(tmp_path / "store")
+    assert main(["trials", "--store", str(store.root), "--where", where]) == 2
+    err = capsys.readouterr().err
+    assert f"at column {column}" in err and says in err, err
+    caret = err.rstrip("\n").splitlines()[-1]
+    assert caret.index("^") - 2 == column - 1  # the caret sits under the column named
+
+
+def test_eval_never_runs() -> None:
+    with pytest.raises(QueryError):
+        parse("__import__('os').system('true') == 1")
+
+
+_NUMBERS = st.one_of(st.integers(-5, 5), st.floats(-5, 5, allow_nan=False).map(lambda v: round(v, 2)))
+_WORDS = st.sampled_from(["adam", "sgd", "é", ""])
+_COLUMNS = {"config/x": "number", "loss_best": "number", "config/opt": "text", "tag/team": "text"}
+
+
+def _frames() -> st.SearchStrategy[pd.DataFrame]:
+    def frame(n: int) -> st.SearchStrategy[pd.DataFrame]:
+        return st.fixed_dictionaries(
+            {
+                "config/x": st.lists(st.one_of(_NUMBERS, st.just(math.nan)), min_size=n, max_size=n),
+                "loss_best": st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=n, max_size=n),
+                "config/opt": st.lists(_WORDS, min_size=n, max_size=n),
+                "tag/team": st.lists(st.one_of(st.none(), _WORDS), min_size=n, max_size=n),
+            }
+        ).map(pd.DataFrame)
+
+    return st.integers(1, 12).flatmap(frame)
+
+
+def _tests() -> st.SearchStrategy[tuple[str, str]]:
+    """(ours, pandas') renderings of one comparison or membership test."""
+
+    def render(column: str, op: str, literal: Any) -> tuple[str, str]:
+        text = json.dumps(literal, ensure_ascii=False) if isinstance(literal, str) else repr(literal)
+        return f"{column} {op} {text}", f"`{column}` {op} {text}"
+
+    numeric = st.tuples(
+        st.sampled_from(["config/x", "loss_best"]), st.sampled_from(["<", "<=", "==", "!=", ">=", ">"]), _NUMBERS
+    ).map(lambda t: render(*t))
+    textual = st.tuples(st.sampled_from(["config/opt", "tag/team"]), st.sampled_from(["==", "!="]), _WORDS).map(
+        lambda t: render(*t)
+    )
+    member = st.tuples(
+        st.sampled_from(["config/opt", "tag/team"]), st.booleans(), st.lists(_WORDS, min_size=1, max_size=3)
+    ).map(
+        lambda t: (
+            f"{t[0]} {'not in' if t[1] else 'in'} {json.dumps(t[2], ensure_ascii=False)}",
+            f"`{t[0]}` {'not in' if t[1] else 'in'} {json.dumps(t[2], ensure_ascii=False)}",
+        )
+    )
+    return st.one_of(numeric, textual, member)
+
+
+def _expressions() -> st.SearchStrategy[tuple[str, str]]:
+    def combine(children: st.SearchStrategy[tuple[str, str]]) -> st.SearchStrategy[tuple[str, str]]:
+        pair = st.tuples(children, st.sampled_from(["and", "or"]), children)
+        return st.one_of(
+            pair.map(lambda t: (f"({t[0][0]}) {t[1]} ({t[2][0]})", f"({t[0][1]}) {t[1]} ({t[2][1]})")),
+            children.map(lambda c: (f"not ({c[0]})", f"not ({c[1]})")),
+        )
+
+    return st.recursive(_tests(), combine, max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frame=_frames(), expression=_expressions())
+def test_where_agrees_with_pandas_on_the_same_expression(frame: pd.DataFrame, expression: tuple[str, str]) -> None:
+    ours, theirs = expression
+    expected = frame.query(theirs, engine="python")
+    got = frame[parse(ours).mask(frame)]
+    assert list(got.index) == list(expected.index), (ours, theirs)
+
+
+# -- deletion and gc -------------------------------------------------------------------------------------
+def _files(store: Store) -> set[Path]:
+    root = store.root
+    return {p for p in (root / "artifacts").rglob("*") if p.is_file()} | {
+        p for p in (root / ".dvc" / "cache").rglob("*") if p.is_file()
+    }
+
+
+def test_deleted_trials_leave_every_view_until_undeleted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = _sweep(tmp_path / "store")
+    root = str(store.root)
+    code, would = _cli(capsys, "delete", "--store", root, "--where", 'status == "FAILED"', "--dry-run")
+    assert code == 0 and [r["trial_id"] for r in would] == ["c"] and len(Sweep(root).trials()) == 4
+    done = _other_process("delete", "c", "a", "--store", root)  # not a terminal: no question asked
+    assert done.returncode == 0, done.stderr
+
+    sweep = Sweep(root)
+    assert list(sweep.trials()["trial_id"]) == ["b", "d"] and set(sweep.steps()["trial_id"]) == {"b", "d"}
+    assert list(sweep.best("loss")["trial_id"]) == ["b"]
+    code, rows = _cli(capsys, "trials", "--store", root)
+    assert [r["trial_id"] for r in rows] == ["b", "d"]
+    code, rows = _cli(capsys, "trials", "--store", root, "--include-deleted")
+    assert {r["trial_id"]: bool(r.get("deleted_at")) for r in rows} == {"a": True, "b": False, "c": True, "d": False}
+    assert main(["report", "--store", root, "-o", str(tmp_path / "r.html")]) == 0
+    capsys.readouterr()
+    page = (tmp_path / "r.html").read_text()
+    assert 'data-trial="b"' in page and 'data-trial="a"' not in page and 'data-trial="c"' not in page
+
+    code, _ = _cli(capsys, "undelete", "a", "--store", root)
+    assert code == 0 and list(Sweep(root).trials()["trial_id"]) == ["a", "b", "d"]
+    assert main(["delete", "--store", root]) == 2
+    assert "name the trials (ids) or pick them with --where" in capsys.readouterr().err
+
+
+def test_delete_asks_on_a_terminal(tmp_path: Path) -> None:
+    import pty
+
+    store = _sweep(tmp_path / "store")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: ray-cmf on a terminal, answering "n"
+        os.execv(sys.executable, [sys.executable, "-m", "ray_cmf.cli", "delete", "a", "--store", str(store.root)])
+    output = b""
+    while b"[y/N]" not in output:
+        output += os.read(fd, 1024)
+    os.write(fd, b"n\n")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1 and len(Sweep(store.root).trials()) == 4
+
+
+def test_gc_frees_only_what_deleted_trials_alone_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``twin`` logged exactly ``a``'s rows: one content-addressed object for both. Deleting ``a`` and ``b``
+    frees ``b``'s bytes; the object ``twin`` shares with ``a`` stays."""
+    store = write_trials(
+        tmp_path / "store",
+        [
+            Trial("a", {"lr": 0.1}, {"": _rows(1.0)}),
+            Trial("twin", {"lr": 0.1}, {"": _rows(1.0)}),
+            Trial("b", {"lr": 0.2}, {"": _rows(2.0)}),
+        ],
+    )
+    root = str(store.root)
+    twin_rows = Sweep(root).steps(trials=["twin"])
+    before = _files(store)
+    sizes = {p: p.stat().st_size for p in before}
+    Sweep(root).delete(["a", "b"])
+    code, dry = _cli(capsys, "gc", "--store", root, "--dry-run")
+    assert code == 0 and dry["files"] == 1 and dry["kept_shared"] == 1 and _files(store) == before
+    code, dry = _cli(capsys, "gc", "--store", root, "--older-than", "7d")  # deleted just now: too young
+    assert code == 0 and dry["files"] == 0 and _files(store) == before
+
+    code, freed = _cli(capsys, "gc", "--store", root)
+    gone = before - _files(store)
+    assert code == 0 and freed["trial_ids"] == ["a", "b"] and freed["files"] == 1 and freed["cache_objects"] == 1
+    assert freed["bytes"] == sum(sizes[p] for p in gone) > 0
+    assert len(gone) == 3 and {p.suffix for p in gone} == {".parquet", ".dvc", ""}  # file, .dvc, cache object
+    assert Sweep(root).steps(trials=["twin"]).equals(twin_rows)
+    code, audit = _cli(capsys, "verify", "--store", root)
+    assert code == 0 and {r["status"] for r in audit} == {"ok"}
+    code, again = _cli(capsys, "gc", "--store", root)
+    assert code == 0 and again["files"] == 0
+    lineage = Sweep(root, include_deleted=True).trials()
+    assert set(lineage["trial_id"]) == {"a", "twin", "b"}  # the metadata stays: lineage is explainable
+
+
+def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = write_trials(
+        tmp_path / "store",
+        [Trial("done", {}, {"": _rows(1.0)}), Trial("live", {}, {"": _rows(1.0)}, status="RUNNING")],
+    )
+    Sweep(store.root).delete(["done"])
+    with pytest.raises(StoreError, match=r"being written: 1 executions are running \(live \(pid"):
+        collect(store)
+    assert main(["gc", "--store", str(store.root)]) == 2
+    assert "is being written" in capsys.readouterr().err
+    assert collect(store, dry_run=True).files  # a dry run only reads
+
+
+def test_a_gc_killed_half_way_leaves_a_store_verify_accepts_and_a_second_gc_finishes(tmp_path: Path) -> None:
+    trials = [Trial(f"t{i:03d}", {"i": i}, {"": _rows(float(i + 1), steps=3)}) for i in range(120)]
+    store = write_trials(tmp_path / "store", trials)
+    Sweep(store.root).delete([t.trial_id for t in trials[:-1]])
+    files = sorted((store.root / "artifacts").rglob("*.parquet"))
+    gc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_GC, str(store.root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while all(f.exists() for f in files) and time.monotonic() < deadline and gc.poll() is None:
+        time.sleep(0.005)
+    os.kill(gc.pid, signal.SIGKILL)
+    gc.wait()
+    left = [f for f in files if f.exists()]
+    assert 1 < len(left) < len(files), "the gc was not interrupted half-way"
+    assert main(["verify", "--store", str(store.root)]) == 0  # files marked for deletion are not checked
+    freed = collect(store)
+    assert [f for f in files if f.exists()] == [files[-1]] and len(freed.files) >= len(left) - 1
+    assert main(["verify", "--store", str(store.root)]) == 0
+    assert list(Sweep(store.root).trials()["trial_id"]) == ["t119"]
+
+
+# Every removal of the gc in the child takes a millisecond, so that the parent's SIGKILL lands half-way.
+_SLOW_GC = """
+import sys, time
+from pathlib import Path
+from ray_cmf import Store
+from ray_cmf.cleanup import collect
+unlink = Path.unlink
+def slow_unlink(self, missing_ok=False):
+    time.sleep(0.01)
+    unlink(self, missing_ok=missing_ok)
+Path.unlink = slow_unlink
+collect(Store(sys.argv[1]))
+"""
