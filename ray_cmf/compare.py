@@ -139,7 +139,7 @@ class Sweep:
         self.stages = stages
         self.metrics_name = metrics_name or RESULTS_METRICS_NAME
         self._files: list[TrialFile] | None = None
-        self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] | None = None
+        self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
         held = self.series_names()
         if held and self.metrics_name not in held:
@@ -280,15 +280,19 @@ class Sweep:
             return pa.table({})
         return _concat(tables)
 
-    def _footers(self) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
+    def _footers(self, files: Sequence[TrialFile] | None = None) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
+        """The schema and summary of each readable file of ``files`` (default: the sweep's), each footer read
+        once: a query that picked some trials reads only theirs."""
+        wanted = self.files() if files is None else files
         if self._footer_cache is None:
-            self._footer_cache = _read_footers(self.files())
-        return self._footer_cache
+            self._footer_cache = {}
+        unread = [f for f in wanted if f.path not in self._footer_cache]
+        self._footer_cache.update(_read_footers(unread))
+        return {f.path: footer for f in wanted if (footer := self._footer_cache[f.path]) is not None}
 
-    def _schema(self) -> pa.Schema:
-        """The unified schema of every committed file of the sweep."""
-        schemas = [schema for schema, _ in self._footers().values()]
-        return unify(schemas)
+    def _schema(self, files: Sequence[TrialFile] | None = None) -> pa.Schema:
+        """The unified schema of the committed files (default: every file of the sweep)."""
+        return unify([schema for schema, _ in self._footers(files).values()])
 
     def _check_metrics(self, metrics: list[str], spilled: list[pa.Table] | None) -> None:
         """An unknown metric is an error that lists the sweep's metrics (the ``spilled`` tables' count too,
@@ -300,11 +304,12 @@ class Sweep:
             raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(self._schema())}")
 
     def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pa.Table:
-        footers = self._footers()
-        files = [f for f in self.files() if f.path in footers and (trials is None or f.trial_id in trials)]
+        mine = [f for f in self.files() if trials is None or f.trial_id in trials]
+        footers = self._footers(mine)
+        files = [f for f in mine if f.path in footers]
         if not files:
             return pa.table({})
-        schema = self._schema()
+        schema = self._schema(files)
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
         table = _scan_with_trials(dataset, _columns(schema, metrics), files, series=self._several())
         return _keyed(table)
@@ -357,7 +362,10 @@ class Sweep:
 
         query = parse(where) if where is not None else None
         check_limit(limit)
-        recorded = _recorded_columns([self._recorded(execution, stage) for execution, stage in self.executions()])
+        first = {f.trial_id: f for f in reversed(self.files())}  # a trial's first series names its file
+        recorded = _recorded_columns(
+            [self._recorded(e, stage, first.get(trial_id_of(e))) for e, stage in self.executions()]
+        )
         if query is not None:
             recorded = _with_tags(recorded, query)
             if set(query.names()) <= set(recorded.columns):  # MLMD alone answers it: no footer of the others read
@@ -379,11 +387,10 @@ class Sweep:
             table = sort_trials(table, sort, mode)
         return (table.head(limit) if limit is not None else table).reset_index(drop=True)
 
-    def _recorded(self, execution: Execution, stage: str) -> dict[str, Any]:
-        """A trial's row of the table as MLMD records it (no file read)."""
+    def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
+        """A trial's row of the table as MLMD records it (no file read); ``file`` is its first series'."""
         trial_id = trial_id_of(execution)
         props = properties(execution)
-        file = self._first_files().get(trial_id)
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
         return {
             "trial_id": trial_id,
@@ -401,10 +408,6 @@ class Sweep:
             "url": file.url if file else None,
         }
 
-    def _first_files(self) -> dict[str, TrialFile]:
-        """Each trial's first series of this name (the one its row names)."""
-        return {f.trial_id: f for f in reversed(self.files())}
-
     def _verified(self, trial_id: str) -> bool | None:
         """Whether every committed file of a trial matches its md5 (None: it has none)."""
         mine = [f for f in self.files() if f.trial_id == trial_id]
@@ -420,14 +423,14 @@ class Sweep:
         """
         import pandas as pd
 
-        footers = self._footers()
-        summaries = {f.trial_id: footers[f.path][1] for f in self.files() if f.path in footers and f.trial_id in trials}
+        mine = [f for f in self.files() if f.trial_id in trials]
+        footers = self._footers(mine)
+        summaries = {f.trial_id: footers[f.path][1] for f in mine if f.path in footers}
         if self._several() or any(
             s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 for s in summaries.values()
         ):
             return None
-        schema = self._schema()
-        chosen = self._summarised(schema, metrics)
+        chosen = self._summarised(self._schema(mine), metrics)
         rows = {}
         for trial_id, summary in summaries.items():
             assert summary is not None
@@ -445,8 +448,8 @@ class Sweep:
         numeric = [f.name for f in schema if f.name in _metric_columns(schema) and is_number(f.type)]
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
-        if unknown:
-            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(schema)}")
+        if unknown and any(m not in self._schema().names for m in unknown):  # not even in trials left out
+            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(self._schema())}")
         return [m for m in chosen if m in numeric]
 
     def _summary_from_scan(
@@ -757,11 +760,11 @@ def _labels(file_codes: np.ndarray, label_of_file: list[str]) -> pa.DictionaryAr
     return pa.DictionaryArray.from_arrays(pa.array(label_codes[file_codes]), pa.array(names, pa.string()))
 
 
-def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
-    """Each file's schema and ray_cmf summary; missing or unreadable files are left out with a warning."""
+def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None]:
+    """Each file's schema and ray_cmf summary; a missing or unreadable file is None, with a warning."""
     import pyarrow.parquet as pq
 
-    footers: dict[Path, tuple[pa.Schema, dict[str, Any] | None]] = {}
+    footers: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] = {}
     for file in files:
         if file.path in footers:
             continue
@@ -769,6 +772,7 @@ def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dic
             meta = pq.read_metadata(file.path)
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("ray_cmf: skipping trial %s: cannot read %s (%s)", file.trial_id, file.path, exc)
+            footers[file.path] = None
             continue
         raw = (meta.metadata or {}).get(SUMMARY_KEY.encode())
         footers[file.path] = (meta.schema.to_arrow_schema(), SeriesSummary.parse(raw))

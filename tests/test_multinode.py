@@ -50,6 +50,7 @@ TUNE_DRIVER = PRELUDE + textwrap.dedent(
     """
     def trainable(config):
         cmf = ray_cmf.tune.get_cmf(flush_rows=30)
+        cmf.set_tags(team="far", lr=config["lr"])  # through the writer: this node cannot see the store
         for it in range(10):
             for sub in range(20):
                 cmf.log_metric("steps", {"it": it, "sub": sub, "lr": config["lr"]})
@@ -222,6 +223,8 @@ def test_tune_in_trial_series_and_results_land_in_the_drivers_store(
     executions = _executions(store)
     assert len(executions) == 2
     assert all(e.last_known_state == mlpb.Execution.COMPLETE for e in executions.values())
+    tags = Sweep(store, pipeline="mn_tune").trials()[["tag/team", "tag/lr"]].values.tolist()
+    assert sorted(tags) == [["far", "0.1"], ["far", "0.2"]]
     results = Sweep(store, pipeline="mn_tune").steps(["loss"])
     assert results.groupby("trial_id")["step"].apply(list).tolist() == [list(range(1, 11))] * 2
     steps = Sweep(store, pipeline="mn_tune", metrics_name="steps")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,10 @@ def test_the_readme_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert line in README.read_text()
         assert main([*line.split()[1:], "--store", str(store), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)
+    for line, trials in (  # the curation examples, on the sweep's two trials (lr 0.01 and 0.1)
+        ("""ray-cmf trials --where 'config/lr < 0.01 and status == "COMPLETE"' --sort val_loss_best --limit 10""", 0),
+        ("""ray-cmf delete --where 'status in ["FAILED", "CRASHED"]' --dry-run""", 0),
+    ):
+        assert line in README.read_text()
+        assert main([*shlex.split(line)[1:], "--pipeline", "lr_sweep", "--store", str(store), "--json"]) == 0
+        assert len(json.loads(capsys.readouterr().out)) == trials

@@ -354,3 +354,38 @@ def test_ml_metadata_log_lines_reach_the_terminal_only_with_verbose(pg: Postgres
     assert "pg" in quiet.stdout and "pg" in loud.stdout
     assert "Connecting to database" not in quiet.stderr and not quiet.stderr.strip()
     assert "Connecting to database" in loud.stderr
+
+
+def test_tags_deletion_and_gc_on_a_team_store_and_its_s3_remote(
+    pg: Postgres, s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run-0 and run-1 logged the same rows (one object); run-2 other rows. A machine that holds no file tags
+    a run through the database alone; deleting run-0 and run-2 then frees run-2's object, here and on S3."""
+    url = pg.url("team", "team-secret", "cmf_life")
+    store = tmp_path / "store"
+    for run, rows in enumerate((5, 5, 7)):
+        cmf = Cmf(filepath=url, pipeline_name="pg", store=store)
+        cmf.create_execution("train", execution_name=f"run-{run}")
+        _log(cmf, "steps", rows)
+        cmf.commit_metrics("steps")
+        cmf.close()
+    assert main(["push", "--store", str(store), "--add-remote", f"s3://{BUCKET}/life", "--endpoint-url", s3]) == 0
+    monkeypatch.setenv(pg.password_env, "team-secret")
+    elsewhere = tmp_path / "elsewhere"
+    Store(elsewhere, mlmd=url).set_remote(f"s3://{BUCKET}/life", s3)  # its config: the database and the remote
+    assert main(["tag", "run-1", "team=vision", "--store", str(elsewhere), "--metrics-name", "steps"]) == 0
+    assert main(["note", "run-1", "the baseline", "--store", str(elsewhere), "--metrics-name", "steps"]) == 0
+    assert main(["delete", "run-0", "run-2", "--store", str(elsewhere), "--metrics-name", "steps", "--yes"]) == 0
+    capsys.readouterr()
+
+    files = {f.trial_id: f for f in Sweep(store, metrics_name="steps", include_deleted=True).files()}
+    remote = Store(store).require_remote()
+    assert main(["gc", "--store", str(store), "--remote", "--json"]) == 0
+    freed = json.loads(capsys.readouterr().out)
+    assert freed["trial_ids"] == ["run-0", "run-2"] and freed["files"] == 1 and freed["kept_shared"] == 1
+    assert freed["remote_objects"] == 1 and not remote.exists(files["run-2"].md5) and remote.exists(files["run-1"].md5)
+    assert not files["run-2"].path.exists() and files["run-1"].path.exists()
+    assert main(["verify", "--store", str(store), "--remote"]) == 0
+    [row] = Sweep(elsewhere, metrics_name="steps").trials().to_dict(orient="records")
+    assert row["trial_id"] == "run-1" and row["tag/team"] == "vision" and row["note"] == "the baseline"
+    assert row["steps"] == 5  # read from the remote by md5: this machine holds no file
