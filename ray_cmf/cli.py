@@ -164,6 +164,8 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 def cmd_trials(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
     sort = args.sort or (f"{args.metric[0]}_best" if args.metric else "trial_id")
+    if args.group_by:
+        return _grouped_trials(args, sweep)
     table = sweep.trials(args.metric or None, mode=args.mode, verify=args.verify, where=args.where, sort=sort)
     if args.status:
         unknown = sorted(set(args.status) - STATUSES - set(table["status"]))
@@ -178,6 +180,23 @@ def cmd_trials(args: argparse.Namespace) -> int:
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
     _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
+
+
+def _grouped_trials(args: argparse.Namespace, sweep: Any) -> int:
+    """``trials --group-by``: a row per group, each summary as its mean and standard deviation."""
+    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else None)
+    table = sweep.trials(args.metric or None, mode=args.mode, where=args.where, sort=sort, group_by=args.group_by)
+    if args.limit:
+        table = table.head(args.limit)
+    kept = set(_summary_columns(_as_trials(table), args.metric, every=args.all_columns))
+    columns = [c for c in table.columns if not c.endswith(("_mean", "_std")) or c.rsplit("_", 1)[0] in kept]
+    _emit(args, _frame_rows(table[columns]), f"groups of {sweep.pipeline} ({sweep.metrics_name})")
+    return EXIT_OK
+
+
+def _as_trials(groups: Any) -> Any:
+    """A group table's summary columns under their trial-table names (``loss_best_mean`` as ``loss_best``)."""
+    return groups.rename(columns=lambda c: c.rsplit("_", 1)[0] if c.endswith("_mean") else c)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -356,7 +375,12 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     sweep = _picked(args)
     path = sweep.report(
-        _output(args.output), metrics=args.metric, series=args.series, mode=args.mode, max_points=args.max_points
+        _output(args.output),
+        metrics=args.metric,
+        series=args.series,
+        mode=args.mode,
+        max_points=args.max_points,
+        group_by=args.group_by,
     )
     size = path.stat().st_size / 2**20
     _emit(args, [{"report": str(path), "trials": len(sweep.executions()), "MB": round(size, 2)}], "report written")
@@ -376,6 +400,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         series=args.series,
         mode=args.mode,
         max_points=args.max_points,
+        group_by=args.group_by,
     )
     print(f"ray-cmf: serving the report of {args.store or 'the store'} at {server.url} (Ctrl-C stops)", flush=True)
     try:
@@ -490,6 +515,10 @@ STATUSES = frozenset({"RUNNING", "COMPLETE", "FAILED", "CANCELED", "CRASHED"})  
 SERIES_HELP = "plot this series' metrics (repeatable; default: every series the trials logged)"
 
 
+GROUP_HELP = (
+    'fold the trials into groups by this column (repeatable; or "config except seed"): each summary as the '
+    "group's mean and standard deviation"
+)
 WHERE_HELP = (
     "only the trials this expression holds for, e.g. 'config/lr < 0.01 and tag/team == \"vision\"' "
     "(comparisons, in, and, or, not, parentheses; over the columns of `trials`)"
@@ -535,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="re-hash each trial's file")
     p.add_argument("--sort", help="sort by this column (default: the first --metric's best, best first)")
     p.add_argument("--limit", type=_positive, help="show the first N trials only")
+    p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p.add_argument("--status", action="append", help="only trials with this status (repeatable): COMPLETE, FAILED, ...")
     p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
     p = command("compare", cmd_compare, "the top trials by one metric")
@@ -554,6 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="HTML path")
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p.add_argument("--series", action="append", help=SERIES_HELP)
+    p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p = command("serve", cmd_serve, "serve the report on localhost; it follows a running sweep")
     _add_sweep_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
@@ -561,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", type=int, default=10, help="seconds between rebuilds and page updates")
     p.add_argument("--series", action="append", help=SERIES_HELP)
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
+    p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p = command("plot", cmd_plot, "learning curves as a PNG")
     _add_sweep_options(p, metric_required=True)
     p.add_argument("-o", "--output", required=True, help="PNG path")

@@ -45,7 +45,16 @@ from ray_cmf.curation import (
 from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.exits import CRASHED, RECOVERED, abandoned
-from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, is_number, mode_of, summarize
+from ray_cmf.frames import (
+    RANK_COLUMN,
+    SERIES_COLUMN,
+    TRIAL_COLUMN,
+    group_keys,
+    group_summaries,
+    is_number,
+    mode_of,
+    summarize,
+)
 from ray_cmf.lineage import Execution, Lineage, collected, properties, state_name, trial_id_of
 from ray_cmf.query import Query, parse
 from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, read_segments, unify
@@ -344,6 +353,7 @@ class Sweep:
         where: str | None = None,
         sort: str | None = None,
         limit: int | None = None,
+        group_by: str | Sequence[str] | None = None,
     ) -> pd.DataFrame:
         """One row per trial: id, status, config, tags, note, start time, best/final/steps per metric, md5, url.
 
@@ -357,6 +367,11 @@ class Sweep:
         see :mod:`ray_cmf.query`); one that reads only recorded columns (config, status, tags, times) is
         answered before any file is opened. ``sort`` orders by a column (a ``_best``/``_final`` one best
         first, any other ascending) and ``limit`` keeps the first rows.
+
+        ``group_by`` (columns such as ``"config/opt"``, or ``"config except seed"``) folds the trials into
+        one row per group: the mean and standard deviation of every summary (``val_loss_best_mean``,
+        ``val_loss_best_std``, ...), the number of trials and their ids (see :func:`group_summaries`);
+        ``sort`` may then name a group column (``val_loss_best`` means its mean).
         """
         import pandas as pd
 
@@ -383,6 +398,9 @@ class Sweep:
         table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
         tail = ["steps", "md5", "url", "verified"]
         table = table[[c for c in table.columns if c not in tail] + [c for c in tail if c in table.columns]]
+        if group_by is not None:
+            table = group_summaries(table, group_keys(table, group_by))
+            sort = f"{sort}_mean" if sort is not None and sort not in table.columns else sort
         if sort is not None:
             table = sort_trials(table, sort, mode)
         return (table.head(limit) if limit is not None else table).reset_index(drop=True)
@@ -549,15 +567,19 @@ class Sweep:
         series: Sequence[str] | None = None,
         mode: str = "min",
         max_points: int = 200,
+        group_by: str | Sequence[str] | None = None,
     ) -> Path:
         """Write the sweep's interactive report: one self-contained HTML file that opens offline (trial
         table, best first; learning curves of every series the trials logged, each under its name;
         parallel coordinates, hyperparameter importance, lineage). ``series`` limits the curves to those
         series; ``mode`` says whether lower or higher ``metrics`` are better; each curve keeps at most
-        ``max_points`` points."""
+        ``max_points`` points; ``group_by`` folds the trials into groups (as :meth:`trials` does): the
+        table shows each group's mean ± std, the curves each group's mean with a band."""
         from ray_cmf.report import write
 
-        return write(self, Path(path), metrics=metrics, series=series, mode=mode, max_points=max_points)
+        return write(
+            self, Path(path), metrics=metrics, series=series, mode=mode, max_points=max_points, group_by=group_by
+        )
 
     # -- plots ---------------------------------------------------------------------------------------
     def plot_curves(
@@ -590,8 +612,9 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     ascending (numbers before text, whatever mix a config key holds); blanks last."""
     if column not in table.columns:
         raise InvalidArgumentError(f"sort {column!r} is not a column; the table has {list(table.columns)}")
-    metric = column.rsplit("_", 1)[0]
-    descending = column.endswith(("_best", "_final")) and mode_of(mode, metric) == "max"
+    summary = column.removesuffix("_mean")  # a group's mean of a summary sorts as the summary
+    metric = summary.rsplit("_", 1)[0]
+    descending = summary.endswith(("_best", "_final")) and mode_of(mode, metric) == "max"
     values = table[column].tolist()
     present = [i for i, v in enumerate(values) if not _blank(v)]
     present.sort(key=lambda i: _order(values[i]), reverse=descending)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from ray_cmf.errors import InvalidArgumentError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -60,3 +62,54 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
         summary[f"{metric}_final"] = pd.Series(last.to_numpy(dtype=float, na_value=np.nan), index=last.index)
     summary["steps"] = trial.groupby(trial).size()
     return summary
+
+
+CONFIG_EXCEPT = "config except "  # group_by="config except seed": every config key but those named
+
+
+def group_keys(table: pd.DataFrame, group_by: str | Sequence[str]) -> list[str]:
+    """The trial-table columns that ``group_by`` names: columns (``config/opt``, ``tag/team``), or
+    ``"config except seed, lr"`` for every config column but those. An unknown name raises, listing them."""
+    names = [group_by] if isinstance(group_by, str) else list(group_by)
+    keys: list[str] = []
+    for name in names:
+        if name.startswith(CONFIG_EXCEPT):
+            left_out = {f"config/{k.strip()}" for k in name[len(CONFIG_EXCEPT) :].split(",")}
+            keys += [c for c in table.columns if c.startswith("config/") and c not in left_out]
+        elif name in table.columns:
+            keys.append(name)
+        else:
+            raise InvalidArgumentError(f"group_by {name!r} is not a column; the trials have {list(table.columns)}")
+    if not keys:
+        raise InvalidArgumentError(f"group_by {group_by!r} leaves no column to group by")
+    return list(dict.fromkeys(keys))
+
+
+def group_label(values: Sequence[object], keys: Sequence[str]) -> str:
+    """A group's name: ``opt=adam, lr=0.1`` (config/ and tag/ prefixes dropped)."""
+    return ", ".join(f"{k.split('/', 1)[-1]}={'' if v is None else v}" for k, v in zip(keys, values, strict=True))
+
+
+def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """One row per group of trials that share the values of ``keys``: the key values, ``group`` (its label),
+    ``trials`` (how many), ``trial_ids``, ``status`` (each status and its count), and the mean and standard
+    deviation (``_mean``, ``_std``; sample std, NaN for one trial) of every summary column (``_best``,
+    ``_final``, ``steps``) over the group's finite values."""
+    import pandas as pd
+
+    summaries = [c for c in table.columns if c.endswith(("_best", "_final")) or c == "steps"]
+    labels = [group_label(row, keys) for row in table[list(keys)].itertuples(index=False, name=None)]
+    rows = []
+    for label, members in table.groupby(pd.Series(labels, index=table.index), sort=False):
+        first = members.iloc[0]
+        statuses = members["status"].value_counts()
+        row = {**{k: first[k] for k in keys}, "group": label, "trials": len(members)}
+        row["trial_ids"] = list(members[TRIAL_COLUMN])
+        row["status"] = ", ".join(f"{n} {s}" for s, n in statuses.items()) if len(statuses) > 1 else statuses.index[0]
+        for column in summaries:
+            values = pd.to_numeric(members[column], errors="coerce").astype(float)
+            finite = values[np.isfinite(values)]
+            row[f"{column}_mean"] = float(finite.mean()) if len(finite) else np.nan
+            row[f"{column}_std"] = float(finite.std()) if len(finite) > 1 else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)

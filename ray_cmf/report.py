@@ -31,7 +31,16 @@ from ray_cmf._json import dumps, jsonable
 from ray_cmf._names import check_mode
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
-from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN, numeric, summarize
+from ray_cmf.frames import (
+    RANK_COLUMN,
+    SERIES_COLUMN,
+    TRIAL_COLUMN,
+    group_keys,
+    group_label,
+    group_summaries,
+    numeric,
+    summarize,
+)
 from ray_cmf.lineage import trial_id_of
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 
@@ -201,6 +210,88 @@ def _curves(
     return traces
 
 
+@dataclass
+class _Plotter:
+    """How every section's traces are drawn: a curve per trial, or, with ``groups`` (trial id -> group
+    label), each group's mean with its bands."""
+
+    hover: dict[str, str]
+    mode: str
+    max_points: int
+    groups: dict[str, str] | None = None
+
+    def traces(self, steps: pd.DataFrame, spans: _Trials, metric: str) -> list[dict[str, Any]]:
+        if self.groups is None:
+            return _curves(steps, spans, metric, self.hover, self.mode, self.max_points)
+        return _group_curves(steps, metric, self.groups, self.mode, self.max_points)
+
+
+def _group_curves(
+    steps: pd.DataFrame, metric: str, groups: dict[str, str], mode: str, max_points: int
+) -> list[dict[str, Any]]:
+    """Per group: the mean over its trials' finite values at each step, and two bands the page chooses
+    between (min to max, and ±1 standard deviation; legend groups ``band-minmax`` and ``band-std``)."""
+    import pandas as pd
+
+    values = steps[metric].to_numpy(dtype=float, na_value=np.nan)
+    frame = pd.DataFrame(
+        {
+            "group": steps[TRIAL_COLUMN].astype(str).map(groups),
+            "step": steps["step"].to_numpy(dtype=float, na_value=np.nan),
+            "y": np.where(np.isfinite(values), values, np.nan),
+        }
+    ).dropna()
+    traces: list[dict[str, Any]] = []
+    for number, (label, rows) in enumerate(frame.groupby("group", sort=False)):
+        stats = rows.groupby("step")["y"].agg(["mean", "std", "min", "max", "count"])
+        x, mean = stats.index.to_numpy(), stats["mean"].to_numpy()
+        keep = downsample(x, mean, max_points, mode)
+        spread = stats["std"].fillna(0.0).to_numpy()[keep]
+        colour = PALETTE[number % len(PALETTE)]
+        xs = x[keep].tolist()
+        for band, (low, high) in (
+            ("band-minmax", (stats["min"].to_numpy()[keep], stats["max"].to_numpy()[keep])),
+            ("band-std", (mean[keep] - spread, mean[keep] + spread)),
+        ):
+            for edge, fill in ((low, "none"), (high, "tonexty")):
+                traces.append(
+                    {
+                        "type": "scatter",
+                        "mode": "lines",
+                        "legendgroup": band,
+                        "meta": label,
+                        "x": xs,
+                        "y": edge.tolist(),
+                        "line": {"width": 0, "color": colour},
+                        "fill": fill,
+                        "fillcolor": _translucent(colour),
+                        "hoverinfo": "skip",
+                        "visible": band == "band-minmax",
+                    }
+                )
+        counts = stats["count"].to_numpy()[keep].tolist()
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines" if len(keep) > 1 else "markers",
+                "name": label,
+                "meta": label,
+                "x": xs,
+                "y": mean[keep].tolist(),
+                "customdata": counts,
+                "line": {"width": 1.8, "color": colour},
+                "hovertemplate": f"<b>{html.escape(label)}</b><br>step %{{x}}<br>mean {html.escape(metric)} "
+                "%{y:.5g} over %{customdata} trials<extra></extra>",
+            }
+        )
+    return traces
+
+
+def _translucent(colour: str, alpha: float = 0.18) -> str:
+    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red},{green},{blue},{alpha})"
+
+
 def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
     """Indices of the non-finite values worth marking: where each run of them (of one kind: NaN, +inf or
     -inf) starts, and the last one."""
@@ -343,9 +434,7 @@ def _with_summary(trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str],
     return table
 
 
-def _series_sections(
-    sweep: Sweep, names: Sequence[str], hover: dict[str, str], max_points: int, live: bool, mode: str
-) -> tuple[list[_Section], bool]:
+def _series_sections(sweep: Sweep, names: Sequence[str], plotter: _Plotter, live: bool) -> tuple[list[_Section], bool]:
     """Curves of every metric of the other series the trials logged (``names``): their Train runs' device
     metrics, ``get_cmf()`` series, system metrics. Also whether any curve was downsampled."""
     sections: list[_Section] = []
@@ -356,9 +445,9 @@ def _series_sections(
             continue
         steps = other.steps(live=live, exact=True)
         spans = _Trials.of(steps)
-        downsampled |= _longest(spans) > max_points
+        downsampled |= _longest(spans) > plotter.max_points
         for metric in _metrics(steps, None):
-            sections.append(_Section("", name, metric, _curves(steps, spans, metric, hover, mode, max_points)))
+            sections.append(_Section("", name, metric, plotter.traces(steps, spans, metric)))
     return sections, downsampled
 
 
@@ -392,13 +481,16 @@ def content(
     mode: str = "min",
     max_points: int = DEFAULT_MAX_POINTS,
     live: bool = False,
+    group_by: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """What the page shows, as JSON-ready parts: ``data`` (the plots), ``table`` (the trial table's HTML),
     ``title``, ``note``, ``importance_note`` and ``lineage`` (HTML).
 
     ``metrics``: those of the sweep's own series to plot (default: all); ``series``: which of the trials'
     series to plot (default: every one, each metric under its series' name); ``mode``: whether lower or
-    higher is better; ``max_points`` per curve; ``live``: include spilled, uncommitted rows.
+    higher is better; ``max_points`` per curve; ``live``: include spilled, uncommitted rows;
+    ``group_by``: fold the trials into groups (see ``Sweep.trials``): the table shows each group's mean and
+    standard deviation, the curves each group's mean with a band.
     """
     if max_points < 5:
         raise InvalidArgumentError(f"max_points must be >= 5, got {max_points!r}")
@@ -414,14 +506,13 @@ def content(
         steps = sweep.steps(chosen, exact=True)
     primary = chosen[0] if chosen else None
     trials = _best_first(trials, primary, mode)
-    hover = _hover_config(trials)
+    keys = group_keys(trials, group_by) if group_by is not None else None
+    groups = _group_of(trials, keys) if keys is not None else None
+    plotter = _Plotter(_hover_config(trials), mode, max_points, groups)
     spans = _Trials.of(steps)
     own = series is None or sweep.metrics_name in series
-    sections = [
-        _Section("", sweep.metrics_name, m, _curves(steps, spans, m, hover, mode, max_points))
-        for m in (chosen if own else [])
-    ]
-    more, downsampled = _series_sections(sweep, others, hover, max_points, live, mode)
+    sections = [_Section("", sweep.metrics_name, m, plotter.traces(steps, spans, m)) for m in (chosen if own else [])]
+    more, downsampled = _series_sections(sweep, others, plotter, live)
     sections += more
     for number, section in enumerate(sections):
         section.key = f"curve-{number}"
@@ -432,11 +523,17 @@ def content(
         "primary": primary,
         "mode": mode,
         "status": dict(zip(trials["trial_id"].astype(str), trials["status"].astype(str), strict=True)),
+        "grouped": keys is not None,
     }
+    table = _table(trials, chosen, mode)
+    if keys is not None:
+        grouped = _best_first_groups(group_summaries(trials, keys), primary, mode)
+        data["status"] = dict(zip(grouped["group"], grouped["status"].astype(str), strict=True))
+        table = _group_table(grouped, keys, chosen, mode)
     downsampled |= own and _longest(spans) > max_points
     return {
         "data": data,
-        "table": _table(trials, chosen, mode),
+        "table": table,
         "title": f"{sweep.pipeline}: {len(trials)} trial{'' if len(trials) == 1 else 's'}",
         "note": _curves_note(max_points, downsampled),
         "importance_note": (
@@ -466,6 +563,44 @@ def _best_first(trials: pd.DataFrame, metric: str | None, mode: str) -> pd.DataF
         return trials
     key = trials[column].astype(float)
     return trials.iloc[np.argsort((key if mode == "min" else -key).fillna(np.inf).to_numpy(), kind="stable")]
+
+
+def _group_of(trials: pd.DataFrame, keys: Sequence[str]) -> dict[str, str]:
+    """Each trial's group label."""
+    labels = [group_label(row, keys) for row in trials[list(keys)].itertuples(index=False, name=None)]
+    return dict(zip(trials["trial_id"].astype(str), labels, strict=True))
+
+
+def _best_first_groups(groups: pd.DataFrame, metric: str | None, mode: str) -> pd.DataFrame:
+    """The group table sorted by the mean of its best ``metric``, best first."""
+    column = f"{metric}_best_mean"
+    if metric is None or column not in groups.columns:
+        return groups
+    key = groups[column].astype(float)
+    return groups.iloc[np.argsort((key if mode == "min" else -key).fillna(np.inf).to_numpy(), kind="stable")]
+
+
+def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], mode: str) -> str:
+    """One row per group: its key values, how many trials, their statuses, and each summary as mean ± std."""
+    summaries = [f"{m}_{k}" for m in metrics for k in ("best", "final") if f"{m}_{k}_mean" in groups.columns]
+    summaries.append("steps")
+    sorted_by = f"{metrics[0]}_best" if metrics else None
+    order = ' class="asc"' if mode == "min" else ' class="desc"'
+    columns = [*keys, "trials", "status", *summaries]
+    head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for row in groups.to_dict(orient="records"):
+        cells = [f"<td>{_short(row[k]) if row[k] is not None else ''}</td>" for k in keys]
+        cells += [f'<td data-v="{row["trials"]}">{row["trials"]}</td>', f"<td>{html.escape(str(row['status']))}</td>"]
+        for column in summaries:
+            mean, std = row[f"{column}_mean"], row[f"{column}_std"]
+            sort = f' data-v="{jsonable(float(mean))}"' if mean == mean else ""
+            text = "" if mean != mean else _short(mean) + (f" ± {_short(std)}" if std == std else "")
+            cells.append(f"<td{sort}>{text}</td>")
+        group, status = html.escape(str(row["group"]), quote=True), html.escape(str(row["status"]), quote=True)
+        members = html.escape(", ".join(row["trial_ids"]), quote=True)
+        body.append(f'<tr data-trial="{group}" data-status="{status}" title="{members}">{"".join(cells)}</tr>')
+    return f'<table id="trials"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -388,3 +389,71 @@ def slow_unlink(self, missing_ok=False):
 Path.unlink = slow_unlink
 collect(Store(sys.argv[1]))
 """
+
+
+# -- grouping and smoothing ------------------------------------------------------------------------------
+def _seeded(store_dir: Path) -> Store:
+    """Two optimizers × three seeds; seed 2 of sgd diverged (an inf at its end) and another failed."""
+    trials = []
+    for opt, scale in (("adam", 1.0), ("sgd", 2.0)):
+        for seed in range(3):
+            rows = [{"training_iteration": i + 1, "loss": scale * (seed + 1) / (i + 1)} for i in range(20)]
+            if opt == "sgd" and seed == 2:
+                rows[-1]["loss"] = math.inf
+            status = "FAILED" if (opt, seed) == ("adam", 2) else "COMPLETE"
+            trials.append(Trial(f"{opt}-{seed}", {"opt": opt, "seed": seed}, {"": rows}, status=status))
+    return write_trials(store_dir, trials)
+
+
+def test_group_by_gives_each_groups_mean_and_std_of_every_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = _seeded(tmp_path / "store")
+    trials = Sweep(store).trials()
+    for group_by in ("config/opt", "config except seed"):
+        groups = Sweep(store).trials(group_by=group_by, sort="loss_best").set_index("group")
+        assert list(groups.index) == ["opt=adam", "opt=sgd"] and list(groups["trials"]) == [3, 3]
+        for opt in ("adam", "sgd"):
+            mine = trials[trials["config/opt"] == opt]
+            for column in ("loss_best", "loss_final", "steps"):
+                values = mine[column].astype(float)
+                finite = values[np.isfinite(values)]  # sgd-2's final is inf: the mean is over finite values
+                row = groups.loc[f"opt={opt}"]
+                assert row[f"{column}_mean"] == pytest.approx(finite.mean())
+                assert row[f"{column}_std"] == pytest.approx(finite.std()) or finite.std() != finite.std()
+        assert groups.loc["opt=adam", "status"] == "2 COMPLETE, 1 FAILED"
+        assert groups.loc["opt=sgd", "trial_ids"] == ["sgd-0", "sgd-1", "sgd-2"]
+    code, rows = _cli(capsys, "trials", "--store", str(store.root), "--group-by", "config/opt", "--metric", "loss")
+    assert code == 0 and [r["group"] for r in rows] == ["opt=adam", "opt=sgd"] and "loss_best_mean" in rows[0]
+    assert main(["trials", "--store", str(store.root), "--group-by", "opt"]) == 2
+    assert "group_by 'opt' is not a column" in capsys.readouterr().err
+
+
+def test_the_grouped_report_draws_means_with_a_band_and_smooths_on_the_page(tmp_path: Path, browser: Any) -> None:
+    from tests._browser import open_report, screenshot
+
+    store = _seeded(tmp_path / "store")
+    path = Sweep(store).report(tmp_path / "grouped.html", group_by="config/opt")
+    page, _, errors = open_report(browser, path.as_uri(), offline=True)
+    assert [r.get_attribute("data-trial") for r in page.locator("#trials tbody tr").all()] == ["opt=adam", "opt=sgd"]
+    assert "±" in page.locator("#trials tbody tr").first.inner_text()
+
+    def curve(name: str) -> list[float]:
+        return page.evaluate(f"document.getElementById('curve-0').data.filter(t => t.name === {json.dumps(name)})[0].y")
+
+    def visible_bands() -> list[str]:
+        script = "document.getElementById('curve-0').data.filter(t => t.visible !== false && t.legendgroup)"
+        return sorted(set(page.evaluate(f"{script}.map(t => t.legendgroup)")))
+
+    adam = [sum(s * 1.0 / (i + 1) for s in (1, 2, 3)) / 3 for i in range(20)]  # the mean of its 3 seeds
+    assert curve("opt=adam") == pytest.approx(adam)
+    assert visible_bands() == ["band-minmax"]
+    page.select_option("#band", "band-std")
+    assert visible_bands() == ["band-std"]
+    page.locator("#smoothing").fill("0.9")
+    smoothed = curve("opt=adam")
+    assert smoothed[0] == pytest.approx(adam[0]) and smoothed[5] > adam[5]  # a decreasing curve lags behind
+    screenshot(page, "report-grouped-smoothed.png")
+    page.locator("#smoothing").fill("0")
+    assert curve("opt=adam") == pytest.approx(adam)
+    assert errors == []
