@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_system_metrics.py
 	$(PY) benchmarks/bench_report.py
 	$(PY) benchmarks/bench_team_store.py
+	$(PY) benchmarks/bench_lifecycle.py
 
 clean:
 	rm -rf $(VENV) cmf_store demo_store demo_store_ray demo_curves.png demo_report.html .pytest_cache

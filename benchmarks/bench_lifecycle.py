@@ -77,9 +77,8 @@ def main() -> None:
     if "--trials" not in sys.argv:
         args.trials = 5000
     root = Path(tempfile.mkdtemp()) / "store"
-    print(
-        f"generated {args.trials} trials x {args.steps} steps in {generate(root, None, args.trials, args.steps):.0f} s\n"
-    )
+    seconds = generate(root, None, args.trials, args.steps)
+    print(f"generated {args.trials} trials x {args.steps} steps in {seconds:.0f} s\n")
 
     rows = []
     for what, where, in_pandas in QUERIES:
@@ -95,7 +94,7 @@ def main() -> None:
                 str(len(ours)),
                 f"{fmt_time(t_ours)} ({ours_reads.footers} footers, {ours_reads.scans} scans)",
                 f"{fmt_time(t_full)} ({full_reads.footers} footers, {full_reads.scans} scans)",
-                f"{t_full / t_ours:.2f}×",
+                f"{t_full / t_ours:.2f}x",
             ]
         )
     print(f"## `trials --where` on {args.trials} trials (best of 3, a fresh Sweep each time)\n")

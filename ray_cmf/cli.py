@@ -21,10 +21,10 @@ from typing import Any
 from ray_cmf._atomic import atomic_write
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
-from ray_cmf.constants import GLOG_LEVEL_ENV
+from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import RayCmfError
-from ray_cmf.lineage import Lineage, properties, trial_id_of
+from ray_cmf.lineage import Lineage, properties, property_of, trial_id_of
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 from ray_cmf.store import Store
 
@@ -107,10 +107,11 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
 
 
 def _pipelines(lineage: Lineage) -> list[dict[str, Any]]:
-    """Every pipeline: its stages, how many trials (executions) it holds and when one last changed."""
+    """Every pipeline: its stages, how many trials (executions, deleted ones left out) it holds and when one
+    last changed."""
     rows = []
     for pipeline in lineage.pipelines():
-        executions = lineage.executions_of(pipeline)
+        executions = [e for e in lineage.executions_of(pipeline) if property_of(e, DELETED_PROPERTY) is None]
         last = max((e.last_update_time_since_epoch for e in executions), default=0)
         rows.append(
             {

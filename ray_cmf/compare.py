@@ -36,7 +36,6 @@ from ray_cmf.curation import (
     DELETED_COLUMN,
     TAG_COLUMN,
     curated_columns,
-    deleted_at,
     deleted_properties,
     note_properties,
     tag_properties,
@@ -55,7 +54,16 @@ from ray_cmf.frames import (
     mode_of,
     summarize,
 )
-from ray_cmf.lineage import Execution, Lineage, collected, properties, state_name, trial_id_of
+from ray_cmf.lineage import (
+    Artifact,
+    Execution,
+    Lineage,
+    collected,
+    properties,
+    property_of,
+    state_name,
+    trial_id_of,
+)
 from ray_cmf.query import Query, parse
 from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, read_segments, unify
 from ray_cmf.store import Store
@@ -150,6 +158,7 @@ class Sweep:
         self._files: list[TrialFile] | None = None
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
+        self._artifacts: list[Artifact] | None = None
         held = self.series_names()
         if held and self.metrics_name not in held:
             if metrics_name is None and len(held) == 1:
@@ -177,11 +186,16 @@ class Sweep:
 
     def series_names(self) -> list[str]:
         """The names of the series the compared executions hold, committed or still spilled, sorted."""
-        artifacts = self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
-        committed = {str(properties(a)["metrics_name"]) for a in artifacts}
+        committed = {str(property_of(a, "metrics_name")) for a in self._step_artifacts()}
         ids = {e.id for e, _ in self.executions()}
         spilled = {m.metrics_name for _, m in self._manifests() if m.execution_id in ids}
         return sorted(committed | spilled)
+
+    def _step_artifacts(self) -> list[Artifact]:
+        """Every committed series version of the compared stages (read from MLMD once)."""
+        if self._artifacts is None:
+            self._artifacts = self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
+        return self._artifacts
 
     def _manifests(self) -> list[tuple[Path, SpillManifest]]:
         """The store's spill directories and their manifests (those being created are left out)."""
@@ -214,10 +228,11 @@ class Sweep:
             out.extend((e, stage) for e in self.lineage.store.get_executions_by_context(ctx.id))
         trial_type = self.lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
         trials = {trial_id_of(e) for e, _ in out if e.type_id == trial_type}
-        inside = [(e, s) for e, s in out if properties(e).get(TRIAL_PROPERTY) in trials]
-        out = [pair for pair in out if pair not in inside]  # a run inside a trial shows as its trial
+        out = [
+            (e, s) for e, s in out if property_of(e, TRIAL_PROPERTY) not in trials
+        ]  # a run inside a trial shows as its trial
         if not self.include_deleted:
-            out = [(e, s) for e, s in out if deleted_at(properties(e)) is None]
+            out = [(e, s) for e, s in out if property_of(e, DELETED_PROPERTY) is None]
         return sorted(out, key=lambda pair: pair[0].id)
 
     def files(self) -> list[TrialFile]:
@@ -226,8 +241,8 @@ class Sweep:
         if self._files is None:
             artifacts = {
                 a.id: a
-                for a in self.lineage.artifacts(self.stages, STEP_METRICS_TYPE)
-                if properties(a)["metrics_name"] == self.metrics_name and not collected(a)
+                for a in self._step_artifacts()
+                if property_of(a, "metrics_name") == self.metrics_name and not collected(a)
             }
             latest: dict[int, dict[str, Any]] = {}
             for output in self.lineage.producers(list(artifacts)):  # oldest first: the newest version wins
@@ -389,7 +404,7 @@ class Sweep:
         summary = self._summary_from_footers(metrics, mode, chosen)
         if summary is None:
             summary = self._summary_from_scan(metrics, mode, chosen)
-        if not len(recorded):
+        if "trial_id" not in recorded.columns:  # no trial at all
             recorded = pd.DataFrame(columns=["trial_id"])
         table = recorded.join(summary, on="trial_id")
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
@@ -459,7 +474,7 @@ class Sweep:
                 row[f"{metric}_final"] = stats.get("last", math.nan)
             row["steps"] = summary["rows"]
             rows[trial_id] = row
-        return pd.DataFrame.from_dict(rows, orient="index") if rows else pd.DataFrame(columns=["steps"])
+        return pd.DataFrame.from_dict(rows, orient="index") if rows else _no_summary()
 
     def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
         """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all)."""
@@ -475,12 +490,11 @@ class Sweep:
     ) -> pd.DataFrame:
         """best/final/steps per trial from one scan of the series (latest attempt per step), nulls kept
         apart from NaN so that ``_final`` is the last value logged."""
-        import pandas as pd
 
         chosen = self._summarised(self._schema(), metrics)
         table = self._step_table(chosen if metrics is not None else None, trials, live=False)
         if not table.num_rows:
-            return pd.DataFrame(columns=["steps"])
+            return _no_summary()
         return summarize(_tidy(table.to_pandas(types_mapper=_exact_numbers), chosen), chosen, mode)
 
     def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
@@ -556,7 +570,7 @@ class Sweep:
             raise RayCmfError(f"Unknown trial(s) {unknown} in {self.pipeline}; it has {sorted(by_id)}")
         for trial in trial_ids:
             self.store.patch_execution(by_id[trial].id, props, remove)
-        self._executions, self._files, self._footer_cache = None, None, None  # read again: they changed
+        self._executions, self._files = None, None  # read again: they changed
         return trial_ids
 
     def report(
@@ -611,6 +625,8 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode``, any other
     ascending (numbers before text, whatever mix a config key holds); blanks last."""
     if column not in table.columns:
+        if not len(table):  # nothing was picked: a summary column of no trial is nothing to sort by, not an error
+            return table
         raise InvalidArgumentError(f"sort {column!r} is not a column; the table has {list(table.columns)}")
     summary = column.removesuffix("_mean")  # a group's mean of a summary sorts as the summary
     metric = summary.rsplit("_", 1)[0]
@@ -693,6 +709,13 @@ def _exact_numbers(arrow_type: pa.DataType) -> Any:
     import pandas as pd
 
     return pd.ArrowDtype(arrow_type) if is_number(arrow_type) else None
+
+
+def _no_summary() -> pd.DataFrame:
+    """The summary of no trial: no rows, indexed by trial id like any other (so that it joins)."""
+    import pandas as pd
+
+    return pd.DataFrame(columns=["steps"], index=pd.Index([], dtype=object, name=TRIAL_COLUMN))
 
 
 def _no_steps(metrics: list[str] | None) -> pd.DataFrame:

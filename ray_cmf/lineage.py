@@ -405,9 +405,18 @@ def state_name(execution: Execution) -> str:
     return _STATE_NAMES.get(execution.last_known_state, "UNKNOWN")
 
 
+def property_of(node: Artifact | Execution | Context, key: str) -> Any:
+    """One property of an MLMD node, typed or custom (None when it has none), converting no other."""
+    for found in (node.properties, node.custom_properties):
+        if key in found:
+            return python_value(found[key])
+    return None
+
+
 def trial_id_of(execution: Execution) -> str:
     """The trial id of an execution (its name for executions that are not Tune trials)."""
-    return str(properties(execution).get("trial_id", execution.name))
+    trial_id = property_of(execution, "trial_id")
+    return str(trial_id) if trial_id is not None else str(execution.name)
 
 
 @dataclass(frozen=True)

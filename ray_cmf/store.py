@@ -8,6 +8,7 @@ requests to the writer: nothing is opened until a method needs it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -39,6 +40,12 @@ from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, prope
 from ray_cmf.remote import Remote
 from ray_cmf.series_format import FinishedFile
 from ray_cmf.versioning import DvcRepo, cache_path, tree_md5
+
+
+@functools.lru_cache(maxsize=64)
+def _real(root: Path) -> Path:
+    """Where a store root really is (symlinks resolved), once per root: every file read checks against it."""
+    return root.resolve()
 
 
 def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
@@ -226,7 +233,7 @@ class Store:
 
     def escapes(self, path: Path) -> bool:
         """Whether a path that names a place in the store really leads out of it (through a symlink)."""
-        return path.is_relative_to(self.root) and not path.resolve().is_relative_to(self.root.resolve())
+        return path.is_relative_to(self.root) and not path.resolve().is_relative_to(_real(self.root))
 
     # -- writes (the single writer) ------------------------------------------------------------------
     def pipeline(self, name: str, props: Mapping[str, Any] | None = None) -> Context:

@@ -109,7 +109,7 @@ def test_executions_with_one_environment_share_one_package_list(repo: Path, tmp_
     assert len({e.execution_id for e in producers}) == 2
     path = store / properties(package_list)["url"]
     lines = path.read_text().splitlines()
-    assert any(line.startswith("ray_cmf==") for line in lines) and lines == sorted(
+    assert any(line.startswith("ray-cmf==") for line in lines) and lines == sorted(  # names as PEP 503 has them
         lines, key=lambda line: line.split("==")[0].lower()
     )
     assert len(list((store / "environments").glob("packages-*.txt"))) == 1

@@ -393,7 +393,7 @@ collect(Store(sys.argv[1]))
 
 # -- grouping and smoothing ------------------------------------------------------------------------------
 def _seeded(store_dir: Path) -> Store:
-    """Two optimizers × three seeds; seed 2 of sgd diverged (an inf at its end) and another failed."""
+    """Two optimizers, three seeds each; seed 2 of sgd diverged (an inf at its end) and another failed."""
     trials = []
     for opt, scale in (("adam", 1.0), ("sgd", 2.0)):
         for seed in range(3):
@@ -457,3 +457,52 @@ def test_the_grouped_report_draws_means_with_a_band_and_smooths_on_the_page(tmp_
     page.locator("#smoothing").fill("0")
     assert curve("opt=adam") == pytest.approx(adam)
     assert errors == []
+
+
+_CONFIG_VALUES = st.one_of(st.integers(-3, 3), st.sampled_from([0.5, 1e-3, -2.5]), st.sampled_from(["a", "é", "b"]))
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    configs=st.lists(
+        st.fixed_dictionaries({"n": st.integers(-3, 3)}, optional={"mixed": _CONFIG_VALUES, "word": _WORDS}),
+        min_size=1,
+        max_size=5,
+    ),
+    data=st.data(),
+)
+def test_where_on_a_real_store_of_mixed_configs_agrees_with_pandas(
+    tmp_path_factory: pytest.TempPathFactory, configs: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    """Trials whose configs mix ints, floats and text under one key, or lack it; a query that MLMD answers
+    alone (before any footer is read) and one over summaries pick what pandas picks from the whole table."""
+    configs[0] = {"mixed": "a", "word": "b", **configs[0]}  # every key queried is some trial's (else: an error)
+    trials = [Trial(f"t{i}", config, {"": _rows(float(i + 1))}) for i, config in enumerate(configs)]
+    store = write_trials(tmp_path_factory.mktemp("store"), trials)
+    table = Sweep(store).trials()
+    literal = data.draw(_CONFIG_VALUES)
+    text = json.dumps(literal, ensure_ascii=False) if isinstance(literal, str) else repr(literal)
+    op = data.draw(st.sampled_from(["==", "!="]))
+    number = data.draw(st.integers(-3, 3))
+    for ours, theirs in (
+        (f"config/mixed {op} {text} or config/n > {number}", f"`config/mixed` {op} {text} or `config/n` > {number}"),
+        (
+            f"config/word in ['a', 'é'] and loss_best < {number + 3}",
+            f"`config/word` in ['a', 'é'] and `loss_best` < {number + 3}",
+        ),
+    ):
+        expected = list(table.query(theirs, engine="python")["trial_id"])
+        assert list(Sweep(store).trials(where=ours)["trial_id"]) == expected, ours
+
+
+def test_a_query_that_keeps_no_trial_gives_an_empty_table_with_every_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = _sweep(tmp_path / "store")
+    for where in ("config/layers > 100", "loss_best < -1"):
+        table = Sweep(store).trials(where=where, sort="loss_best")
+        assert len(table) == 0 and {"trial_id", "status", "config/lr", "steps"} <= set(table.columns)
+        code, rows = _cli(capsys, "trials", "--store", str(store.root), "--where", where, "--sort", "loss_best")
+        assert code == 0 and rows == []

@@ -42,6 +42,7 @@ def test_the_readme_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert main([*line.split()[1:], "--store", str(store), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)
     for line, trials in (  # the curation examples, on the sweep's two trials (lr 0.01 and 0.1)
+        # none: lr is 0.01 or 0.1
         ("""ray-cmf trials --where 'config/lr < 0.01 and status == "COMPLETE"' --sort val_loss_best --limit 10""", 0),
         ("""ray-cmf delete --where 'status in ["FAILED", "CRASHED"]' --dry-run""", 0),
     ):

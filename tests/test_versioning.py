@@ -49,3 +49,17 @@ def test_a_tracked_file_is_what_dvc_add_leaves_behind(tmp_path: Path) -> None:
     md5 = file_md5(data)
     assert cache_path(ours, md5).relative_to(ours) == cache_path(theirs, md5).relative_to(theirs)
     assert cache_path(theirs, md5).read_bytes() == data.read_bytes()  # where DVC itself put it
+
+
+def test_the_object_layout_is_dvc_datas() -> None:
+    """ray_cmf computes where DVC keeps an object (importing dvc_data would cost a run's first log_metric
+    0.17 s): the place must be the one dvc_data's own object database names."""
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    from ray_cmf.versioning import object_path
+
+    for md5 in ("d41d8cd98f00b204e9800998ecf8427e", "0123456789abcdef0123456789abcdef"):
+        for root in ("/store/.dvc/cache", "/remote/"):
+            expected = HashFileDB(LocalFileSystem(), f"{root.rstrip('/')}/files/md5").oid_to_path(md5)
+            assert object_path(root, md5) == expected
