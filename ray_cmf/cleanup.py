@@ -25,7 +25,7 @@ from ray_cmf.constants import ARTIFACTS_DIR, SPILL_DIR, SPILL_MANIFEST, STEP_MET
 from ray_cmf.curation import deleted_at
 from ray_cmf.errors import StoreError
 from ray_cmf.exits import HOLDER_HOST, HOLDER_PID, process_alive
-from ray_cmf.lineage import Artifact, Execution, Lineage, properties, state_name, trial_id_of
+from ray_cmf.lineage import Artifact, Execution, Lineage, properties, property_of, state_name, trial_id_of
 from ray_cmf.series_format import SpillManifest, discard_spill
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path
@@ -78,21 +78,19 @@ def collect(
     held = running_holders(lineage)
     if held and not dry_run and not force:
         raise StoreError(
-            f"gc: the store {store.root} is being written: {len(held)} executions are running "
+            f"the store {store.root} is being written: {len(held)} execution{'' if len(held) == 1 else 's'} running "
             f"({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}). Run gc once the sweep ends "
             "(or `ray-cmf recover` marks crashed ones; --force runs it anyway)."
         )
     pushed = store.require_remote() if remote else None
     executions = lineage.store.get_executions()
     dead = _dead(executions, older_than)
-    out = Collected(
-        trials=sorted({trial_id_of(e) for e in executions if e.id in dead and TRIAL_PROPERTY not in properties(e)})
-    )
+    out = Collected()
     doomed, out.kept_shared = _doomed(lineage, executions, dead)
-    for artifact in doomed:
-        out.files.append(str(properties(artifact).get("url", artifact.uri)))
+    out.files = [str(properties(a).get("url", a.uri)) for a in doomed]
     spills = _spills(store, dead)
     out.spills = len(spills)
+    out.trials = _trials_of(lineage, executions, doomed, spills)
     if not dry_run:
         _set_state(lineage, doomed, mlpb.Artifact.MARKED_FOR_DELETION)
     for artifact in track(doomed, "freeing deleted trials' files", len(doomed)):
@@ -113,6 +111,18 @@ def collect(
     _prune_empty(store.root / ARTIFACTS_DIR)
     log.info("ray_cmf.gc: freed %d files, %d bytes of %d deleted trials", len(out.files), out.bytes, len(out.trials))
     return out
+
+
+def _trials_of(lineage: Lineage, executions: list[Execution], doomed: list[Artifact], spills: list[Path]) -> list[str]:
+    """The trials whose files or spills this gc frees (a Train run's count as its trial)."""
+    by_id = {e.id: e for e in executions}
+    ids = (
+        {event.execution_id for event in lineage.store.get_events_by_artifact_ids([a.id for a in doomed])}
+        if doomed
+        else set()
+    )
+    ids |= {SpillManifest.read(directory).execution_id for directory in spills}
+    return sorted({str(property_of(by_id[i], TRIAL_PROPERTY) or trial_id_of(by_id[i])) for i in ids if i in by_id})
 
 
 def _dead(executions: Iterable[Execution], older_than: timedelta | None) -> set[int]:

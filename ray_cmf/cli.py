@@ -90,7 +90,10 @@ def _picked(args: argparse.Namespace) -> Any:
     sweep = _sweep(args)
     if not args.where:
         return sweep
-    return sweep.only(sweep.trials(args.metric or None, mode=args.mode, where=args.where)["trial_id"])
+    picked = sweep.trials(args.metric or None, mode=args.mode, where=args.where)["trial_id"]
+    if not len(picked):
+        raise RayCmfError(f"--where {args.where!r} keeps no trial of {sweep.pipeline} ({sweep.metrics_name})")
+    return sweep.only(picked)
 
 
 def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
@@ -107,12 +110,12 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
 
 
 def _pipelines(lineage: Lineage) -> list[dict[str, Any]]:
-    """Every pipeline: its stages, how many trials (executions, deleted ones left out) it holds and when one
-    last changed."""
+    """Every pipeline: its stages, how many trials (executions, deleted ones left out) it holds and when the
+    last one started."""
     rows = []
     for pipeline in lineage.pipelines():
         executions = [e for e in lineage.executions_of(pipeline) if property_of(e, DELETED_PROPERTY) is None]
-        last = max((e.last_update_time_since_epoch for e in executions), default=0)
+        last = max((e.create_time_since_epoch for e in executions), default=0)  # edits (a tag) are no run
         rows.append(
             {
                 "pipeline": pipeline.name,
@@ -213,7 +216,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     table = sweep.trials()
     match = table[table["trial_id"] == args.trial]
     if match.empty:
-        raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; known: {list(table['trial_id'])}")
+        deleted = not args.include_deleted and args.trial in set(sweep.everyone().trials(metrics=[])["trial_id"])
+        hint = "; it is deleted: pass --include-deleted to show it" if deleted else ""
+        raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}{hint}; known: {list(table['trial_id'])}")
     row = match.iloc[0]
     [(execution, stage)] = [(e, s) for e, s in sweep.executions() if trial_id_of(e) == args.trial]
     files = sweep.lineage.files_of([execution.id]).get(execution.id, [])
@@ -229,6 +234,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             c[len(TAG_COLUMN) :]: row[c] for c in table.columns if c.startswith(TAG_COLUMN) and row[c] is not None
         },
         "note": row.get(NOTE_COLUMN),
+        "deleted_at": row.get(DELETED_COLUMN),
         "environment": sweep.environment(args.trial),
         "files": files,
         "last_rows": _frame_rows(last),
@@ -240,6 +246,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     console = Console()
     status = f"{payload['status']}{' (recovered)' if payload['recovered'] else ''}"
+    status += f"  DELETED at {payload['deleted_at']}" if payload["deleted_at"] else ""
     console.print(f"[bold]{args.trial}[/bold]  status={status}  stage={stage}  execution={execution.id}")
     console.print("config:", jsonable(payload["config"]))
     if payload["tags"]:
@@ -417,7 +424,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     sweep = _sweep(args, args.trial)
     tags = dict(_key_value(text) for text in args.tags)
     if not tags and not args.remove:
-        raise RayCmfError("tag: name a tag to set (key=value) or one to --remove")
+        raise RayCmfError("name a tag to set (key=value) or one to --remove")
     sweep.tag(args.trial, remove=args.remove or (), **tags)
     row = _curated_row(sweep, args.trial)
     _emit(args, [row], f"tags of {args.trial}")
@@ -427,13 +434,13 @@ def cmd_tag(args: argparse.Namespace) -> int:
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep:
-        raise RayCmfError(f"tag: {text!r} is not key=value")
+        raise RayCmfError(f"{text!r} is not key=value")
     return key, value
 
 
 def _curated_row(sweep: Any, trial: str) -> dict[str, Any]:
-    """A trial's tags and note as ``trials`` shows them."""
-    table = sweep.trials(metrics=[])
+    """A trial's tags and note as ``trials`` shows them (deleted or not)."""
+    table = sweep.everyone().trials(metrics=[])
     row = table[table["trial_id"] == trial].iloc[0]
     tags = {c: row[c] for c in table.columns if c.startswith(TAG_COLUMN) and row[c] is not None}
     return {"trial_id": trial, **tags, NOTE_COLUMN: row[NOTE_COLUMN]}
@@ -447,17 +454,28 @@ def cmd_note(args: argparse.Namespace) -> int:
 
 
 def _chosen_trials(args: argparse.Namespace, sweep: Any) -> dict[str, str]:
-    """The trials a delete or undelete names, by id or by ``--where`` (one of the two), with their status."""
+    """The trials a delete or undelete names, by id or by ``--where`` (one of the two), with their status:
+    for ``delete`` those not deleted, for ``undelete`` the deleted ones; naming another is an error."""
     if bool(args.trials) == bool(args.where):
-        raise RayCmfError(f"{args.command}: name the trials (ids) or pick them with --where, one of the two")
-    table = sweep.trials(args.metric or None, mode=args.mode, where=args.where)
-    status = dict(zip(table["trial_id"], table["status"], strict=True))
+        raise RayCmfError("name the trials (ids) or pick them with --where, one of the two")
+    everyone = sweep.everyone().trials(args.metric or None, mode=args.mode, where=args.where)
+    deleted = everyone["deleted_at"].notna() if len(everyone) else everyone["trial_id"].isna()
+    wanted = everyone[~deleted] if args.command == "delete" else everyone[deleted]
+    status = dict(zip(wanted["trial_id"], wanted["status"], strict=True))
     if not args.trials:
         return status
-    unknown = [t for t in args.trials if t not in status]
+    known = set(everyone["trial_id"])
+    unknown = [t for t in args.trials if t not in known]
     if unknown:
-        raise RayCmfError(f"{args.command}: no trial {unknown} in {sweep.pipeline}; it has {sorted(status)}")
+        raise RayCmfError(f"no trial {unknown} in {sweep.pipeline}; it has {sorted(known)}")
+    already = [t for t in args.trials if t not in status]
+    if already:
+        raise RayCmfError(f"{already} {'are already deleted' if args.command == 'delete' else 'are not deleted'}")
     return {t: status[t] for t in args.trials}
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def _confirmed(args: argparse.Namespace, question: str) -> bool:
@@ -468,11 +486,10 @@ def _confirmed(args: argparse.Namespace, question: str) -> bool:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    args.include_deleted = args.command == "undelete"
     sweep = _sweep(args, *args.trials)
     chosen = _chosen_trials(args, sweep)
     if chosen and not args.dry_run:
-        if not _confirmed(args, f"{args.command.capitalize()} {len(chosen)} trials of {sweep.pipeline}?"):
+        if not _confirmed(args, f"{args.command.capitalize()} {_count(len(chosen), 'trial')} of {sweep.pipeline}?"):
             print(f"ray-cmf {args.command}: nothing changed", file=sys.stderr)
             return EXIT_FAILED
         (sweep.delete if args.command == "delete" else sweep.undelete)(list(chosen))
@@ -484,6 +501,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def _duration(text: str) -> timedelta:
     """``30m``, ``12h``, ``7d`` or ``2w`` as a timedelta."""
     units = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+    if text == "0":
+        return timedelta(0)
     number, unit = text[:-1], text[-1:]
     if unit not in units or not number.replace(".", "", 1).isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 12h, 7d or 2w")
@@ -630,7 +649,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation on a terminal")
         p.add_argument("--dry-run", action="store_true", help="list the trials it would mark, mark none")
     p = command("gc", cmd_gc, "free the files, cache objects and spills that only deleted trials hold")
-    p.add_argument("--older-than", type=_duration, metavar="AGE", help="only trials deleted at least AGE ago (7d)")
+    p.add_argument(
+        "--older-than",
+        type=_duration,
+        metavar="AGE",
+        help="only trials deleted at least AGE ago: 30m, 12h, 7d, 2w (default: every deleted trial, now)",
+    )
     p.add_argument("--remote", action="store_true", help="also remove their objects from the store's DVC remote")
     p.add_argument("--dry-run", action="store_true", help="say what it would free, free nothing")
     p.add_argument("--force", action="store_true", help="run even while executions of the store are running")

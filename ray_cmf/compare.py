@@ -176,6 +176,10 @@ class Sweep:
         other._executions = self._executions
         return other
 
+    def everyone(self) -> Sweep:
+        """The same sweep with its deleted trials too."""
+        return Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=True)
+
     def only(self, trial_ids: Iterable[str]) -> Sweep:
         """The same sweep restricted to some trials (the ones a ``where`` expression picked, say): its table,
         steps, plots and report hold those trials only."""
@@ -405,7 +409,7 @@ class Sweep:
         if summary is None:
             summary = self._summary_from_scan(metrics, mode, chosen)
         if "trial_id" not in recorded.columns:  # no trial at all
-            recorded = pd.DataFrame(columns=["trial_id"])
+            recorded = pd.DataFrame(columns=["trial_id", "status", "recovered", "stage", "note", "started_at"])
         table = recorded.join(summary, on="trial_id")
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
         if query is not None:
@@ -551,20 +555,19 @@ class Sweep:
         """Set a trial's note (free text; an empty text removes it)."""
         self._patch([trial_id], *note_properties(text))
 
-    def delete(self, trial_ids: Iterable[str]) -> list[str]:
+    def delete(self, trial_ids: str | Iterable[str]) -> list[str]:
         """Mark trials deleted: they leave this sweep's tables, steps, plots and the report (``include_deleted``
         shows them); nothing is removed until ``ray-cmf gc``, and :meth:`undelete` brings them back."""
         return self._patch(trial_ids, *deleted_properties(True))
 
-    def undelete(self, trial_ids: Iterable[str]) -> list[str]:
+    def undelete(self, trial_ids: str | Iterable[str]) -> list[str]:
         """Clear the deletion mark of trials (the data ``gc`` already freed stays freed)."""
         return self._patch(trial_ids, *deleted_properties(False))
 
-    def _patch(self, trial_ids: Iterable[str], props: Mapping[str, Any], remove: Sequence[str]) -> list[str]:
-        """Set and drop properties of the named trials (any of them deleted or not); returns the ids."""
-        everyone = Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=True)
-        by_id = {trial_id_of(e): e for e, _ in everyone.executions()}
-        trial_ids = list(trial_ids)
+    def _patch(self, trial_ids: str | Iterable[str], props: Mapping[str, Any], remove: Sequence[str]) -> list[str]:
+        """Set and drop properties of the named trials (one id, or several; deleted or not); returns the ids."""
+        by_id = {trial_id_of(e): e for e, _ in self.everyone().executions()}
+        trial_ids = [trial_ids] if isinstance(trial_ids, str) else list(trial_ids)
         unknown = [t for t in trial_ids if t not in by_id]
         if unknown:
             raise RayCmfError(f"Unknown trial(s) {unknown} in {self.pipeline}; it has {sorted(by_id)}")

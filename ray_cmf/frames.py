@@ -74,8 +74,14 @@ def group_keys(table: pd.DataFrame, group_by: str | Sequence[str]) -> list[str]:
     keys: list[str] = []
     for name in names:
         if name.startswith(CONFIG_EXCEPT):
-            left_out = {f"config/{k.strip()}" for k in name[len(CONFIG_EXCEPT) :].split(",")}
-            keys += [c for c in table.columns if c.startswith("config/") and c not in left_out]
+            left_out = {f"config/{k.strip().removeprefix('config/')}" for k in name[len(CONFIG_EXCEPT) :].split(",")}
+            config = [c for c in table.columns if c.startswith("config/")]
+            unknown = sorted(left_out - set(config))
+            if unknown:
+                raise InvalidArgumentError(
+                    f"group_by {name!r}: {unknown} are not config keys; the config keys are {config}"
+                )
+            keys += [c for c in config if c not in left_out]
         elif name in table.columns:
             keys.append(name)
         else:
@@ -86,8 +92,16 @@ def group_keys(table: pd.DataFrame, group_by: str | Sequence[str]) -> list[str]:
 
 
 def group_label(values: Sequence[object], keys: Sequence[str]) -> str:
-    """A group's name: ``opt=adam, lr=0.1`` (config/ and tag/ prefixes dropped)."""
-    return ", ".join(f"{k.split('/', 1)[-1]}={'' if v is None else v}" for k, v in zip(keys, values, strict=True))
+    """A group's name: ``opt=adam, lr=0.1`` (config/ and tag/ prefixes dropped; a missing value is blank)."""
+    shown = ("" if _present(v) is None else v for v in values)
+    return ", ".join(f"{k.split('/', 1)[-1]}={v}" for k, v in zip(keys, shown, strict=True))
+
+
+def _present(value: object) -> object:
+    """A recorded value, or None where there is none (pandas' NaN or NA in a column of text)."""
+    import pandas as pd
+
+    return None if value is None or (not isinstance(value, str) and bool(pd.isna(value))) else value
 
 
 def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -103,13 +117,16 @@ def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     for label, members in table.groupby(pd.Series(labels, index=table.index), sort=False):
         first = members.iloc[0]
         statuses = members["status"].value_counts()
-        row = {**{k: first[k] for k in keys}, "group": label, "trials": len(members)}
+        row = {**{k: _present(first[k]) for k in keys}, "group": label, "trials": len(members)}
         row["trial_ids"] = list(members[TRIAL_COLUMN])
-        row["status"] = ", ".join(f"{n} {s}" for s, n in statuses.items()) if len(statuses) > 1 else statuses.index[0]
+        row["status"] = ", ".join(f"{n} {s}" for s, n in statuses.items())
         for column in summaries:
             values = pd.to_numeric(members[column], errors="coerce").astype(float)
             finite = values[np.isfinite(values)]
             row[f"{column}_mean"] = float(finite.mean()) if len(finite) else np.nan
             row[f"{column}_std"] = float(finite.std()) if len(finite) > 1 else np.nan
         rows.append(row)
-    return pd.DataFrame(rows)
+    groups = pd.DataFrame(rows)
+    for key in keys:  # as recorded: None where a group lacks the value (pandas would make it NaN)
+        groups[key] = pd.Series([row[key] for row in rows], index=groups.index, dtype=object)
+    return groups

@@ -366,7 +366,8 @@ class Lineage:
 
     def files_of(self, execution_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         """Per execution, every artifact it used or made (inputs and outputs, every version), as the rows
-        that ``ray-cmf show`` and the report list: event, type, name, version, md5, rows, rows lost, url."""
+        that ``ray-cmf show`` and the report list: event, type, name, version, md5, rows, rows lost, url, and
+        whether ``ray-cmf gc`` freed its file."""
         events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
         ids = list({e.artifact_id for e in events})
         artifacts = {a.id: a for a in self.store.get_artifacts_by_id(ids)} if ids else {}
@@ -385,6 +386,7 @@ class Lineage:
                     "rows": props.get("rows"),
                     "rows_lost": props.get("rows_lost"),
                     "url": props.get("url", artifact.uri),
+                    "freed": collected(artifact),  # gc took its bytes; the record stays
                 }
             )
         return out

@@ -35,6 +35,8 @@ def curves(
     """Learning curves, one line per trial: coloured by ``color_by`` with a colour bar or legend."""
     fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
     many = trials["trial_id"].nunique() > _LEGEND_MAX
+    if color_by is not None:
+        color_by = color_by.removeprefix("config/")  # the trial table's name of the key works too
     key = f"config/{color_by}" if color_by is not None else None
     if key is not None and key not in trials.columns:
         raise InvalidArgumentError(

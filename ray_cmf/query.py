@@ -57,7 +57,7 @@ class QueryError(InvalidArgumentError):
     """An expression that cannot be parsed, or that names a column the table lacks; the message shows where."""
 
     def __init__(self, text: str, column: int, why: str, detail: str = "") -> None:
-        super().__init__(f"--where: {why} at column {column + 1}{detail}\n  {text}\n  {' ' * column}^")
+        super().__init__(f"where: {why} at column {column + 1}{detail}\n  {text}\n  {' ' * column}^")
         self.column = column
 
 
@@ -66,6 +66,7 @@ class _Token:
     kind: str  # number | text | name | op | keyword | end
     value: Any
     at: int
+    end: int
 
 
 def _tokens(text: str) -> list[_Token]:
@@ -74,25 +75,33 @@ def _tokens(text: str) -> list[_Token]:
         match = _TOKEN.match(text, at)
         if match is None or match.end() == at:
             start = len(text) - len(text[at:].lstrip())
-            hint = " (compare with '==')" if text[start] == "=" else ""
-            raise QueryError(text, start, f"unexpected {text[start]!r}{hint}")
+            raise QueryError(text, start, _unexpected(text[start:]))
         kind = match.lastgroup or ""
         raw = match.group(kind)
-        start = match.start(kind)
-        at = match.end()
+        start, at = match.start(kind), match.end()
         if kind == "name" and raw.lower() in _KEYWORDS:
-            out.append(_Token("keyword", raw.lower(), start))
+            out.append(_Token("keyword", raw.lower(), start, at))
         elif kind == "quoted":
-            out.append(_Token("name", raw[1:-1], start))
+            out.append(_Token("name", raw[1:-1], start, at))
         elif kind == "text":
-            out.append(_Token("text", re.sub(r"\\(.)", r"\1", raw[1:-1]), start))
+            out.append(_Token("text", re.sub(r"\\(.)", r"\1", raw[1:-1]), start, at))
         elif kind == "number":
             value: float | int = float(raw) if re.search(r"[.eEna]", raw) else int(raw)
-            out.append(_Token("number", value, start))
+            out.append(_Token("number", value, start, at))
         else:
-            out.append(_Token(kind, raw, start))
-    out.append(_Token("end", None, len(text)))
+            out.append(_Token(kind, raw, start, at))
+    out.append(_Token("end", None, len(text), len(text)))
     return out
+
+
+def _unexpected(rest: str) -> str:
+    """What is wrong where no token starts: an unclosed quote, a lone '=', or a word that is none of ours."""
+    if rest[0] in "\"'`":
+        return f"unclosed {rest[0]} (text is written in quotes, names with other characters in backticks)"
+    if rest[0] == "=":
+        return "unexpected '=' (compare with '==')"
+    word = re.match(r"[^\s()\[\],]+", rest)
+    return f"unexpected {word.group(0) if word else rest[0]!r}"
 
 
 # -- the parsed expression ---------------------------------------------------------------------------
@@ -154,7 +163,7 @@ class _Parser:
 
     def error(self, why: str) -> QueryError:
         token = self.peek()
-        found = "the end" if token.kind == "end" else repr(self.text[token.at :].split()[0])
+        found = "the end" if token.kind == "end" else repr(self.text[token.at : token.end])
         return QueryError(self.text, token.at, f"{why}, found {found}")
 
     def parse(self) -> Node:
@@ -237,6 +246,14 @@ class Query:
     def check(self, columns: Sequence[str]) -> None:
         """Raise :class:`QueryError` at the first name that is not one of ``columns`` (listing them)."""
         known = set(columns)
+        for name, literal in _timed_literals(self.root):
+            if _utc(literal) is None:
+                raise QueryError(
+                    self.text,
+                    name.at,
+                    f"{literal!r} is not a UTC date or time",
+                    " (ISO 8601: 2026-11-01, 2026-11-01T12:30)",
+                )
         for name in _names(self.root):
             if name.name not in known:
                 raise QueryError(self.text, name.at, f"no column {name.name!r}", f"; the trials have {sorted(known)}")
@@ -259,6 +276,21 @@ def _names(node: Node) -> list[Name]:
         return [name for part in node.parts for name in _names(part)]
     operands = (node.left, node.right) if isinstance(node, Compare) else (node.operand,)
     return [o for o in operands if isinstance(o, Name)]
+
+
+def _timed_literals(node: Node) -> list[tuple[Name, str]]:
+    """Each text compared with a time column (``started_at``), with that column's name."""
+    if isinstance(node, Logic):
+        return [pair for part in node.parts for pair in _timed_literals(part)]
+    if isinstance(node, Member):
+        values = node.values if isinstance(node.operand, Name) and _time(node.operand) else ()
+        return [(node.operand, v) for v in values if isinstance(v, str)]  # type: ignore[misc]
+    pairs = ((node.left, node.right), (node.right, node.left))
+    return [
+        (a, b.value)
+        for a, b in pairs
+        if isinstance(a, Name) and _time(a) and isinstance(b, Literal) and isinstance(b.value, str)
+    ]
 
 
 def _evaluate(node: Node, table: pd.DataFrame) -> list[bool]:
@@ -306,15 +338,16 @@ def _comparable(value: Any, timed: bool) -> Any:
     if value is None or (isinstance(value, float) and math.isnan(value)) or _kind(value) in ("NAType", "NaTType"):
         return _MISSING
     if timed and isinstance(value, str):
-        return _utc(value)
+        return _utc(value) or value
     return value
 
 
-def _utc(text: str) -> str:
+def _utc(text: str) -> str | None:
+    """An ISO 8601 date or time as UTC ISO text (one without a zone is UTC); None when it is not one."""
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        return text
+        return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")

@@ -175,6 +175,10 @@ def test_where_sort_and_limit_over_configs_of_mixed_types_tags_and_summaries(
         ("status == 'x' and", 18, "found the end"),
         ("lr < 1", 1, "no column 'lr' at column 1; the trials have"),
         ("status in 'x'", 11, "expected '[' to open a list"),
+        ("status in [config/lr]", 12, "found 'config/lr' at"),
+        ("config/lr < 0.2and steps > 1", 13, "unexpected '0.2and'"),
+        ('status == "COMPLETE', 11, 'unclosed "'),
+        ('started_at > "yesterday"', 1, "'yesterday' is not a UTC date or time"),
         ("", 1, "empty"),
     ],
 )
@@ -329,7 +333,8 @@ def test_gc_frees_only_what_deleted_trials_alone_hold(tmp_path: Path, capsys: py
 
     code, freed = _cli(capsys, "gc", "--store", root)
     gone = before - _files(store)
-    assert code == 0 and freed["trial_ids"] == ["a", "b"] and freed["files"] == 1 and freed["cache_objects"] == 1
+    assert code == 0 and freed["trial_ids"] == ["b"]  # a freed nothing: twin holds its content
+    assert freed["files"] == 1 and freed["cache_objects"] == 1
     assert freed["bytes"] == sum(sizes[p] for p in gone) > 0
     assert len(gone) == 3 and {p.suffix for p in gone} == {".parquet", ".dvc", ""}  # file, .dvc, cache object
     assert Sweep(root).steps(trials=["twin"]).equals(twin_rows)
@@ -347,7 +352,7 @@ def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pyt
         [Trial("done", {}, {"": _rows(1.0)}), Trial("live", {}, {"": _rows(1.0)}, status="RUNNING")],
     )
     Sweep(store.root).delete(["done"])
-    with pytest.raises(StoreError, match=r"being written: 1 executions are running \(live \(pid"):
+    with pytest.raises(StoreError, match=r"being written: 1 execution running \(live \(pid"):
         collect(store)
     assert main(["gc", "--store", str(store.root)]) == 2
     assert "is being written" in capsys.readouterr().err
@@ -506,3 +511,42 @@ def test_a_query_that_keeps_no_trial_gives_an_empty_table_with_every_column(
         assert len(table) == 0 and {"trial_id", "status", "config/lr", "steps"} <= set(table.columns)
         code, rows = _cli(capsys, "trials", "--store", str(store.root), "--where", where, "--sort", "loss_best")
         assert code == 0 and rows == []
+
+
+def test_what_a_new_user_ran_into_says_what_happened(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by trying the features as a new user: each answer names what happened."""
+    store = _sweep(tmp_path / "store")
+    root = str(store.root)
+    assert main(["report", "--store", root, "--where", "steps < 0", "-o", str(tmp_path / "r.html")]) == 2
+    assert "--where 'steps < 0' keeps no trial" in capsys.readouterr().err
+    assert main(["compare", "--store", root, "--metric", "loss", "--where", "steps < 0"]) == 2
+    assert "keeps no trial" in capsys.readouterr().err
+
+    Sweep(root).delete("c")  # one id, not its characters
+    assert main(["tag", "c", "team=x", "--store", root]) == 0  # a deleted trial can be tagged; it says so
+    assert "tag/team" in capsys.readouterr().out
+    assert main(["delete", "c", "--store", root, "--yes"]) == 2
+    assert "['c'] are already deleted" in capsys.readouterr().err
+    assert main(["undelete", "a", "--store", root]) == 2
+    assert "['a'] are not deleted" in capsys.readouterr().err
+    assert main(["show", "c", "--store", root]) == 2
+    assert "it is deleted: pass --include-deleted" in capsys.readouterr().err
+    code, shown = _cli(capsys, "show", "c", "--store", root, "--include-deleted")
+    assert code == 0 and shown["deleted_at"]
+
+    assert collect(store).trials == ["c"]
+    code, again = _cli(capsys, "gc", "--store", root)
+    assert code == 0 and again["trials"] == 0 and again["files"] == 0  # nothing left to free
+    code, shown = _cli(capsys, "show", "c", "--store", root, "--include-deleted")
+    assert [f["freed"] for f in shown["files"] if f["type"] == "Step_Metrics"] == [True]
+
+    Sweep(root).tag("b", team="vision")
+    code, groups = _cli(capsys, "trials", "--store", root, "--group-by", "tag/team")
+    assert {g["group"]: g["tag/team"] for g in groups} == {"team=": None, "team=vision": "vision"}
+    assert {g["group"]: g["status"] for g in groups}["team=vision"] == "1 COMPLETE"
+    assert main(["trials", "--store", root, "--group-by", "config except nope"]) == 2
+    assert "['config/nope'] are not config keys" in capsys.readouterr().err
+    assert (
+        main(["plot", "--store", root, "--metric", "loss", "--color-by", "config/lr", "-o", str(tmp_path / "p.png")])
+        == 0
+    )
