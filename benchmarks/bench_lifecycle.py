@@ -116,7 +116,7 @@ def main() -> None:
     print_table(
         ["step", "time", "per trial"],
         [
-            ["`Sweep.delete` (one masked MLMD update each)", fmt_time(t_delete), fmt_time(t_delete / len(doomed))],
+            ["`Sweep.delete` (one masked MLMD transaction)", fmt_time(t_delete), fmt_time(t_delete / len(doomed))],
             [
                 f"`gc`: {len(freed.files)} files, {freed.cache_objects} cache objects, {freed.bytes / 2**20:.1f} MB",
                 fmt_time(t_gc),

@@ -6,7 +6,9 @@ public API only:
 
 - ``log_metric``: 1M rows of 4 metrics into one series, per row;
 - ``commit``: 40 series of 10 000 rows, each logged and committed (Parquet, DVC, MLMD), per file;
-- ``compare``: ``Sweep.trials`` and ``Sweep.steps`` over 200 committed series of 1 000 rows.
+- ``compare``: ``Sweep.trials`` and ``Sweep.steps`` over 200 committed series of 1 000 rows;
+- ``first_log``: in a plain script, from ``Cmf(...)`` to its first ``log_metric`` returning, on a store that
+  an earlier process made (the new execution, its environment record and the first row).
 
 Run: ``.venv/bin/python benchmarks/bench_versions.py [--base REV] [--rounds N]``
 """
@@ -30,8 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = r"""
 import json, sys, tempfile, time
 from ray_cmf import Cmf, Sweep
-what, store = sys.argv[1], tempfile.mkdtemp()
-if what == "log_metric":
+what, store = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp()
+if what == "first_log":
+    start = time.perf_counter()
+    cmf = Cmf(pipeline_name="b", store=store)
+    cmf.log_metric("s", {"step": 0, "loss": 1.0})
+    print(json.dumps(time.perf_counter() - start))
+elif what == "make_store":
+    Cmf(pipeline_name="b", store=store).log_metric("s", {"step": 0})
+elif what == "log_metric":
     cmf = Cmf(pipeline_name="b", store=store)
     cmf.log_metric("s", {"warm": 1.0})
     start = time.perf_counter()
@@ -60,15 +69,28 @@ else:
         sweep.steps(["loss"])
         print(json.dumps(time.perf_counter() - start))
 """
-WORKLOADS = ("log_metric", "commit", "compare")
+WORKLOADS = ("log_metric", "commit", "compare", "first_log")
+UNITS = {
+    "log_metric": "per row",
+    "commit": "per file",
+    "compare": "trials + steps, 200 series",
+    "first_log": "Cmf() to the first row, store made",
+}
 
 
 def run(workload: str, path: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(path)}
-    done = subprocess.run(
-        [sys.executable, "-c", WORKLOAD, workload], env=env, capture_output=True, text=True, check=True
-    )
-    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    def python(*argv: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", WORKLOAD, *argv], env=env, capture_output=True, text=True, check=True
+        ).stdout
+
+    if workload != "first_log":
+        return float(json.loads(python(workload).strip().splitlines()[-1]))
+    with tempfile.TemporaryDirectory() as store:
+        python("make_store", store)
+        return float(json.loads(python(workload, store).strip().splitlines()[-1]))
 
 
 def main() -> None:
@@ -91,8 +113,7 @@ def main() -> None:
     rows = []
     for workload in WORKLOADS:
         old, new = (statistics.median(times[(workload, v)]) for v in ("base", "this"))
-        unit = {"log_metric": "per row", "commit": "per file", "compare": "trials + steps, 200 series"}[workload]
-        rows.append([workload, unit, fmt_time(old), fmt_time(new), f"{new / old:.2f}x"])
+        rows.append([workload, UNITS[workload], fmt_time(old), fmt_time(new), f"{new / old:.2f}x"])
     print(f"{args.rounds} rounds, alternating order, medians; base {args.base} against this checkout")
     print_table(["workload", "measured", "base", "this", "this / base"], rows)
 

@@ -571,8 +571,7 @@ class Sweep:
         unknown = [t for t in trial_ids if t not in by_id]
         if unknown:
             raise RayCmfError(f"Unknown trial(s) {unknown} in {self.pipeline}; it has {sorted(by_id)}")
-        for trial in trial_ids:
-            self.store.patch_execution(by_id[trial].id, props, remove)
+        self.store.patch_executions([by_id[trial].id for trial in trial_ids], props, remove)
         self._executions, self._files = None, None  # read again: they changed
         return trial_ids
 

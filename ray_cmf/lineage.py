@@ -10,7 +10,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -262,16 +262,22 @@ class Lineage:
         self.store.put_executions([execution])
         return execution
 
-    def patch_execution(self, execution_id: int, props: Mapping[str, Any], remove: Iterable[str] = ()) -> Execution:
-        """Set ``props`` and drop the properties ``remove`` of an execution, touching no other field: a field
-        mask makes it one update that cannot undo what another process wrote meanwhile (a state, a status)."""
-        current = self.get_execution(execution_id)
-        patch = mlpb.Execution(id=execution_id, type_id=current.type_id)
-        _set(patch.custom_properties, props, self._int_bits)
+    def patch_executions(
+        self, execution_ids: Sequence[int], props: Mapping[str, Any], remove: Iterable[str] = ()
+    ) -> None:
+        """Set ``props`` and drop the properties ``remove`` of executions, touching no other field, in one
+        transaction: a field mask makes it an update that cannot undo what another process wrote meanwhile
+        (a state, a status)."""
         paths = [f"custom_properties.{key}" for key in dict.fromkeys([*props, *remove])]
-        if paths:
-            self.store.put_executions([patch], field_mask_paths=paths)
-        return self.get_execution(execution_id)
+        if not paths or not execution_ids:
+            return
+        types = {e.id: e.type_id for e in self.store.get_executions_by_id(list(execution_ids))}
+        patches = []
+        for execution_id in execution_ids:
+            patch = mlpb.Execution(id=execution_id, type_id=types[execution_id])
+            _set(patch.custom_properties, props, self._int_bits)
+            patches.append(patch)
+        self.store.put_executions(patches, field_mask_paths=paths)
 
     def get_execution(self, execution_id: int) -> Execution:
         found = self.store.get_executions_by_id([execution_id])

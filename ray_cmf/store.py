@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,10 +268,13 @@ class Store:
         with self._lock:
             return self.lineage.update_execution(execution_id, props, state)
 
-    def patch_execution(self, execution_id: int, props: Mapping[str, Any], remove: Iterable[str] = ()) -> Execution:
-        """Set and drop some properties of an execution and nothing else (see :meth:`Lineage.patch_execution`)."""
+    def patch_executions(
+        self, execution_ids: Sequence[int], props: Mapping[str, Any], remove: Iterable[str] = ()
+    ) -> None:
+        """Set and drop some properties of executions and nothing else, in one transaction (see
+        :meth:`Lineage.patch_executions`)."""
         with self._lock:
-            return self.lineage.patch_execution(execution_id, props, remove)
+            self.lineage.patch_executions(execution_ids, props, remove)
 
     def start_attempt(self, execution_id: int) -> int:
         """Count one more start of an execution (a trial's or a run's) and return it: 1 for the first."""

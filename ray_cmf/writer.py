@@ -228,9 +228,9 @@ class StoreWriter:
         props: Mapping[str, Any],
         remove: Sequence[str] = (),
         store: Store | None = None,
-    ) -> Execution:
+    ) -> None:
         """Set and drop some properties of an execution, touching no other field (tags, a note)."""
-        return self._open(store).patch_execution(execution_id, props, remove)
+        self._open(store).patch_executions([execution_id], props, remove)
 
     def record_environment(self, *, execution_id: int, environment: Environment, store: Store | None = None) -> None:
         """Record what an execution ran on (see :mod:`ray_cmf.environment`); the package list is shared."""
