@@ -392,28 +392,9 @@ class Sweep:
         ``val_loss_best_std``, ...), the number of trials and their ids (see :func:`group_summaries`);
         ``sort`` may then name a group column (``val_loss_best`` means its mean).
         """
-        import pandas as pd
-
         query = parse(where) if where is not None else None
         check_limit(limit)
-        first = {f.trial_id: f for f in reversed(self.files())}  # a trial's first series names its file
-        recorded = _recorded_columns(
-            [self._recorded(e, stage, first.get(trial_id_of(e))) for e, stage in self.executions()]
-        )
-        if query is not None:
-            recorded = _with_tags(recorded, query)
-            if set(query.names()) <= set(recorded.columns):  # MLMD alone answers it: no footer of the others read
-                recorded, query = recorded[query.mask(recorded)], None
-        chosen = set(recorded["trial_id"]) if len(recorded) else set()
-        summary = self._summary_from_footers(metrics, mode, chosen)
-        if summary is None:
-            summary = self._summary_from_scan(metrics, mode, chosen)
-        if "trial_id" not in recorded.columns:  # no trial at all
-            recorded = pd.DataFrame(columns=["trial_id", "status", "recovered", "stage", "note", "started_at"])
-        table = recorded.join(summary, on="trial_id")
-        table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
-        if query is not None:
-            table = table[query.mask(table)]
+        table = self._trial_table(metrics, mode, query)
         table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
         tail = ["steps", "md5", "url", "verified"]
         table = table[[c for c in table.columns if c not in tail] + [c for c in tail if c in table.columns]]
@@ -423,6 +404,31 @@ class Sweep:
         if sort is not None:
             table = sort_trials(table, sort, mode)
         return (table.head(limit) if limit is not None else table).reset_index(drop=True)
+
+    def _trial_table(
+        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], query: Query | None
+    ) -> pd.DataFrame:
+        """The recorded columns joined with the summaries, the rows ``query`` keeps. A query over recorded
+        columns only is answered first, so that only the kept trials' footers are read."""
+        import pandas as pd
+
+        first = {f.trial_id: f for f in reversed(self.files())}  # a trial's first series names its file
+        recorded = _recorded_columns(
+            [self._recorded(e, stage, first.get(trial_id_of(e))) for e, stage in self.executions()]
+        )
+        if "trial_id" not in recorded.columns:  # no trial at all
+            recorded = pd.DataFrame(columns=["trial_id", "status", "recovered", "stage", "note", "started_at"])
+        if query is not None:
+            recorded = _with_tags(recorded, query)
+            if set(query.names()) <= set(recorded.columns):
+                recorded, query = recorded[query.mask(recorded)], None
+        chosen = set(recorded["trial_id"])
+        summary = self._summary_from_footers(metrics, mode, chosen)
+        if summary is None:
+            summary = self._summary_from_scan(metrics, mode, chosen)
+        table = recorded.join(summary, on="trial_id")
+        table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
+        return table[query.mask(table)] if query is not None else table
 
     def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
         """A trial's row of the table as MLMD records it (no file read); ``file`` is its first series'."""

@@ -505,7 +505,7 @@ def content(
         chosen = _metrics(trials, metrics)
         steps = sweep.steps(chosen, exact=True)
     primary = chosen[0] if chosen else None
-    trials = _best_first(trials, primary, mode)
+    trials = _best_first(trials, primary and f"{primary}_best", mode)
     keys = group_keys(trials, group_by) if group_by is not None else None
     groups = _group_of(trials, keys) if keys is not None else None
     plotter = _Plotter(_hover_config(trials), mode, max_points, groups)
@@ -527,7 +527,7 @@ def content(
     }
     table = _table(trials, chosen, mode)
     if keys is not None:
-        grouped = _best_first_groups(group_summaries(trials, keys), primary, mode)
+        grouped = _best_first(group_summaries(trials, keys), primary and f"{primary}_best_mean", mode)
         data["status"] = dict(zip(grouped["group"], grouped["status"].astype(str), strict=True))
         table = _group_table(grouped, keys, chosen, mode)
     downsampled |= own and _longest(spans) > max_points
@@ -556,28 +556,19 @@ def _curves_note(max_points: int, downsampled: bool) -> str:
     return note + " Click a trial in the table to pick out its curves everywhere; click it again to let go."
 
 
-def _best_first(trials: pd.DataFrame, metric: str | None, mode: str) -> pd.DataFrame:
-    """The trial table sorted by its best ``metric``, best first (trials without one last)."""
-    column = f"{metric}_best"
-    if metric is None or column not in trials.columns:
-        return trials
-    key = trials[column].astype(float)
-    return trials.iloc[np.argsort((key if mode == "min" else -key).fillna(np.inf).to_numpy(), kind="stable")]
+def _best_first(table: pd.DataFrame, column: str | None, mode: str) -> pd.DataFrame:
+    """The trial (or group) table sorted by ``column`` (a metric's best, or its mean over a group), best first;
+    rows without one last."""
+    if column is None or column not in table.columns:
+        return table
+    key = table[column].astype(float)
+    return table.iloc[np.argsort((key if mode == "min" else -key).fillna(np.inf).to_numpy(), kind="stable")]
 
 
 def _group_of(trials: pd.DataFrame, keys: Sequence[str]) -> dict[str, str]:
     """Each trial's group label."""
     labels = [group_label(row, keys) for row in trials[list(keys)].itertuples(index=False, name=None)]
     return dict(zip(trials["trial_id"].astype(str), labels, strict=True))
-
-
-def _best_first_groups(groups: pd.DataFrame, metric: str | None, mode: str) -> pd.DataFrame:
-    """The group table sorted by the mean of its best ``metric``, best first."""
-    column = f"{metric}_best_mean"
-    if metric is None or column not in groups.columns:
-        return groups
-    key = groups[column].astype(float)
-    return groups.iloc[np.argsort((key if mode == "min" else -key).fillna(np.inf).to_numpy(), kind="stable")]
 
 
 def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], mode: str) -> str:
