@@ -13,7 +13,6 @@ skip it), its bytes are removed (each removal may already have happened), and it
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,10 +20,17 @@ from pathlib import Path
 import ml_metadata.proto.metadata_store_pb2 as mlpb
 
 from ray_cmf._progress import track
-from ray_cmf.constants import ARTIFACTS_DIR, SPILL_DIR, SPILL_MANIFEST, STEP_METRICS_TYPE, TRIAL_PROPERTY
+from ray_cmf.constants import (
+    ARTIFACTS_DIR,
+    DELETED_PROPERTY,
+    SPILL_DIR,
+    SPILL_MANIFEST,
+    STEP_METRICS_TYPE,
+    TRIAL_PROPERTY,
+)
 from ray_cmf.curation import deleted_at
 from ray_cmf.errors import StoreError
-from ray_cmf.exits import HOLDER_HOST, HOLDER_PID, process_alive
+from ray_cmf.exits import process_alive, running_holder
 from ray_cmf.lineage import Artifact, Execution, Lineage, properties, property_of, state_name, trial_id_of
 from ray_cmf.series_format import SpillManifest, discard_spill
 from ray_cmf.store import Store
@@ -51,12 +57,9 @@ def running_holders(lineage: Lineage) -> list[str]:
     cannot be checked from here), as ``name (pid P on H)``."""
     held = []
     for execution in lineage.store.get_executions():
-        props = properties(execution)
-        if state_name(execution) != "RUNNING" or HOLDER_PID not in props:
-            continue
-        host, pid = str(props.get(HOLDER_HOST)), int(props[HOLDER_PID])
-        if process_alive(host, pid) is not False:
-            held.append(f"{execution.name} (pid {pid} on {host})")
+        holder = running_holder(state_name(execution), properties(execution))
+        if holder is not None and process_alive(*holder) is not False:
+            held.append(f"{execution.name} (pid {holder[1]} on {holder[0]})")
     return held
 
 
@@ -125,13 +128,13 @@ def _trials_of(lineage: Lineage, executions: list[Execution], doomed: list[Artif
     return sorted({str(property_of(by_id[i], TRIAL_PROPERTY) or trial_id_of(by_id[i])) for i in ids if i in by_id})
 
 
-def _dead(executions: Iterable[Execution], older_than: timedelta | None) -> set[int]:
+def _dead(executions: list[Execution], older_than: timedelta | None) -> set[int]:
     """The executions to collect: deleted long enough ago, and the Train runs inside such a trial."""
     cutoff = datetime.now(timezone.utc) - (older_than or timedelta(0))
-    executions = list(executions)
-    dead = {e.id for e in executions if (when := deleted_at(properties(e))) is not None and when <= cutoff}
+    marks = {e.id: deleted_at(property_of(e, DELETED_PROPERTY)) for e in executions}
+    dead = {i for i, when in marks.items() if when is not None and when <= cutoff}
     trials = {trial_id_of(e) for e in executions if e.id in dead}
-    return dead | {e.id for e in executions if properties(e).get(TRIAL_PROPERTY) in trials}
+    return dead | {e.id for e in executions if property_of(e, TRIAL_PROPERTY) in trials}
 
 
 def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], int]:

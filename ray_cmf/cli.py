@@ -230,9 +230,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "stage": stage,
         "execution_id": execution.id,
         "config": {c[len("config/") :]: row[c] for c in table.columns if c.startswith("config/")},
-        "tags": {
-            c[len(TAG_COLUMN) :]: row[c] for c in table.columns if c.startswith(TAG_COLUMN) and row[c] is not None
-        },
+        "tags": {c[len(TAG_COLUMN) :]: v for c, v in _tags(row).items()},
         "note": row.get(NOTE_COLUMN),
         "deleted_at": row.get(DELETED_COLUMN),
         "environment": sweep.environment(args.trial),
@@ -368,11 +366,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from ray_cmf.recovery import mark_crashed, recover
+    from ray_cmf.recovery import commit_spills, mark_crashed
 
     store = Store(args.store)
+    artifacts = commit_spills(store, force=args.force)  # then mark the crashed ones: recover()'s two halves
     crashed = [{"execution": e.name, "status": "CRASHED"} for e in mark_crashed(store)]
-    artifacts = recover(store, force=args.force)
     rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in artifacts]
     _emit(args, rows, "recovered metrics")
     if crashed and not args.json:  # (their status is in `trials --json`)
@@ -442,8 +440,12 @@ def _curated_row(sweep: Any, trial: str) -> dict[str, Any]:
     """A trial's tags and note as ``trials`` shows them (deleted or not)."""
     table = sweep.everyone().trials(metrics=[])
     row = table[table["trial_id"] == trial].iloc[0]
-    tags = {c: row[c] for c in table.columns if c.startswith(TAG_COLUMN) and row[c] is not None}
-    return {"trial_id": trial, **tags, NOTE_COLUMN: row[NOTE_COLUMN]}
+    return {"trial_id": trial, **_tags(row), NOTE_COLUMN: row[NOTE_COLUMN]}
+
+
+def _tags(row: Any) -> dict[str, Any]:
+    """The tags a trial-table row holds, by column (``tag/team``); those it lacks are left out."""
+    return {c: v for c, v in row.items() if str(c).startswith(TAG_COLUMN) and v is not None}
 
 
 def cmd_note(args: argparse.Namespace) -> int:
@@ -459,7 +461,7 @@ def _chosen_trials(args: argparse.Namespace, sweep: Any) -> dict[str, str]:
     if bool(args.trials) == bool(args.where):
         raise RayCmfError("name the trials (ids) or pick them with --where, one of the two")
     everyone = sweep.everyone().trials(args.metric or None, mode=args.mode, where=args.where)
-    deleted = everyone["deleted_at"].notna() if len(everyone) else everyone["trial_id"].isna()
+    deleted = everyone[DELETED_COLUMN].notna()
     wanted = everyone[~deleted] if args.command == "delete" else everyone[deleted]
     status = dict(zip(wanted["trial_id"], wanted["status"], strict=True))
     if not args.trials:

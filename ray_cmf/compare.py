@@ -48,10 +48,12 @@ from ray_cmf.frames import (
     RANK_COLUMN,
     SERIES_COLUMN,
     TRIAL_COLUMN,
+    blank,
     group_keys,
     group_summaries,
     is_number,
     mode_of,
+    sort_trials,
     summarize,
 )
 from ray_cmf.lineage import (
@@ -232,9 +234,8 @@ class Sweep:
             out.extend((e, stage) for e in self.lineage.store.get_executions_by_context(ctx.id))
         trial_type = self.lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
         trials = {trial_id_of(e) for e, _ in out if e.type_id == trial_type}
-        out = [
-            (e, s) for e, s in out if property_of(e, TRIAL_PROPERTY) not in trials
-        ]  # a run inside a trial shows as its trial
+        # a run inside a trial shows as its trial
+        out = [(e, s) for e, s in out if property_of(e, TRIAL_PROPERTY) not in trials]
         if not self.include_deleted:
             out = [(e, s) for e, s in out if property_of(e, DELETED_PROPERTY) is None]
         return sorted(out, key=lambda pair: pair[0].id)
@@ -416,8 +417,9 @@ class Sweep:
         recorded = _recorded_columns(
             [self._recorded(e, stage, first.get(trial_id_of(e))) for e, stage in self.executions()]
         )
-        if "trial_id" not in recorded.columns:  # no trial at all
-            recorded = pd.DataFrame(columns=["trial_id", "status", "recovered", "stage", "note", "started_at"])
+        if "trial_id" not in recorded.columns:  # no trial at all: the columns every trial's row has
+            base = ["trial_id", "status", "recovered", "stage", "note", "started_at"]
+            recorded = pd.DataFrame(columns=[*base, *([DELETED_COLUMN] if self.include_deleted else [])])
         if query is not None:
             recorded = _with_tags(recorded, query)
             if set(query.names()) <= set(recorded.columns):
@@ -629,26 +631,6 @@ class Sweep:
         )
 
 
-def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] = "min") -> pd.DataFrame:
-    """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode``, any other
-    ascending (numbers before text, whatever mix a config key holds); blanks last."""
-    if column not in table.columns:
-        if not len(table):  # nothing was picked: a summary column of no trial is nothing to sort by, not an error
-            return table
-        raise InvalidArgumentError(f"sort {column!r} is not a column; the table has {list(table.columns)}")
-    summary = column.removesuffix("_mean")  # a group's mean of a summary sorts as the summary
-    metric = summary.rsplit("_", 1)[0]
-    descending = summary.endswith(("_best", "_final")) and mode_of(mode, metric) == "max"
-    values = table[column].tolist()
-    present = [i for i, v in enumerate(values) if not _blank(v)]
-    present.sort(key=lambda i: _order(values[i]), reverse=descending)
-    return table.iloc[present + [i for i, v in enumerate(values) if _blank(v)]]
-
-
-def _order(value: Any) -> tuple[int, Any]:
-    return (0, float(value)) if isinstance(value, int | float | np.number) else (1, str(value))
-
-
 def _with_tags(table: pd.DataFrame, query: Query) -> pd.DataFrame:
     """The table with a blank column for every tag the query reads that no trial has (yet)."""
     absent = [n for n in query.names() if n.startswith(TAG_COLUMN) and n not in table.columns]
@@ -699,13 +681,9 @@ def _config(props: Mapping[str, Any]) -> dict[str, Any]:
 
 def _same(a: Any, b: Any) -> bool:
     """Whether two recorded values are the same: two blanks (None, "", NaN) are."""
-    if _blank(a) and _blank(b):
+    if blank(a) and blank(b):
         return True
     return bool(a == b)
-
-
-def _blank(value: Any) -> bool:
-    return value is None or value == "" or (isinstance(value, float) and value != value)
 
 
 def _metric_columns(schema: pa.Schema) -> list[str]:

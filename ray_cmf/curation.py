@@ -71,7 +71,6 @@ def curated_columns(props: Mapping[str, Any]) -> dict[str, Any]:
     return columns
 
 
-def deleted_at(props: Mapping[str, Any]) -> datetime | None:
-    """When an execution was marked deleted (None: it is not)."""
-    raw = props.get(DELETED_PROPERTY)
-    return datetime.fromisoformat(str(raw)) if raw else None
+def deleted_at(mark: object) -> datetime | None:
+    """When an execution was marked deleted, from its ``DELETED_PROPERTY`` value (None: it is not)."""
+    return datetime.fromisoformat(str(mark)) if mark else None

@@ -142,8 +142,14 @@ def process_alive(host: str, pid: int) -> bool | None:
     return True
 
 
+def running_holder(state: str, props: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The (host, pid) that holds a RUNNING execution; None when it is not running or names no holder."""
+    if state != "RUNNING" or HOLDER_PID not in props:
+        return None
+    return str(props.get(HOLDER_HOST)), int(props[HOLDER_PID])
+
+
 def abandoned(state: str, props: Mapping[str, Any]) -> bool:
     """Whether a RUNNING execution will never be ended: its holder, on this machine, is gone."""
-    if state != "RUNNING" or HOLDER_PID not in props:
-        return False
-    return process_alive(str(props.get(HOLDER_HOST)), int(props[HOLDER_PID])) is False
+    held = running_holder(state, props)
+    return held is not None and process_alive(*held) is False

@@ -7,7 +7,7 @@ the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +44,31 @@ def numeric(series: pd.Series) -> bool:
 def mode_of(mode: str | Mapping[str, str], metric: str) -> str:
     """Whether lower (``min``) or higher (``max``) is better for ``metric``: one mode, or one per metric."""
     return mode.get(metric, "min") if isinstance(mode, Mapping) else mode
+
+
+def blank(value: Any) -> bool:
+    """Whether a recorded value is a blank: None, empty text or NaN."""
+    return value is None or value == "" or (isinstance(value, float) and value != value)
+
+
+def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] = "min") -> pd.DataFrame:
+    """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode``, any other
+    ascending (numbers before text, whatever mix a config key holds); blanks last."""
+    if column not in table.columns:
+        if not len(table):  # nothing was picked: a summary column of no trial is nothing to sort by, not an error
+            return table
+        raise InvalidArgumentError(f"sort {column!r} is not a column; the table has {list(table.columns)}")
+    summary = column.removesuffix("_mean")  # a group's mean of a summary sorts as the summary
+    metric = summary.rsplit("_", 1)[0]
+    descending = summary.endswith(("_best", "_final")) and mode_of(mode, metric) == "max"
+    values = table[column].tolist()
+    present = [i for i, v in enumerate(values) if not blank(v)]
+    present.sort(key=lambda i: _order(values[i]), reverse=descending)
+    return table.iloc[present + [i for i, v in enumerate(values) if blank(v)]]
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    return (0, float(value)) if isinstance(value, int | float | np.number) else (1, str(value))
 
 
 def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[str, str]) -> pd.DataFrame:

@@ -55,6 +55,14 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
         The Step_Metrics artifacts created, each with the custom property ``recovered=True``.
     """
     store = store if isinstance(store, Store) else Store(store)
+    recovered = commit_spills(store, force=force)
+    mark_crashed(store)
+    return recovered
+
+
+def commit_spills(store: Store, *, force: bool = False) -> list[Artifact]:
+    """The first half of :func:`recover`: commit every dangling spill (those of live processes only with
+    ``force``) and return the artifacts made."""
     recovered: list[Artifact] = []
     manifests = sorted((store.root / SPILL_DIR).glob(f"*/{SPILL_MANIFEST}"))
     for manifest_path in track(manifests, "recovering spilled series", len(manifests)):
@@ -69,5 +77,4 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
         artifact = spill.finish(manifest.dest, functools.partial(_register, store, manifest))
         log.info("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
         recovered.append(artifact)
-    mark_crashed(store)
     return recovered

@@ -39,6 +39,7 @@ from ray_cmf.frames import (
     group_label,
     group_summaries,
     numeric,
+    sort_trials,
     summarize,
 )
 from ray_cmf.lineage import trial_id_of
@@ -505,7 +506,7 @@ def content(
         chosen = _metrics(trials, metrics)
         steps = sweep.steps(chosen, exact=True)
     primary = chosen[0] if chosen else None
-    trials = _best_first(trials, primary and f"{primary}_best", mode)
+    trials = _best_first(trials, f"{primary}_best", mode) if primary else trials
     keys = group_keys(trials, group_by) if group_by is not None else None
     groups = _group_of(trials, keys) if keys is not None else None
     plotter = _Plotter(_hover_config(trials), mode, max_points, groups)
@@ -527,7 +528,8 @@ def content(
     }
     table = _table(trials, chosen, mode)
     if keys is not None:
-        grouped = _best_first(group_summaries(trials, keys), primary and f"{primary}_best_mean", mode)
+        grouped = group_summaries(trials, keys)
+        grouped = _best_first(grouped, f"{primary}_best_mean", mode) if primary else grouped
         data["status"] = dict(zip(grouped["group"], grouped["status"].astype(str), strict=True))
         table = _group_table(grouped, keys, chosen, mode)
     downsampled |= own and _longest(spans) > max_points
@@ -556,13 +558,10 @@ def _curves_note(max_points: int, downsampled: bool) -> str:
     return note + " Click a trial in the table to pick out its curves everywhere; click it again to let go."
 
 
-def _best_first(table: pd.DataFrame, column: str | None, mode: str) -> pd.DataFrame:
-    """The trial (or group) table sorted by ``column`` (a metric's best, or its mean over a group), best first;
-    rows without one last."""
-    if column is None or column not in table.columns:
-        return table
-    key = table[column].astype(float)
-    return table.iloc[np.argsort((key if mode == "min" else -key).fillna(np.inf).to_numpy(), kind="stable")]
+def _best_first(table: pd.DataFrame, column: str, mode: str) -> pd.DataFrame:
+    """The trial (or group) table best first by ``column`` (a metric's best, or its group mean), as
+    ``ray-cmf trials`` sorts it; unsorted when the table has no such column (no metric chosen)."""
+    return sort_trials(table, column, mode) if column in table.columns else table
 
 
 def _group_of(trials: pd.DataFrame, keys: Sequence[str]) -> dict[str, str]:
