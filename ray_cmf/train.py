@@ -186,7 +186,7 @@ class StepLogger:
         if self._buffer is not None:
             self._buffer.close()
             if not self._finished:
-                self._writer.call(StoreWriter.end, kind="run", name=self.run_name)
+                self._writer.call(StoreWriter.end, binding=self._key().binding)
 
     def log_seeds(self, **seeds: int) -> None:
         """Rank 0: record the run's seeds (``seed_<name>`` properties; ints) and torch's initial seed."""
@@ -439,7 +439,8 @@ class CmfTrainCallback(UserCallback):
         def commit() -> None:
             try:
                 handed_over.result()
-                key = SeriesKey(rt.binding.result(), self.metrics_name)
+                binding = rt.binding.result()
+                key = SeriesKey(binding, self.metrics_name)
                 rt.writer.call(
                     StoreWriter.commit,
                     key=key,
@@ -447,7 +448,7 @@ class CmfTrainCallback(UserCallback):
                     state=None if end else state,
                 )
                 if end:
-                    rt.writer.call(StoreWriter.end, kind="run", name=rt.run, props=props, state=state)
+                    rt.writer.call(StoreWriter.end, binding=binding, props=props, state=state)
             except Exception as exc:  # logging never kills training
                 log.warning("ray_cmf: committing the reports of run %r failed: %s", rt.run, exc)
 

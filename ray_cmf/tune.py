@@ -487,16 +487,15 @@ class CmfRayLogger(tune.Callback):
                 )
         buffer, key, state.buffer = state.buffer, state.key, None
         assert buffer is not None and key is not None  # _state() opened them
-        self._rt.futures.append(self._rt.executor.submit(self._commit, trial.trial_id, buffer, key, props, status))
+        self._rt.futures.append(self._rt.executor.submit(self._commit, buffer, key, props, status))
 
-    def _commit(
-        self, trial_id: str, buffer: MetricBuffer, key: Callable[[], SeriesKey], props: dict[str, Any], status: str
-    ) -> None:
+    def _commit(self, buffer: MetricBuffer, key: Callable[[], SeriesKey], props: dict[str, Any], status: str) -> None:
         """Runs on the commit thread: never on Tune's event loop."""
         buffer.close()  # every row is with the writer now
+        series = key()
         if buffer.rows:
-            self._rt.writer.call(StoreWriter.commit, key=key())
-        self._rt.writer.call(StoreWriter.end, kind="trial", name=trial_id, props=props, state=status)
+            self._rt.writer.call(StoreWriter.commit, key=series)
+        self._rt.writer.call(StoreWriter.end, binding=series.binding, props=props, state=status)
 
     @_never_raises
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
@@ -530,8 +529,8 @@ class CmfRayLogger(tune.Callback):
             if trial.trial_id not in self._trials:
                 continue
             props = {"in_top_n": trial.trial_id in top, "top_rank": top.get(trial.trial_id, 0)}
-            if self._trials[trial.trial_id].binding is not None:
-                self._send(StoreWriter.end, kind="trial", name=trial.trial_id, props=props)
+            if (reply := self._trials[trial.trial_id].binding) is not None:
+                self._send(StoreWriter.end, binding=reply, props=props)
             else:  # it ended before a restore, so this driver's writer never bound it: find it by name
                 binding, _ = self._rt.writer.call(
                     StoreWriter.execution,

@@ -331,14 +331,13 @@ class StoreWriter:
             live.update_execution(key.binding.execution_id, props, state)
         return artifact
 
-    def end(self, *, kind: str, name: str, props: Mapping[str, Any] | None = None, state: str | None = None) -> None:
+    def end(self, *, binding: Binding, props: Mapping[str, Any] | None = None, state: str | None = None) -> None:
         """A trial or run ended: commit what its series received but nobody committed, then set props and state.
 
-        Rows that its processes hand over later are committed as they arrive.
+        Rows that its processes hand over later are committed as they arrive. Pass the :meth:`bind` reply as
+        ``binding``: this writer runs requests on several threads, and only that dependency orders the end
+        after the start.
         """
-        binding = self.binding(kind=kind, name=name)
-        if binding is None:
-            raise StoreError(f"No {kind} {name!r} was started with this writer")
         live = self._open(binding.store)
         with self._lock:
             self._ended.add((live, binding.execution_id))

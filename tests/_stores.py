@@ -58,7 +58,5 @@ def write_trials(
             if trial.status != "RUNNING" and rows:
                 client.call(StoreWriter.commit, key=key)
         if trial.status != "RUNNING":
-            client.call(
-                StoreWriter.end, kind="trial", name=trial.trial_id, props={"status": trial.status}, state=trial.status
-            )
+            client.call(StoreWriter.end, binding=binding, props={"status": trial.status}, state=trial.status)
     return store

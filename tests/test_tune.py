@@ -440,3 +440,25 @@ def test_a_metric_no_result_holds_is_warned_about(
         run_grid(_logs_steps, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
     warned = [r.getMessage() for r in caplog.records if "is not in the results" in r.getMessage()]
     assert len(warned) == 1 and "'loss'" in warned[0]
+
+
+def test_a_trial_that_errors_as_it_starts_is_marked_failed(ray_session: None, tmp_path: Path) -> None:
+    """Tune calls ``on_trial_error`` right after ``on_trial_start`` for a trainable that raises at once. The
+    writer runs requests on several threads, so the end must wait for the start's registration, not race it
+    (the FAIL_EARLY trial of the shared sweep was left RUNNING once in CI)."""
+    from ray.tune.experiment import Trial
+
+    from ray_cmf import CmfRayLogger
+
+    store = tmp_path / "store"
+    logger = CmfRayLogger("early", metric="loss", store=str(store))
+    logger.setup()
+    trials = [Trial("early", config={"lr": i / 10}, trial_id=f"early_{i}", stub=True) for i in range(8)]
+    for trial in trials:
+        logger.on_trial_start(0, trials, trial)
+        logger.on_trial_error(0, trials, trial)
+    logger.on_experiment_end(trials)
+    executions = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert sorted((properties(e)["trial_id"], e.last_known_state) for e in executions) == [
+        (f"early_{i}", mlpb.Execution.FAILED) for i in range(8)
+    ]

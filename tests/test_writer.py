@@ -64,7 +64,7 @@ def test_a_new_writer_adopts_a_dead_writers_spill(store_dir: Path) -> None:
 def test_end_commits_what_a_dead_logger_left(store_dir: Path) -> None:
     client, key = _writer(store_dir)
     client.call(StoreWriter.append, key=key, session="dead", first_row=1, batch=_batch(1, 6))
-    client.call(StoreWriter.end, kind="run", name="r", props={"status": "FAILED"}, state="FAILED")
+    client.call(StoreWriter.end, binding=key.binding, props={"status": "FAILED"}, state="FAILED")
     url = Store(store_dir).find_series("p", "steps")
     assert pq.read_table(Store(store_dir).resolve(url)).num_rows == 6
     assert not list((store_dir / SPILL_DIR).iterdir())
