@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
+import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
 def per_call(fn: Callable[[int], None], calls: int) -> float:
@@ -47,3 +53,20 @@ def sweep_size(steps: int) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--steps", type=int, default=steps)
     return parser.parse_args()
+
+
+def save_results(name: str, command: str, figures: dict[str, Any], verdicts: dict[str, bool]) -> Path:
+    """Write a benchmark's figures and its verdicts against its targets to ``benchmarks/results/<name>.json``
+    (what ``render_results.py`` turns into RESULTS.md's tables)."""
+    out = Path(__file__).parent / "results" / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    record = {
+        "benchmark": name,
+        "command": command,
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "figures": figures,
+        "verdicts": verdicts,
+    }
+    out.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    return out

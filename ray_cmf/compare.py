@@ -45,6 +45,7 @@ from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.exits import CRASHED, RECOVERED, abandoned
 from ray_cmf.frames import (
+    PID_COLUMN,
     RANK_COLUMN,
     SERIES_COLUMN,
     TRIAL_COLUMN,
@@ -78,7 +79,7 @@ log = logging.getLogger(__name__)
 
 STEP_COLUMN = "training_iteration"
 STEP_CANDIDATES = (STEP_COLUMN, "step", SEQUENCE_COLUMN)  # Tune results, Train steps, any series
-_NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, RANK_COLUMN, "wall_time", "__filename"})
+_NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, RANK_COLUMN, PID_COLUMN, "wall_time", "__filename"})
 
 
 def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[str] = ()) -> pd.DataFrame:

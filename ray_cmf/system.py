@@ -50,80 +50,98 @@ class _Gpus:
 
 
 class SystemSampler:
-    """Samples this process and its node into ``buffer`` every ``interval`` seconds, on a daemon thread.
+    """Samples a process (this one by default) and its node into ``buffer`` every ``interval`` seconds, on a
+    daemon thread.
 
-    The first row comes one interval after :meth:`start` (CPU % and rates need a previous reading).
-    :meth:`stop` ends the thread and closes the buffer, which hands its rows to its sink.
+    The first row is taken at :meth:`start`, without the CPU % and the rates (they need a previous
+    reading), and the last at :meth:`stop`, so even a process that lives less than an interval has two.
+    :meth:`stop` ends the thread and closes the buffer, which hands its rows to its sink. A process that
+    exits ends its series quietly.
 
     Args:
         buffer: Where the rows go (its sink decides: a spill, or the store's writer).
         interval: Seconds between rows (> 0).
         extra: Constant columns added to every row (e.g. ``{"rank": 1}``).
+        pid: The process to sample; default this one.
     """
 
-    def __init__(self, buffer: MetricBuffer, interval: float, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, buffer: MetricBuffer, interval: float, extra: dict[str, Any] | None = None, pid: int | None = None
+    ) -> None:
         if not interval > 0:
             raise ValueError(f"system metrics interval must be > 0 seconds, got {interval!r}")
         self.buffer = buffer
         self.interval = interval
         self.extra = dict(extra or {})
         self.samples = 0
-        self._process = psutil.Process()
+        self._process = psutil.Process(pid)
         self._gpus = _Gpus()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ray_cmf-system-metrics", daemon=True)
         self._last = self._counters()
 
     def start(self) -> SystemSampler:
-        self._process.cpu_percent()  # the first call only sets the reference point
-        psutil.cpu_percent()
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop sampling and hand every row to the buffer's sink. Idempotent."""
+        """Take the last row, stop sampling and hand every row to the buffer's sink. Idempotent."""
         self._stopped.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         self.buffer.close()
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.interval):
-            try:
-                self.buffer.append(self.sample())
-            except Exception as exc:  # a failing sensor must not end the series, nor training
-                log.warning("ray_cmf: system metrics sample failed: %s", exc)
+        """The first row now, one each interval, and the last once stopped (all appended on this thread)."""
+        first = True
+        while self._append(first):
+            first = False
+            if self._stopped.wait(self.interval):
+                self._append(first)
+                return
+
+    def _append(self, first: bool) -> bool:
+        """Append one row; False once the process is gone."""
+        try:
+            self.buffer.append(self.sample(first))
+        except psutil.NoSuchProcess:
+            return False
+        except Exception as exc:  # a failing sensor must not end the series, nor training
+            log.warning("ray_cmf: system metrics sample failed: %s", exc)
+        return True
 
     @staticmethod
     def _counters() -> tuple[float, Any, Any]:
         return time.monotonic(), psutil.disk_io_counters(), psutil.net_io_counters()
 
-    def sample(self) -> dict[str, Any]:
-        """One row: the readings now, and the disk and network rates since the previous row."""
+    def sample(self, first: bool = False) -> dict[str, Any]:
+        """One row: the readings now, and (unless ``first``) CPU % and the disk and network rates since the
+        previous row."""
         now, disk, net = counters = self._counters()
         then, disk0, net0 = self._last
         self._last = counters
         seconds = max(now - then, 1e-9)
         memory = psutil.virtual_memory()
-        self.samples += 1
         with self._process.oneshot():
             process_cpu, rss = self._process.cpu_percent(), self._process.memory_info().rss
+        node_cpu = psutil.cpu_percent()
+        self.samples += 1
         row: dict[str, Any] = {
             "step": self.samples,
             "wall_time": time.time(),
             **self.extra,
-            "proc_cpu_percent": process_cpu,
             "proc_rss_mb": rss / _MB,
-            "node_cpu_percent": psutil.cpu_percent(),
             "node_mem_used_mb": (memory.total - memory.available) / _MB,
             "node_mem_percent": memory.percent,
         }
-        if disk is not None and disk0 is not None:
-            row["disk_read_mb_s"] = (disk.read_bytes - disk0.read_bytes) / _MB / seconds
-            row["disk_write_mb_s"] = (disk.write_bytes - disk0.write_bytes) / _MB / seconds
-        if net is not None and net0 is not None:
-            row["net_sent_mb_s"] = (net.bytes_sent - net0.bytes_sent) / _MB / seconds
-            row["net_recv_mb_s"] = (net.bytes_recv - net0.bytes_recv) / _MB / seconds
+        if not first:
+            row["proc_cpu_percent"], row["node_cpu_percent"] = process_cpu, node_cpu
+            if disk is not None and disk0 is not None:
+                row["disk_read_mb_s"] = (disk.read_bytes - disk0.read_bytes) / _MB / seconds
+                row["disk_write_mb_s"] = (disk.write_bytes - disk0.write_bytes) / _MB / seconds
+            if net is not None and net0 is not None:
+                row["net_sent_mb_s"] = (net.bytes_sent - net0.bytes_sent) / _MB / seconds
+                row["net_recv_mb_s"] = (net.bytes_recv - net0.bytes_recv) / _MB / seconds
         return row | self._gpus.sample()
 
 
@@ -132,9 +150,11 @@ def sample_into(
     key: SeriesKey | Callable[[], SeriesKey],
     interval: float | None,
     extra: dict[str, Any] | None = None,
+    pid: int | None = None,
 ) -> SystemSampler | None:
-    """Start sampling into a series at the store's writer; None when ``interval`` is None (switched off)."""
+    """Start sampling a process (this one by default) into a series at the store's writer; None when
+    ``interval`` is None (switched off)."""
     if interval is None:
         return None
     buffer = MetricBuffer(sink=writer.sink(key), flush_seconds=max(DEFAULT_FLUSH_SECONDS, interval))
-    return SystemSampler(buffer, interval, extra).start()
+    return SystemSampler(buffer, interval, extra, pid).start()

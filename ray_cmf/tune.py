@@ -40,6 +40,7 @@ from ray_cmf.environment import Environment, capture
 from ray_cmf.errors import RayCmfError, SchemaError
 from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties
+from ray_cmf.node_sampler import Watch, start_samplers, unwatch, watch
 from ray_cmf.results import result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
@@ -67,8 +68,9 @@ def trial_cmf(
 
     Asked for on a thread other than the main one (Tune runs a trainable on a thread of its own), it also
     records the host's hardware, samples the ``system_metrics`` series every ``system_metrics`` seconds
-    (None: off), and closes when that thread ends: rows the trainable never committed reach the writer,
-    which commits them at the trial's end.
+    (None: off; and never when ``CmfRayLogger(system_metrics=...)`` samples the trial's process already),
+    and closes when that thread ends: rows the trainable never committed reach the writer, which commits
+    them at the trial's end.
     """
     if trial_id in _TRIAL_CMFS:
         return _TRIAL_CMFS[trial_id]
@@ -88,6 +90,8 @@ def trial_cmf(
         writer.send(
             StoreWriter.record_environment, execution_id=binding.execution_id, environment=here, store=binding.store
         )
+        if writer.call(StoreWriter.node_sampled, kind="trial", name=trial_id):
+            system_metrics = None
         sampler = sample_into(writer, SeriesKey(binding, SYSTEM_METRICS_NAME), system_metrics)
         hand_over = _HandOver(trial_id, cmf, sampler)
         _before_tune_stops(hand_over)
@@ -221,6 +225,7 @@ class _TrialState:
     models: set[str] = field(default_factory=set)
     host: str | None = None  # where the trial runs, from its results
     keys: set[str] = field(default_factory=set)  # what its results held
+    watch: Future[Watch | None] | None = None  # its process, as its node's sampler samples it
 
     def persisted(self) -> dict[str, Any]:
         return {"best": self.best, "committed": self.committed}
@@ -234,6 +239,9 @@ class _Runtime:
     environment: Environment = field(default_factory=lambda: capture(hardware=False))  # the driver's code and software
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
+    )
+    sampling: ThreadPoolExecutor = field(  # watches and unwatches, in order and never behind a commit
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-sample")
     )
     futures: list[Future[None]] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
@@ -284,6 +292,10 @@ class CmfRayLogger(tune.Callback):
         metrics_name: Name of the per-trial result series.
         push: Upload each committed file to the store's remote (``ray-cmf push --add-remote``) as it is
             committed, on the writer's background thread; the sweep's end waits for the uploads.
+        system_metrics: Sample every trial's process and node into its ``system_metrics`` series every
+            this many seconds (and once as it starts and ends), from a sampler actor on the trial's node:
+            the trainable needs no code for it. None switches it off (``get_cmf(system_metrics=...)`` then
+            samples in the trial's process).
 
     Example (``examples/tune_sweep.py`` runs one)::
 
@@ -310,7 +322,10 @@ class CmfRayLogger(tune.Callback):
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         push: bool = False,
+        system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
     ) -> None:
+        if system_metrics is not None and not system_metrics > 0:
+            raise ValueError(f"system_metrics must be > 0 seconds or None, got {system_metrics!r}")
         if order is not None and mode is not None and order != mode:
             raise ValueError(f"order={order!r} and mode={mode!r} disagree; pass one of them")
         mode = order if order is not None else mode
@@ -329,6 +344,7 @@ class CmfRayLogger(tune.Callback):
         if push:
             self.store.require_remote()  # before any trial starts: a sweep never fails half-way for it
         self.push = push
+        self.system_metrics = system_metrics
         self.cmf_obj = TrialCmfs(self)
         self._trials: dict[str, _TrialState] = {}
         self._runtime: _Runtime | None = None
@@ -390,6 +406,7 @@ class CmfRayLogger(tune.Callback):
                 data_dir=self.data_dir,
                 environment=self._rt.environment,
                 start=start,
+                node_sampled=self.system_metrics is not None,
             )
         if state.buffer is None:
             binding = state.binding
@@ -410,12 +427,32 @@ class CmfRayLogger(tune.Callback):
     @_never_raises
     def setup(self, **info: Any) -> None:
         _ = self._rt  # start the writer on the driver before the first trial
+        if self.system_metrics is not None:
+            start_samplers()
 
     @_never_raises
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         state = self._trials.setdefault(trial.trial_id, _TrialState())
         state.committed = False
         self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
+        actor = trial.temporary_state.ray_actor
+        if self.system_metrics is not None and actor is not None:
+            state.watch = self._rt.sampling.submit(self._watch, actor, state.binding)
+
+    def _watch(self, actor: Any, binding: Reply | None) -> Watch | None:
+        """On the sampling thread: have the trial's node sample its process (a warning if it cannot)."""
+        assert binding is not None and self.system_metrics is not None  # on_trial_start made both
+        try:
+            return watch(actor, SeriesKey(binding.result(), SYSTEM_METRICS_NAME), self.system_metrics)
+        except Exception as exc:
+            log.warning("ray_cmf: the trial's process will not be sampled: %s: %s", type(exc).__name__, exc)
+            return None
+
+    @staticmethod
+    def _unwatch(watched: Future[Watch | None]) -> None:
+        """On the sampling thread: the trial's last sample, and its rows at the writer."""
+        if (found := watched.result()) is not None:
+            unwatch(found, HAND_OVER_WAIT_S)
 
     @_never_raises
     def on_trial_result(
@@ -487,10 +524,21 @@ class CmfRayLogger(tune.Callback):
                 )
         buffer, key, state.buffer = state.buffer, state.key, None
         assert buffer is not None and key is not None  # _state() opened them
-        self._rt.futures.append(self._rt.executor.submit(self._commit, buffer, key, props, status))
+        sampled = self._rt.sampling.submit(self._unwatch, state.watch) if state.watch is not None else None
+        state.watch = None
+        self._rt.futures.append(self._rt.executor.submit(self._commit, buffer, key, props, status, sampled))
 
-    def _commit(self, buffer: MetricBuffer, key: Callable[[], SeriesKey], props: dict[str, Any], status: str) -> None:
+    def _commit(
+        self,
+        buffer: MetricBuffer,
+        key: Callable[[], SeriesKey],
+        props: dict[str, Any],
+        status: str,
+        sampled: Future[None] | None,
+    ) -> None:
         """Runs on the commit thread: never on Tune's event loop."""
+        if sampled is not None:
+            sampled.result()  # the system metrics are at the writer, which commits them at the end
         buffer.close()  # every row is with the writer now
         series = key()
         if buffer.rows:
@@ -517,6 +565,7 @@ class CmfRayLogger(tune.Callback):
             log.warning("ray_cmf: %d files were not pushed to the store's remote; run `ray-cmf push`", failed)
         self._check(self._rt.replies)
         self._rt.executor.shutdown(wait=True)
+        self._rt.sampling.shutdown(wait=True)
         self._runtime = None
 
     def _mark_top_n(self, trials: list[Any]) -> None:

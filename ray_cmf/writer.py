@@ -111,6 +111,7 @@ class StoreWriter:
         self._bindings: dict[tuple[str, str], Binding] = {}
         self._series: dict[tuple[Store, str], _Series] = {}
         self._ended: set[tuple[Store, int]] = set()  # executions whose trial or run has ended
+        self._node_sampled: set[tuple[str, str]] = set()  # trials whose process their node's sampler samples
         self._pushing: set[Store] = set()  # stores whose committed files go to their remote as they commit
         self._uploads: list[Future[bool]] = []
         self._uploader: ThreadPoolExecutor | None = None
@@ -146,12 +147,14 @@ class StoreWriter:
         data_dir: str | None = None,
         environment: Environment | None = None,
         start: bool = False,
+        node_sampled: bool = False,
     ) -> Binding:
         """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data
         once, and merge in what it runs on (``environment``, see :meth:`record_environment`).
 
         ``start``: this is a start of the trial or run (not another process joining it): its attempt is the
         one after the last the store records (the store, not the caller, knows how many there were).
+        ``node_sampled``: its node's sampler samples its process (see :meth:`node_sampled`).
         """
         binding, execution = self.execution(
             pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store
@@ -164,6 +167,10 @@ class StoreWriter:
             first = (kind, name) not in self._bindings
             self._bindings[(kind, name)] = binding
             self._ended.discard((live, execution.id))
+            if node_sampled:
+                self._node_sampled.add((kind, name))
+            elif start:
+                self._node_sampled.discard((kind, name))
         if data_dir is not None and first:
             try:
                 live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
@@ -177,6 +184,12 @@ class StoreWriter:
         """The binding of a trial or run, or None when none was made yet."""
         with self._lock:
             return self._bindings.get((kind, name))
+
+    def node_sampled(self, *, kind: str, name: str) -> bool:
+        """Whether the sampler of its node samples the process of this trial or run (so that it samples
+        nothing itself: no process is sampled twice)."""
+        with self._lock:
+            return (kind, name) in self._node_sampled
 
     # -- metadata (the Cmf facade) -------------------------------------------------------------------
     def context(

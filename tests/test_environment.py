@@ -135,14 +135,37 @@ def test_sampler_rows_have_plausible_values_at_its_cadence(tmp_path: Path) -> No
     time.sleep(1.05)
     sampler.stop()
     rows = [row for batch in read_segments(spill) for row in batch.to_pylist()]
-    assert 5 <= len(rows) <= 11  # one row a tenth of a second, none before the first interval
-    gaps = [b["wall_time"] - a["wall_time"] for a, b in itertools.pairwise(rows)]
+    assert 7 <= len(rows) <= 13  # one at the start, one a tenth of a second, one at the stop
+    gaps = [b["wall_time"] - a["wall_time"] for a, b in itertools.pairwise(rows[:-1])]
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.05)
+    first, *later = rows
+    assert first["proc_cpu_percent"] is None and first["disk_read_mb_s"] is None  # no previous reading yet
     for row in rows:
-        assert row["rank"] == 3 and row["proc_rss_mb"] > 0
+        assert row["rank"] == 3 and row["proc_rss_mb"] > 0 and row["node_mem_used_mb"] > 0
+    for row in later:
         assert 0 <= row["proc_cpu_percent"] <= 100 * os.cpu_count() and 0 <= row["node_cpu_percent"] <= 100
-        assert row["node_mem_used_mb"] > 0 and row["disk_read_mb_s"] >= 0 and row["net_recv_mb_s"] >= 0
+        assert row["disk_read_mb_s"] >= 0 and row["net_recv_mb_s"] >= 0
     assert [row["step"] for row in rows] == list(range(1, len(rows) + 1))
+
+
+def test_a_process_shorter_than_an_interval_gets_a_first_and_a_last_row(tmp_path: Path) -> None:
+    buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s.parquet")))
+    sampler = SystemSampler(buffer, interval=60).start()
+    sampler.stop()
+    rows = [row for batch in read_segments(tmp_path / "spill") for row in batch.to_pylist()]
+    assert [row["step"] for row in rows] == [1, 2] and rows[1]["proc_cpu_percent"] is not None
+
+
+def test_sampling_another_process_ends_quietly_when_it_exits(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
+    buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s.parquet")))
+    sampler = SystemSampler(buffer, interval=0.1, extra={"pid": child.pid}, pid=child.pid).start()
+    child.wait()
+    time.sleep(0.3)  # intervals after the exit: no rows, no warnings
+    sampler.stop()
+    rows = [row for batch in read_segments(tmp_path / "spill") for row in batch.to_pylist()]
+    assert len(rows) >= 2 and {row["pid"] for row in rows} == {child.pid}
+    assert all(row["proc_rss_mb"] > 0 for row in rows) and not caplog.records
 
 
 def test_sampler_refuses_a_bad_interval(tmp_path: Path) -> None:
@@ -168,7 +191,8 @@ def sweep(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ray_cmf import CmfRayLogger
 
     tmp = tmp_path_factory.mktemp("env_sweep")
-    run_grid(_trainable, {"lr": [0.1, 0.2]}, tmp / "results", CmfRayLogger("envs", store=str(tmp / "store")))
+    logger = CmfRayLogger("envs", store=str(tmp / "store"), system_metrics=None)  # the trial samples itself
+    run_grid(_trainable, {"lr": [0.1, 0.2]}, tmp / "results", logger)
     return tmp / "store"
 
 
@@ -200,7 +224,8 @@ def test_each_trial_has_a_system_metrics_series_committed_at_its_end(sweep: Path
         assert properties(artifact)["at_end"] is True  # the trainable never committed it
         rows = pq.read_table(sweep / properties(artifact)["url"]).to_pylist()
         assert len(rows) >= 4  # 1.6 s of training, a row every 0.2 s
-        assert all(0 <= r["proc_cpu_percent"] <= 100 * os.cpu_count() and r["proc_rss_mb"] > 0 for r in rows)
+        assert all(0 <= r["proc_cpu_percent"] <= 100 * os.cpu_count() for r in rows[1:])
+        assert all(r["proc_rss_mb"] > 0 and "pid" not in r for r in rows)  # sampled in the trial's process
 
 
 def test_sweep_shows_and_diffs_environments(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,6 +67,26 @@ TUNE_DRIVER = PRELUDE + textwrap.dedent(
     """
 )
 
+ZERO_CODE_DRIVER = PRELUDE + textwrap.dedent(
+    """
+    from ray._private.state import actors
+
+    def trainable(config):  # no ray_cmf call: its process is sampled from outside
+        for it in range(4):
+            time.sleep(0.2)
+            tune.report({"loss": config["lr"] / (it + 1), **where()})
+
+    logger = ray_cmf.CmfRayLogger("mn_zero", system_metrics=0.2)  # store: $RAY_CMF_STORE
+    grid = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 1, "far": 1}),
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        run_config=tune.RunConfig(name="mn0", storage_path=str(shared / "results"), callbacks=[logger], verbose=0),
+    ).fit()
+    samplers = [a["Address"]["NodeID"] for a in actors().values() if a["ActorClassName"] == "NodeSampler"]
+    print(json.dumps({"trials": [dict(r.metrics) for r in grid], "samplers": samplers}, default=str))
+    """
+)
+
 TRAIN_LOOP = """
 def loop(config):
     import ray.train, torch
@@ -234,6 +254,22 @@ def test_tune_in_trial_series_and_results_land_in_the_drivers_store(
         table = pq.read_table(trial.path).to_pandas()
         assert table["SequenceNumber"].tolist() == list(range(1, 201))  # 0 of 200 rows lost, in order
         assert len(set(table["lr"])) == 1
+
+
+def test_trials_that_log_nothing_are_sampled_on_their_node(
+    cluster: TwoNodeCluster, hidden: Path, tmp_path: Path
+) -> None:
+    """The trainables call only ``tune.report``, on the node that cannot see the store: that node's sampler
+    samples each trial's process into its ``system_metrics`` series at the driver's writer."""
+    store = hidden / "zero_store"
+    out = _driver(cluster, ZERO_CODE_DRIVER, hidden, tmp_path, env={"RAY_CMF_STORE": str(store)})
+    far = {m["node"] for m in out["trials"]}
+    assert len(far) == 1 and far <= set(out["samplers"]) and all(m["sees_store"] is False for m in out["trials"])
+    pids = {m["trial_id"]: m["pid"] for m in out["trials"]}
+    system = Sweep(store, pipeline="mn_zero", metrics_name="system_metrics").steps(["pid", "proc_rss_mb"])
+    for trial_id, rows in system.groupby("trial_id"):
+        assert len(rows) >= 2 and set(rows["pid"]) == {pids[trial_id]} and (rows["proc_rss_mb"] > 0).all()
+    assert set(system["trial_id"]) == set(pids)
 
 
 def test_train_run_on_the_worker_node_lands_in_the_drivers_store(

@@ -124,10 +124,12 @@ def test_per_trial_isolation_and_md5(sweep: dict[str, Any]) -> None:
         assert len(results) == RESULTS
         assert set(results["lr_echo"]) == {lr}  # no other trial's rows
         assert results["training_iteration"].tolist() == list(range(1, RESULTS + 1))
-        for artifact in arts.values():
+        assert set(arts) == {"tune_results", "fine", "uncommitted", "system_metrics"}
+        for name, artifact in arts.items():
             path = sweep["store"] / properties(artifact)["url"]
             assert properties(artifact)["Commit"] == hashlib.md5(path.read_bytes()).hexdigest()
-            assert lr == pytest.approx(_frame(sweep, artifact)["lr_echo"].iloc[0])
+            if name != "system_metrics":  # sampled from outside the trial: it logs no lr_echo
+                assert lr == pytest.approx(_frame(sweep, artifact)["lr_echo"].iloc[0])
 
 
 def test_in_trial_fine_grained_logging(sweep: dict[str, Any]) -> None:
@@ -306,13 +308,7 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
     for execution in executions.values():
         assert execution.last_known_state == mlpb.Execution.COMPLETE
         assert properties(execution)["attempt"] == 2
-        [artifact] = [
-            a
-            for a in lineage.store.get_artifacts_by_id(
-                [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
-            )
-            if a.type_id == lineage.store.get_artifact_type(STEP_METRICS_TYPE).id
-        ]
+        artifact = _artifacts({"lineage": lineage}, execution)["tune_results"]
         raw = pq.read_table(store / properties(artifact)["url"]).to_pandas()
         assert set(raw["attempt"]) == {1, 2}  # raw rows keep the attempt number
         series = dedup_attempts(raw)
@@ -462,3 +458,48 @@ def test_a_trial_that_errors_as_it_starts_is_marked_failed(ray_session: None, tm
     assert sorted((properties(e)["trial_id"], e.last_known_state) for e in executions) == [
         (f"early_{i}", mlpb.Execution.FAILED) for i in range(8)
     ]
+
+
+def _reports_only(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    if config["kind"] == "own_cmf":  # asks for its Cmf (which would sample its process): sampled once still
+        import ray_cmf.tune
+
+        ray_cmf.tune.get_cmf().log_metric("steps", {"it": 0})
+    for it in range(config["results"]):
+        time.sleep(0.3)
+        tune.report({"loss": 1.0 / (it + 1)})
+
+
+def test_every_trial_gets_system_metrics_without_code_in_its_trainable(ray_session: None, tmp_path: Path) -> None:
+    """The trainables only call ``tune.report``: the sampler of their node samples each trial's process,
+    from its start to its end, however short it is, and a trial that asks for its Cmf is not sampled twice."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger, Sweep
+
+    store = tmp_path / "store"
+    grid = tune.Tuner(
+        _reports_only,
+        param_space={"kind": tune.grid_search(["plain", "own_cmf"]), "results": tune.grid_search([1, 6])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=2),
+        run_config=tune.RunConfig(
+            name="zero_code",
+            storage_path=str(tmp_path / "results"),
+            callbacks=[CmfRayLogger("zero_code", store=str(store), system_metrics=0.25)],
+            verbose=0,
+        ),
+    ).fit()
+    pids = {r.metrics["trial_id"]: r.metrics["pid"] for r in grid}
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    for execution in lineage.store.get_executions():
+        trial_id = properties(execution)["trial_id"]
+        [system] = [a for name, a in _artifacts({"lineage": lineage}, execution).items() if name == "system_metrics"]
+        assert properties(system)["at_end"] is True  # nobody committed it: the trial's end did
+        rows = pq.read_table(store / properties(system)["url"]).to_pylist()
+        assert len(rows) >= 2 and {r["pid"] for r in rows} == {pids[trial_id]}  # the trial's process, only
+        assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))  # one sampler: no step twice
+        assert all(r["proc_rss_mb"] > 0 for r in rows) and rows[-1]["proc_cpu_percent"] is not None
+    long = Sweep(store, metrics_name="system_metrics").trials(where="`config/results` == 6")
+    assert (long["steps"] >= 6).all()  # 1.8 s at a row every 0.25 s
