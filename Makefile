@@ -40,6 +40,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_report.py
 	$(PY) benchmarks/bench_team_store.py
 	$(PY) benchmarks/bench_lifecycle.py
+	$(PY) benchmarks/bench_trial_cost.py
+	$(PY) benchmarks/bench_scale.py
+	$(PY) benchmarks/render_results.py
 
 clean:
 	rm -rf $(VENV) cmf_store demo_store demo_store_ray demo_curves.png demo_report.html .pytest_cache

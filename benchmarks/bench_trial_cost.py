@@ -85,8 +85,8 @@ def main() -> None:
     sweep(4, tmp, "warmup", None, False)
     walls: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        for name, (logger, cmf) in variants(tmp, r).items():
-            walls.setdefault(name, []).append(sweep(args.trials, tmp, f"{name[:12].strip()}-{r}", logger, cmf))
+        for index, (name, (logger, cmf)) in enumerate(variants(tmp, r).items()):
+            walls.setdefault(name, []).append(sweep(args.trials, tmp, f"variant{index}-round{r}", logger, cmf))
             print(f"round {r + 1}: {name}: {walls[name][-1]:.2f} s", flush=True)
     base = walls["no callback"]
     rows, figures, verdicts = [], {}, {}

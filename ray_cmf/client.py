@@ -84,12 +84,17 @@ class WriterClient:
 
     def wait_binding(self, kind: str, name: str, timeout: float) -> Binding | None:
         """The binding of a trial or run, waiting up to ``timeout`` seconds for another process to make it."""
+        return self.wait_for(StoreWriter.binding, timeout, kind=kind, name=name)
+
+    def wait_for(self, request: Callable[..., T | None], timeout: float, **kwargs: Any) -> T | None:
+        """Run a request until it returns something other than None (another process has made what it
+        reads), for up to ``timeout`` seconds; None if it never did."""
         deadline = time.monotonic() + timeout
-        while (binding := self.call(StoreWriter.binding, kind=kind, name=name)) is None:
+        while (found := self.call(request, **kwargs)) is None:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
-        return binding
+        return found
 
     def sink(self, key: SeriesKey | Callable[[], SeriesKey]) -> WriterSink:
         """A buffer sink that sends the series' sealed chunks here (``key`` may be resolved on first use)."""

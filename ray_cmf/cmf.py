@@ -34,7 +34,7 @@ from ray_cmf.exits import ended_by, outcome, track
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
-from ray_cmf.writer import StoreWriter
+from ray_cmf.writer import Joined, StoreWriter
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,42 +81,34 @@ class Cmf:
             log.warning("ray_cmf.Cmf: graph=True (Neo4j) is not supported; lineage stays in MLMD")
         store = store if isinstance(store, Store) else Store(store, mlmd=filepath)
         writer = WriterClient(StoreWriter(store))
-        self._attach(writer, store, pipeline_name, custom_properties, flush_rows, flush_seconds)
+        check_name("pipeline_name", pipeline_name)
+        pipeline = writer.call(StoreWriter.context, pipeline=pipeline_name, props=custom_properties, store=store)
+        self._attach(writer, store, pipeline, flush_rows, flush_seconds)
 
     @classmethod
-    def bound(
+    def joined(
         cls,
         writer: WriterClient,
-        binding: Binding,
+        joined: Joined,
         *,
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
     ) -> Cmf:
-        """A Cmf that logs into an existing execution (a Tune trial's) through ``writer``, from any node."""
+        """A Cmf that logs into an existing execution (a Tune trial's) through ``writer``, from any node
+        (``joined``: the writer's :meth:`~StoreWriter.join` reply)."""
         cmf = cls.__new__(cls)
-        cmf._attach(writer, binding.store, binding.pipeline, None, flush_rows, flush_seconds)
-        cmf.create_context(binding.stage)
-        cmf._binding = binding
-        cmf.execution = writer.call(
-            StoreWriter.update_execution, execution_id=binding.execution_id, store=binding.store
-        )
+        cmf._attach(writer, joined.binding.store, joined.pipeline, flush_rows, flush_seconds)
+        cmf.child_context, cmf._stage = joined.stage, joined.binding.stage
+        cmf._binding, cmf.execution = joined.binding, joined.execution
         return cmf
 
     def _attach(
-        self,
-        writer: WriterClient,
-        store: Store,
-        pipeline_name: str,
-        custom_properties: Mapping[str, Any] | None,
-        flush_rows: int,
-        flush_seconds: float,
+        self, writer: WriterClient, store: Store, pipeline: Context, flush_rows: int, flush_seconds: float
     ) -> None:
-        """Set up a Cmf on ``writer``: its pipeline context, and no stage, execution or series yet."""
+        """Set up a Cmf on ``writer`` in its pipeline context, with no stage, execution or series yet."""
         self.store, self._writer = store, writer
-        self.pipeline_name = check_name("pipeline_name", pipeline_name)
-        self.parent_context: Context = writer.call(
-            StoreWriter.context, pipeline=pipeline_name, props=custom_properties, store=store
-        )
+        self.pipeline_name = pipeline.name
+        self.parent_context: Context = pipeline
         self.child_context: Context | None = None
         self.execution: Execution | None = None
         self.metrics: dict[str, MetricBuffer] = {}

@@ -8,6 +8,7 @@ works on nodes that cannot see the store. A process is sampled by one sampler on
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,9 @@ from typing import Any
 import psutil
 
 from ray_cmf.actor import connect
-from ray_cmf.binding import SeriesKey
+from ray_cmf.binding import Binding, SeriesKey
+from ray_cmf.client import WriterClient
+from ray_cmf.constants import SYSTEM_METRICS_NAME
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.system import SystemSampler, sample_into
 
@@ -28,44 +31,57 @@ class NodeSampler:
     """Samples the processes it is asked to watch on its node, each into its own series (the actor class)."""
 
     def __init__(self) -> None:
-        self._writer = connect()
-        self._watched: dict[int, tuple[str, SystemSampler]] = {}  # pid -> (series, its sampler)
+        self._writer: WriterClient | None = None  # found on first use: the sampler may start before it
+        self._watched: dict[str, tuple[int, SystemSampler]] = {}  # trial -> (its pid, its sampler)
 
-    def watch(self, key: SeriesKey, pid: int, interval: float) -> bool:
-        """Sample process ``pid`` into ``key`` every ``interval`` s (a first row now); False if it is gone.
-
-        A process that Tune reuses for another trial moves to that trial's series.
-        """
-        self._stop(pid)
-        if not psutil.pid_exists(pid):
-            return False
-        sampler = sample_into(self._writer, key, interval, {PID_COLUMN: pid}, pid)
-        assert sampler is not None  # an interval was given
-        self._watched[pid] = (key.spill_name, sampler)
+    def ready(self) -> bool:
+        """Answers once the actor is up (see :func:`start_samplers`)."""
         return True
 
-    def unwatch(self, key: SeriesKey) -> int:
-        """Take the last row of the process that ``key`` samples and hand its rows to the writer; returns the
-        rows sampled (0 when none was watched)."""
-        for pid, (series, _) in list(self._watched.items()):
-            if series == key.spill_name:
-                return self._stop(pid)
-        return 0
+    def watch(self, trial: str, binding: list[Any], pid: int, interval: float) -> bool:
+        """Sample process ``pid`` every ``interval`` s (a first row now) into the ``system_metrics`` series
+        of ``binding[0]``: a Binding, or the ObjectRef of the reply that makes it, resolved only when the
+        first rows are handed over (so that sampling starts now). False if the process is gone. A process
+        that Tune reuses for another trial moves to that trial's series."""
+        for other, (watched_pid, _) in list(self._watched.items()):
+            if watched_pid == pid:
+                self.unwatch(other)
+        if not psutil.pid_exists(pid):
+            return False
+        if self._writer is None:
+            self._writer = connect()
+        key = functools.partial(_system_key, binding[0])
+        sampler = sample_into(self._writer, key, interval, {PID_COLUMN: pid}, pid)
+        assert sampler is not None  # an interval was given
+        self._watched[trial] = (pid, sampler)
+        return True
 
-    def _stop(self, pid: int) -> int:
-        watched = self._watched.pop(pid, None)
+    def unwatch(self, trial: str) -> int:
+        """Take the last row of the process sampled for ``trial`` and hand its rows to the writer; returns
+        the rows sampled (0 when none was watched)."""
+        watched = self._watched.pop(trial, None)
         if watched is None:
             return 0
         watched[1].stop()
         return watched[1].samples
 
 
+def _system_key(binding: Any) -> SeriesKey:
+    import ray
+
+    return SeriesKey(binding if isinstance(binding, Binding) else ray.get(binding), SYSTEM_METRICS_NAME)
+
+
 @dataclass(frozen=True)
 class Watch:
-    """A process that a node's sampler samples into a series (what :func:`unwatch` needs)."""
+    """A process that a node's sampler samples for a trial (what :meth:`stop` needs)."""
 
     sampler: Any  # the node's NodeSampler actor
-    key: SeriesKey
+    trial: str
+
+    def stop(self) -> Any:
+        """Start the hand-over of its last row and all its rows (see :func:`handed_over`); never waits."""
+        return self.sampler.unwatch.remote(self.trial)
 
 
 def actor_process(actor: Any) -> tuple[int, str] | None:
@@ -102,36 +118,46 @@ def _sampler(node: str) -> Any:
     return _SAMPLERS[where]
 
 
-def start_samplers() -> None:
-    """On the driver, as a sweep starts: start the sampler of every live node without waiting, so that even
-    the first trials there, however short, are sampled from their start (nodes that join later get theirs
-    on first use)."""
+def start_samplers() -> list[Any]:
+    """On the driver, as a sweep starts: start the sampler of every live node (nodes that join later get
+    theirs on first use). Returns what :func:`wait_for_samplers` waits for."""
     import ray
 
-    for node in ray.nodes():
-        if node.get("Alive"):
-            _sampler(node["NodeID"])
+    return [_sampler(node["NodeID"]).ready.remote() for node in ray.nodes() if node.get("Alive")]
 
 
-def watch(actor: Any, key: SeriesKey, interval: float) -> Watch | None:
-    """On the driver: have the sampler of ``actor``'s node sample its process into ``key``. Returns None when
-    the actor's process is unknown (it ended already)."""
+def wait_for_samplers(starting: list[Any], timeout: float) -> None:
+    """Wait until the samplers are up, so that even the first trials, however short, are sampled from their
+    start; a warning after ``timeout`` seconds (their trials are then sampled once they are up)."""
+    import ray
+
+    if not starting:
+        return
+    _, pending = ray.wait(starting, num_returns=len(starting), timeout=timeout)
+    if pending:
+        log.warning("ray_cmf: %d of %d node samplers did not start in %g s", len(pending), len(starting), timeout)
+
+
+def watch(actor: Any, trial: str, binding: Any, interval: float) -> Watch | None:
+    """On the driver: have the sampler of ``actor``'s node sample its process for ``trial`` into the
+    ``system_metrics`` series of ``binding`` (a Binding, or the ObjectRef of the reply that makes it;
+    neither the driver nor the sampler waits for it). None when the actor's process has ended already."""
     process = actor_process(actor)
     if process is None:
         return None
     pid, node = process
-    sampler = _sampler(node)
-    sampler.watch.remote(key, pid, interval)
-    return Watch(sampler, key)
+    watched = Watch(_sampler(node), trial)
+    watched.sampler.watch.remote(trial, [binding], pid, interval)  # in a list: Ray passes the ref as it is
+    return watched
 
 
-def unwatch(watched: Watch, timeout: float) -> int:
-    """On the driver: the last row of a watched process, and every row of it at the writer; returns the
-    rows sampled (0 when the sampler did not answer within ``timeout`` seconds: a warning)."""
+def handed_over(stopping: Any, timeout: float) -> int:
+    """Wait up to ``timeout`` seconds for a :meth:`Watch.stop`; returns the rows sampled (0, and a warning,
+    when the sampler did not answer)."""
     import ray
 
     try:
-        return int(ray.get(watched.sampler.unwatch.remote(watched.key), timeout=timeout))
+        return int(ray.get(stopping, timeout=timeout))
     except Exception as exc:
-        log.warning("ray_cmf: the system metrics of %s were not handed over: %s", watched.key.spill_name, exc)
+        log.warning("ray_cmf: a trial's system metrics were not all handed over: %s: %s", type(exc).__name__, exc)
         return 0

@@ -40,7 +40,7 @@ from ray_cmf.environment import Environment, capture
 from ray_cmf.errors import RayCmfError, SchemaError
 from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties
-from ray_cmf.node_sampler import Watch, start_samplers, unwatch, watch
+from ray_cmf.node_sampler import Watch, handed_over, start_samplers, wait_for_samplers, watch
 from ray_cmf.results import result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _TRIAL_CMFS: dict[str, Cmf] = {}
 HAND_OVER_WAIT_S = 10.0  # how long stopping a trial waits for its rows to reach the writer
+SAMPLERS_START_S = 60.0  # how long a sweep's start waits for its nodes' samplers
 
 
 def trial_cmf(
@@ -78,21 +79,18 @@ def trial_cmf(
         for ended in list(_TRIAL_CMFS):
             _TRIAL_CMFS.pop(ended).close()
     writer = connect()
-    binding = writer.wait_binding("trial", trial_id, timeout)
-    if binding is None:
+    in_trial = threading.current_thread() is not threading.main_thread()  # Tune's thread for the trainable
+    here = capture(code=False, software=False) if in_trial else None
+    joined = writer.wait_for(StoreWriter.join, timeout, kind="trial", name=trial_id, environment=here)
+    if joined is None:
         raise RayCmfError(
             f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
             "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
         )
-    cmf = _TRIAL_CMFS[trial_id] = Cmf.bound(writer, binding, **buffer_options)
-    if threading.current_thread() is not threading.main_thread():  # Tune's thread for the trainable
-        here = capture(code=False, software=False)
-        writer.send(
-            StoreWriter.record_environment, execution_id=binding.execution_id, environment=here, store=binding.store
-        )
-        if writer.call(StoreWriter.node_sampled, kind="trial", name=trial_id):
-            system_metrics = None
-        sampler = sample_into(writer, SeriesKey(binding, SYSTEM_METRICS_NAME), system_metrics)
+    cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
+    if in_trial:
+        interval = None if joined.node_sampled else system_metrics
+        sampler = sample_into(writer, SeriesKey(joined.binding, SYSTEM_METRICS_NAME), interval)
         hand_over = _HandOver(trial_id, cmf, sampler)
         _before_tune_stops(hand_over)
         on_thread_end(hand_over)
@@ -426,9 +424,9 @@ class CmfRayLogger(tune.Callback):
     # -- Tune hooks ----------------------------------------------------------------------------------
     @_never_raises
     def setup(self, **info: Any) -> None:
-        _ = self._rt  # start the writer on the driver before the first trial
-        if self.system_metrics is not None:
-            start_samplers()
+        starting = start_samplers() if self.system_metrics is not None else []
+        _ = self._rt  # start the writer on the driver before the first trial (the samplers start meanwhile)
+        wait_for_samplers(starting, SAMPLERS_START_S)
 
     @_never_raises
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -437,22 +435,26 @@ class CmfRayLogger(tune.Callback):
         self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
         actor = trial.temporary_state.ray_actor
         if self.system_metrics is not None and actor is not None:
-            state.watch = self._rt.sampling.submit(self._watch, actor, state.binding)
+            state.watch = self._rt.sampling.submit(self._watch, actor, trial.trial_id, state.binding)
 
-    def _watch(self, actor: Any, binding: Reply | None) -> Watch | None:
-        """On the sampling thread: have the trial's node sample its process (a warning if it cannot)."""
+    def _watch(self, actor: Any, trial_id: str, binding: Reply | None) -> Watch | None:
+        """On the sampling thread (which never waits for a reply, so that it keeps up with trial starts):
+        have the trial's node sample its process from the trial's registration on (a warning if it
+        cannot)."""
         assert binding is not None and self.system_metrics is not None  # on_trial_start made both
         try:
-            return watch(actor, SeriesKey(binding.result(), SYSTEM_METRICS_NAME), self.system_metrics)
+            reply = binding.ref if binding.ref is not None else binding.result()
+            return watch(actor, trial_id, reply, self.system_metrics)
         except Exception as exc:
             log.warning("ray_cmf: the trial's process will not be sampled: %s: %s", type(exc).__name__, exc)
             return None
 
     @staticmethod
-    def _unwatch(watched: Future[Watch | None]) -> None:
-        """On the sampling thread: the trial's last sample, and its rows at the writer."""
-        if (found := watched.result()) is not None:
-            unwatch(found, HAND_OVER_WAIT_S)
+    def _unwatch(watched: Future[Watch | None]) -> Any:
+        """On the sampling thread: start the hand-over of the trial's last sample and rows (a Ray object to
+        wait for), or None when its process was not sampled."""
+        found = watched.result()
+        return found.stop() if found is not None else None
 
     @_never_raises
     def on_trial_result(
@@ -534,11 +536,11 @@ class CmfRayLogger(tune.Callback):
         key: Callable[[], SeriesKey],
         props: dict[str, Any],
         status: str,
-        sampled: Future[None] | None,
+        sampled: Future[Any] | None,
     ) -> None:
         """Runs on the commit thread: never on Tune's event loop."""
-        if sampled is not None:
-            sampled.result()  # the system metrics are at the writer, which commits them at the end
+        if sampled is not None and (stopping := sampled.result()) is not None:
+            handed_over(stopping, HAND_OVER_WAIT_S)  # the system metrics reach the writer before the end
         buffer.close()  # every row is with the writer now
         series = key()
         if buffer.rows:

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,18 @@ def _with_column(batch: pa.RecordBatch, name: str, values: pa.Array) -> pa.Recor
     return batch.set_column(index, name, values) if index >= 0 else batch.append_column(name, values)
 
 
+@dataclass(frozen=True)
+class Joined:
+    """What a process needs to log into a trial or run that another process bound (a trial's own process,
+    into the execution that CmfRayLogger made for it): one reply instead of a request for each part."""
+
+    binding: Binding
+    pipeline: Context
+    stage: Context
+    execution: Execution
+    node_sampled: bool  # its node's sampler samples its process: it must sample nothing itself
+
+
 class StoreWriter:
     """The single writer of every store a job uses. Thread-safe: MLMD and DVC writes hold the store's lock,
     spill and Parquet work holds only its series' lock, so one trial's large commit does not stall another
@@ -154,7 +166,7 @@ class StoreWriter:
 
         ``start``: this is a start of the trial or run (not another process joining it): its attempt is the
         one after the last the store records (the store, not the caller, knows how many there were).
-        ``node_sampled``: its node's sampler samples its process (see :meth:`node_sampled`).
+        ``node_sampled``: its node's sampler samples its process (see :class:`Joined`).
         """
         binding, execution = self.execution(
             pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store
@@ -185,11 +197,24 @@ class StoreWriter:
         with self._lock:
             return self._bindings.get((kind, name))
 
-    def node_sampled(self, *, kind: str, name: str) -> bool:
-        """Whether the sampler of its node samples the process of this trial or run (so that it samples
-        nothing itself: no process is sampled twice)."""
+    def join(self, *, kind: str, name: str, environment: Environment | None = None) -> Joined | None:
+        """All that a process joining a bound trial or run needs, in one request (see :class:`Joined`),
+        after recording what it runs on (``environment``); None while it is not bound yet."""
+        binding = self.binding(kind=kind, name=name)
+        if binding is None:
+            return None
+        live = self._open(binding.store)
+        if environment is not None:
+            live.log_environment(binding.execution_id, environment)
         with self._lock:
-            return (kind, name) in self._node_sampled
+            node_sampled = (kind, name) in self._node_sampled
+        return Joined(
+            binding,
+            live.pipeline(binding.pipeline),
+            live.stage(binding.pipeline, binding.stage),
+            live.update_execution(binding.execution_id),
+            node_sampled,
+        )
 
     # -- metadata (the Cmf facade) -------------------------------------------------------------------
     def context(
