@@ -296,7 +296,7 @@ class Cmf:
                 f"{metrics_name!r} has {buffer.rows} rows logged by this execution ({binding.name if binding else ''}) "
                 f"but none committed; call commit_metrics({metrics_name!r}) first"
             ) from None
-        return exact_frame(table).set_index(SEQUENCE_COLUMN)
+        return exact_frame(table, SEQUENCE_COLUMN)
 
     def log_execution_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
         """Record execution-level metrics (e.g. final accuracy) as a Metrics artifact."""
@@ -377,13 +377,14 @@ class Cmf:
         self.close(ended_by(kind))
 
 
-def exact_frame(table: pa.Table) -> pd.DataFrame:
-    """A table as pandas without losing a value: columns with nulls become Arrow-backed."""
+def exact_frame(table: pa.Table, index: str) -> pd.DataFrame:
+    """A table as pandas, indexed by its column ``index``, without losing a value (columns with nulls become
+    Arrow-backed) and without copying a column more than once (a long series is read as it is)."""
     import pandas as pd
 
-    return pd.DataFrame(
-        {
-            name: column.to_pandas(types_mapper=pd.ArrowDtype) if column.null_count else column.to_pandas()
-            for name, column in zip(table.column_names, table.columns, strict=True)
-        }
-    )
+    def series(column: pa.ChunkedArray) -> pd.Series:
+        return column.to_pandas(types_mapper=pd.ArrowDtype) if column.null_count else column.to_pandas()
+
+    rows = pd.Index(series(table.column(index)), name=index)
+    columns = {name: series(table.column(name)).array for name in table.column_names if name != index}
+    return pd.DataFrame(columns, index=rows, copy=False)

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -120,11 +120,16 @@ class Spill:
         :func:`ray_cmf.recover`: a file is never left behind that no one has recorded.
         """
         self._close_segment()
-        batches: list[pa.RecordBatch] = []
-        if self.base is not None:
-            batches.extend(pq.ParquetFile(self.base).iter_batches(batch_size=1 << 20))
-        batches.extend(read_segments(self.directory))
-        finished = write_parquet(batches, Path(dest))
+        base = pq.ParquetFile(self.base) if self.base is not None else None
+        schemas = [base.schema_arrow] if base is not None and base.metadata.num_rows else []
+        schemas += [batch.schema for batch in read_segments(self.directory)]  # a pass that keeps no rows
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            if base is not None:
+                yield from base.iter_batches(batch_size=1 << 20)
+            yield from read_segments(self.directory)
+
+        finished = write_parquet(batches(), Path(dest), schemas)
         try:
             accepted = accept(finished)
         except BaseException:
@@ -196,13 +201,13 @@ def read_segments(directory: Path) -> Iterator[pa.RecordBatch]:
                 log.info("ray_cmf: %s ends in a torn batch; keeping the complete ones", segment)
 
 
-def write_parquet(batches: list[pa.RecordBatch], dest: Path) -> FinishedFile:
-    """Write batches as one row group each to ``dest`` atomically, hashing while writing.
+def write_parquet(batches: Iterable[pa.RecordBatch], dest: Path, schemas: list[pa.Schema]) -> FinishedFile:
+    """Write batches (``schemas``: theirs) as one row group each to ``dest`` atomically, hashing while
+    writing; one batch at a time is in memory, however long the series.
 
     A ``{md5}`` in the file name is replaced by the content hash, so every version gets its own name.
     """
-    schemas = [b.schema for b in batches] or [pa.schema([(SEQUENCE_COLUMN, pa.int64())])]
-    schema = unify(schemas)
+    schema = unify(schemas or [pa.schema([(SEQUENCE_COLUMN, pa.int64())])])
     summary = SeriesSummary()
     with atomic_write(dest) as pending:
         with open(pending.tmp, "wb") as raw:
