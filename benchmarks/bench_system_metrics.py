@@ -47,8 +47,11 @@ def cpu_per_call(fn, calls: int) -> float:  # type: ignore[no-untyped-def]
     return (time.process_time() - start) / calls
 
 
+PROCESS = psutil.Process()  # made once, as the sampler makes its own once
+
+
 def floor_reading() -> None:
-    process = psutil.Process()
+    process = PROCESS
     with process.oneshot():
         process.cpu_percent(), process.memory_info()
     psutil.cpu_percent(), psutil.virtual_memory(), psutil.disk_io_counters(), psutil.net_io_counters()

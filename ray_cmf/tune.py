@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 _TRIAL_CMFS: dict[str, Cmf] = {}
 HAND_OVER_WAIT_S = 10.0  # how long stopping a trial waits for its rows to reach the writer
 SAMPLERS_START_S = 60.0  # how long a sweep's start waits for its nodes' samplers
+_HAND_OVER = "_ray_cmf_hand_over"  # on a Tune session object: the hand-over of the trial it runs now
 
 
 def trial_cmf(
@@ -130,8 +131,9 @@ def _before_tune_stops(hand_over: _HandOver) -> None:
     hand-over runs at that report. A trial that Tune stops (a stop criterion, a scheduler) ends its thread
     only when ``finish`` lets it go, and Tune does not wait for that thread: ``finish`` then waits, up to
     :data:`HAND_OVER_WAIT_S`, for the hand-over that the thread's end runs. An error reaches Tune only
-    after the thread is gone. (This wraps two methods of Ray's private session object; without one, the
-    thread's end is the only hook.)
+    after the thread is gone. (This wraps two methods of Ray's private session object, once: a process
+    that Tune reuses keeps its session, and the wrappers run the hand-over of the trial it runs now;
+    without a session, the thread's end is the only hook.)
     """
     try:
         from ray.train._internal.session import get_session
@@ -142,11 +144,15 @@ def _before_tune_stops(hand_over: _HandOver) -> None:
     report, finish = getattr(session, "report", None), getattr(session, "finish", None)
     if session is None or report is None or finish is None:
         return
+    if hasattr(session, _HAND_OVER):  # Tune reuses this process, and its session, for another trial
+        setattr(session, _HAND_OVER, hand_over)
+        return
+    setattr(session, _HAND_OVER, hand_over)
 
     @functools.wraps(report)
     def report_after_hand_over(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if RESULT_DUPLICATE in metrics:
-            hand_over()
+            getattr(session, _HAND_OVER)()
         return report(metrics, *args, **kwargs)
 
     @functools.wraps(finish)
@@ -154,7 +160,7 @@ def _before_tune_stops(hand_over: _HandOver) -> None:
         try:
             return finish(*args, **kwargs)  # lets a stopped trainable's thread go: it hands over as it ends
         finally:
-            hand_over.finished.wait(HAND_OVER_WAIT_S)
+            getattr(session, _HAND_OVER).finished.wait(HAND_OVER_WAIT_S)
 
     session.report = report_after_hand_over  # type: ignore[method-assign]  # this session object only
     session.finish = finish_after_hand_over  # type: ignore[method-assign]

@@ -503,3 +503,38 @@ def test_every_trial_gets_system_metrics_without_code_in_its_trainable(ray_sessi
         assert all(r["proc_rss_mb"] > 0 for r in rows) and rows[-1]["proc_cpu_percent"] is not None
     long = Sweep(store, metrics_name="system_metrics").trials(where="`config/results` == 6")
     assert (long["steps"] >= 6).all()  # 1.8 s at a row every 0.25 s
+
+
+def _reused(config: dict[str, Any]) -> None:
+    from ray import tune
+    from ray.train._internal.session import get_session
+
+    import ray_cmf.tune
+
+    ray_cmf.tune.get_cmf(system_metrics=None).log_metric("steps", {"i": 0})
+    report, depth = get_session().report, 0
+    while hasattr(report, "__wrapped__"):
+        report, depth = report.__wrapped__, depth + 1
+    tune.report({"loss": config["i"], "wrappers": depth, "process": os.getpid()})
+
+
+def test_a_process_that_tune_reuses_for_many_trials_wraps_its_session_once(ray_session: None, tmp_path: Path) -> None:
+    """With ``reuse_actors=True`` one process runs trial after trial on one Tune session object: each trial's
+    get_cmf() wrapped it again, and after about a thousand trials its report overflowed the stack."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    grid = tune.Tuner(
+        _reused,
+        param_space={"i": tune.grid_search(list(range(6)))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name="reused",
+            storage_path=str(tmp_path / "results"),
+            callbacks=[CmfRayLogger("reused", store=str(tmp_path / "store"))],
+            verbose=0,
+        ),
+    ).fit()
+    assert len({r.metrics["process"] for r in grid}) < len(grid)  # Tune did reuse a process
+    assert {r.metrics["wrappers"] for r in grid} == {1}
