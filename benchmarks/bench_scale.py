@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -294,9 +293,9 @@ def main() -> None:
             "writer_mb_first": rss[0]["writer_mb"],
             "writer_mb_last": rss[-1]["writer_mb"],
         }
-        verdicts["driver RSS bounded"] = (
-            statistics.median([r["driver_mb"] for r in rss[-5:]]) <= 1.5 * rss[0]["driver_mb"]
-        )
+        growth = {n: (rss[-1][n] - rss[0][n]) * 1024 / args.trials for n in ("driver_mb", "writer_mb")}
+        figures["RSS"] |= {"driver_kb_per_trial": growth["driver_mb"], "writer_kb_per_trial": growth["writer_mb"]}
+        verdicts["driver and writer RSS grow by under 100 KB a trial"] = max(growth.values()) < 100
         report("scale_sweep", command, figures, verdicts)
 
 

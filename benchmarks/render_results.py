@@ -25,18 +25,20 @@ def _cell(value: Any) -> str:
 
 
 def render(record: dict[str, Any]) -> str:
-    """One benchmark's section: where it came from, its figures and its verdicts."""
-    figures: dict[str, dict[str, Any]] = record["figures"]
-    columns = list(dict.fromkeys(key for figure in figures.values() for key in figure))
+    """One benchmark's section: where it came from, a table per kind of figure, and its verdicts."""
     lines = [
         f"### {record['benchmark']}",
         "",
         f"`.venv/bin/python {record['command']}`, {record['date']}, {record['machine']}",
-        "",
-        "| variant | " + " | ".join(columns) + " |",
-        "|---|" + "---|" * len(columns),
     ]
-    lines += [f"| {name} | " + " | ".join(_cell(f.get(c, "")) for c in columns) + " |" for name, f in figures.items()]
+    tables: dict[tuple[str, ...], list[str]] = {}  # figures with the same keys share a table
+    for name, figure in record["figures"].items():
+        tables.setdefault(tuple(figure), []).append(name)
+    for columns, names in tables.items():
+        lines += ["", "| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+        for name in names:
+            figure = record["figures"][name]
+            lines.append(f"| {name} | " + " | ".join(_cell(figure[c]) for c in columns) + " |")
     lines += [""] + [f"- target {t}: **{'met' if ok else 'not met'}**" for t, ok in record["verdicts"].items()]
     return "\n".join(lines)
 
