@@ -10,7 +10,9 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def per_call(fn: Callable[[int], None], calls: int) -> float:
@@ -19,6 +21,26 @@ def per_call(fn: Callable[[int], None], calls: int) -> float:
     for i in range(calls):
         fn(i)
     return (time.perf_counter() - start) / calls
+
+
+TUNE_HOOKS = ("on_trial_start", "on_trial_result", "on_trial_complete", "on_trial_error", "on_experiment_end")
+
+
+def timed_hooks(callback: T, record: Callable[[str, float], None], hooks: tuple[str, ...] = TUNE_HOOKS) -> T:
+    """Wrap a Tune callback's ``hooks`` so that each call reports its hook's name and duration to ``record``
+    (after the hook returned)."""
+    for name in hooks:
+        hook = getattr(callback, name)
+
+        def wrapped(*args: Any, __hook: Any = hook, __name: str = name, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return __hook(*args, **kwargs)
+            finally:
+                record(__name, time.perf_counter() - start)
+
+        setattr(callback, name, wrapped)
+    return callback
 
 
 def fmt_time(seconds: float) -> str:

@@ -31,10 +31,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table, save_results
+from _common import print_table, save_results, timed_hooks
 
 ROW_SIZES = (1_000_000, 3_000_000, 10_000_000)
-HOOKS = ("on_trial_start", "on_trial_result", "on_trial_complete", "on_trial_error", "on_experiment_end")
 
 
 class RssSampler(threading.Thread):
@@ -96,18 +95,12 @@ def part_sweep(trials: int) -> dict[str, Any]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     logger = CmfRayLogger("scale", metric="loss", store=str(tmp / "store"))
     finished, calls = [0], []
-    for name in HOOKS:
-        hook = getattr(logger, name)
 
-        def timed(*args: Any, __hook: Any = hook, __name: str = name, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return __hook(*args, **kwargs)
-            finally:
-                calls.append((finished[0], time.perf_counter() - start))
-                finished[0] += __name in ("on_trial_complete", "on_trial_error")
+    def record(hook: str, seconds: float) -> None:
+        calls.append((finished[0], seconds))
+        finished[0] += hook in ("on_trial_complete", "on_trial_error")
 
-        setattr(logger, name, timed)
+    timed_hooks(logger, record)
     logger.setup()  # the writer, so that its RSS can be sampled from the start
     writer = actor_process(ray.get_actor(WRITER_NAME))
     assert writer is not None

@@ -35,12 +35,11 @@ from ray import tune
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table, save_results
+from _common import TUNE_HOOKS, print_table, save_results, timed_hooks
 
 from ray_cmf import CmfRayLogger
 
 RESULTS, ROWS = 5, 200
-HOOKS = ("setup", "on_trial_start", "on_trial_result", "on_trial_complete", "on_trial_error", "on_experiment_end")
 TARGETS_MS = {"hooks per trial": 10.0, "get_cmf() + 200 rows + commit": 15.0}
 
 
@@ -60,22 +59,6 @@ def trainable(config: dict[str, Any]) -> None:
         spent["commit_ms"] = (time.perf_counter() - logged) * 1e3
     for i in range(RESULTS):
         tune.report({"loss": config["lr"] / (i + 1), **spent})
-
-
-def timed_hooks(logger: CmfRayLogger, spent: list[float]) -> CmfRayLogger:
-    """Wrap the logger's hooks so that the time inside them adds up in ``spent[0]``."""
-    for name in HOOKS:
-        hook = getattr(logger, name)
-
-        def wrapped(*args: Any, __hook: Any = hook, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return __hook(*args, **kwargs)
-            finally:
-                spent[0] += time.perf_counter() - start
-
-        setattr(logger, name, wrapped)
-    return logger
 
 
 def sweep(trials: int, tmp: Path, name: str, logger: CmfRayLogger | None, cmf: bool) -> tuple[float, Any]:
@@ -118,12 +101,16 @@ def main() -> None:
     for r in range(args.rounds):
         made = list(variants(tmp, r).items())
         for name, (logger, cmf) in made[r % len(made) :] + made[: r % len(made)]:  # no variant always first
-            spent = [0.0]
-            timed = timed_hooks(logger, spent) if logger else None
+            spent: list[float] = []
+
+            def record(_: str, seconds: float, into: list[float] = spent) -> None:
+                into.append(seconds)
+
+            timed = timed_hooks(logger, record, ("setup", *TUNE_HOOKS)) if logger else None
             wall, grid = sweep(args.trials, tmp, f"variant{[n for n, _ in made].index(name)}-r{r}", timed, cmf)
             walls.setdefault(name, []).append(wall)
             if logger is not None:
-                hooks.setdefault(name, []).append(spent[0] / args.trials * 1e3)
+                hooks.setdefault(name, []).append(sum(spent) / args.trials * 1e3)
             for part, values in in_trial.items():
                 values.extend(result.metrics[part] for result in grid if cmf)
             print(f"round {r + 1}: {name}: {wall:.2f} s", flush=True)

@@ -28,14 +28,13 @@ from ray import tune
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table, save_results
+from _common import fmt_time, print_table, save_results, timed_hooks
 
 from ray_cmf import CmfRayLogger
 from ray_cmf.lineage import Lineage
 
 RESULTS = 500
 PROFILES = {"short": {"trials": 8, "seconds": 1.0, "rounds": 7}, "long": {"trials": 2, "seconds": 30.0, "rounds": 3}}
-HOOKS = ("on_trial_start", "on_trial_result", "on_trial_complete", "on_trial_error", "on_experiment_end")
 
 
 def trainable(config: dict[str, Any]) -> None:
@@ -82,22 +81,6 @@ class CmflibStyleLogger(tune.Callback):
         )
 
 
-def timed_hooks(callback: tune.Callback, samples: list[float]) -> tune.Callback:
-    """Wrap the callback's hooks so every call's duration lands in ``samples``."""
-    for name in HOOKS:
-        hook = getattr(callback, name)
-
-        def wrapped(*args: Any, __hook: Any = hook, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return __hook(*args, **kwargs)
-            finally:
-                samples.append(time.perf_counter() - start)
-
-        setattr(callback, name, wrapped)
-    return callback
-
-
 def sweep(callbacks: list[tune.Callback], tmp: Path, name: str, trials: int, seconds: float) -> float:
     tuner = tune.Tuner(
         trainable,
@@ -117,10 +100,16 @@ def run_profile(name: str, rounds: int, tmp: Path) -> None:
     makers = {
         "no callback": lambda r: [],
         "CmfRayLogger": lambda r: [
-            timed_hooks(CmfRayLogger("bench", metric="loss", store=str(tmp / f"ours{r}")), hooks["CmfRayLogger"])
+            timed_hooks(
+                CmfRayLogger("bench", metric="loss", store=str(tmp / f"ours{r}")),
+                lambda _, seconds: hooks["CmfRayLogger"].append(seconds),
+            )
         ],
         "cmflib-style driver logger": lambda r: [
-            timed_hooks(CmflibStyleLogger(str(tmp / f"theirs{r}")), hooks["cmflib-style driver logger"])
+            timed_hooks(
+                CmflibStyleLogger(str(tmp / f"theirs{r}")),
+                lambda _, seconds: hooks["cmflib-style driver logger"].append(seconds),
+            )
         ],
     }
     order = list(makers)

@@ -144,10 +144,10 @@ def _before_tune_stops(hand_over: _HandOver) -> None:
     report, finish = getattr(session, "report", None), getattr(session, "finish", None)
     if session is None or report is None or finish is None:
         return
-    if hasattr(session, _HAND_OVER):  # Tune reuses this process, and its session, for another trial
-        setattr(session, _HAND_OVER, hand_over)
-        return
+    wrapped = hasattr(session, _HAND_OVER)  # Tune reuses this process, and its session, for another trial
     setattr(session, _HAND_OVER, hand_over)
+    if wrapped:
+        return
 
     @functools.wraps(report)
     def report_after_hand_over(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
