@@ -390,10 +390,11 @@ class StoreWriter:
             live.update_execution(binding.execution_id, props, state)
 
     def _commit_dangling(self, live: Store, spill_name: str, series: _Series) -> None:
-        """Commit rows that a series' logger never committed (marked ``at_end``)."""
+        """Commit rows that a series' logger never committed (marked ``at_end``). Said at INFO: it is how the
+        samplers' series and a trainable's uncommitted rows are meant to be committed, and nothing is lost."""
         artifact = self._commit_series(live, series, {"at_end": True}, every=False)
         if artifact is not None:
-            log.warning("ray_cmf: committed the rows of %s that their logger never committed", spill_name)
+            log.info("ray_cmf: committed at its end the rows of %s that its logger did not commit", spill_name)
 
     def push_after_commit(self, *, store: Store | None = None) -> None:
         """From now on, upload each file the store commits to its remote, in the background (one thread; a

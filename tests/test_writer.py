@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ from ray_cmf import Cmf, Store
 from ray_cmf import client as client_module
 from ray_cmf.binding import SeriesKey
 from ray_cmf.client import WriterClient
-from ray_cmf.constants import RUN_EXECUTION_TYPE, SEQUENCE_COLUMN, SPILL_DIR
+from ray_cmf.constants import RUN_EXECUTION_TYPE, SEQUENCE_COLUMN, SPILL_DIR, SYSTEM_METRICS_NAME
 from ray_cmf.lineage import properties
 from ray_cmf.series_format import SpillManifest, read_segments
 from ray_cmf.writer import StoreWriter
@@ -68,6 +69,20 @@ def test_end_commits_what_a_dead_logger_left(store_dir: Path) -> None:
     url = Store(store_dir).find_series("p", "steps")
     assert pq.read_table(Store(store_dir).resolve(url)).num_rows == 6
     assert not list((store_dir / SPILL_DIR).iterdir())
+
+
+def test_series_committed_at_the_end_by_design_warn_nothing(store_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every trial's ``system_metrics`` series is committed by the trial's end, not by its logger: a sweep of
+    N trials must not print N warnings. The version still says it was committed at the end."""
+    client, key = _writer(store_dir)
+    sampled = SeriesKey(key.binding, SYSTEM_METRICS_NAME)
+    client.call(StoreWriter.append, key=sampled, session="sampler", first_row=1, batch=_batch(1, 2))
+    with caplog.at_level(logging.INFO, logger="ray_cmf.writer"):
+        client.call(StoreWriter.end, binding=key.binding, state="COMPLETE")
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any(SYSTEM_METRICS_NAME in r.getMessage() for r in caplog.records)  # said, at INFO
+    url = Store(store_dir).find_series("p", SYSTEM_METRICS_NAME)
+    assert pq.read_table(Store(store_dir).resolve(url)).num_rows == 2
 
 
 def _block_spill(store_dir: Path) -> Path:
