@@ -21,6 +21,9 @@ _WRITER_THREADS = 8
 # Ray started again in the same process (a notebook's ray.shutdown() then ray.init()) from the one before:
 # the job id is the same, the old actor is gone.
 _DRIVER_WRITER: dict[tuple[str, str], Any] = {}
+# job id -> the writer that a trial or worker process found by name (looked up once: Tune may run many
+# trials in one process, and a lookup costs a round trip to Ray's control store)
+_FOUND_WRITER: dict[str, WriterClient] = {}
 
 
 def ray_driver() -> bool:
@@ -78,8 +81,11 @@ def connect(store: str | os.PathLike[str] | Store | None = None) -> WriterClient
         return WriterClient(StoreWriter(store if isinstance(store, Store) else Store(store)))
     if ray_driver():
         return start_writer(store)
+    job = ray.get_runtime_context().get_job_id()
     try:
-        return WriterClient(ray.get_actor(WRITER_NAME))
+        if job not in _FOUND_WRITER:
+            _FOUND_WRITER[job] = WriterClient(ray.get_actor(WRITER_NAME))
+        return _FOUND_WRITER[job]
     except ValueError:
         raise RayCmfError(
             "No ray_cmf writer runs in this Ray job. Start it on the driver: add ray_cmf.CmfRayLogger(...) to "
