@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: timing, the sweep-size arguments and table printing."""
+"""Helpers shared by the benchmarks: timing, the sweep-size arguments, table printing and saving results."""
 
 from __future__ import annotations
 
@@ -51,12 +51,18 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a plain Markdown table."""
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    return [line(headers), "|" + "---|" * len(headers), *map(line, rows)]
+
+
 def print_table(headers: list[str], rows: list[list[str]]) -> None:
     """A plain Markdown table (pastes straight into RESULTS.md)."""
-    print("| " + " | ".join(headers) + " |")
-    print("|" + "---|" * len(headers))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    print("\n".join(markdown_table(headers, rows)))
 
 
 def timed(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:
@@ -69,17 +75,30 @@ def timed(fn: Callable[[], object], repeat: int = 3) -> tuple[float, object]:
     return best, value
 
 
-def sweep_size(steps: int) -> argparse.Namespace:
-    """``--trials`` (default 500) and ``--steps`` (default ``steps``) from the command line."""
+def sweep_size(steps: int, trials: int = 500) -> argparse.Namespace:
+    """``--trials`` (default ``trials``) and ``--steps`` (default ``steps``) from the command line."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=500)
+    parser.add_argument("--trials", type=int, default=trials)
     parser.add_argument("--steps", type=int, default=steps)
     return parser.parse_args()
 
 
-def save_results(name: str, command: str, figures: dict[str, Any], verdicts: dict[str, bool]) -> Path:
-    """Write a benchmark's figures and its verdicts against its targets to ``benchmarks/results/<name>.json``
-    (what ``render_results.py`` turns into RESULTS.md's tables)."""
+def command_line(script: str, args: argparse.Namespace | None = None) -> str:
+    """The command that reproduces a run: the benchmark's script, then each argument with the value it had."""
+    flags = [f"--{name.replace('_', '-')} {value}" for name, value in vars(args).items()] if args else []
+    return " ".join([f"benchmarks/{Path(script).name}", *flags])
+
+
+def save_results(
+    name: str,
+    command: str,
+    figures: dict[str, Any],
+    verdicts: dict[str, bool],
+    tables: list[dict[str, Any]] | None = None,
+) -> Path:
+    """Write a benchmark's figures, its verdicts against its targets and the tables it printed (each a title,
+    headers and rows) to ``benchmarks/results/<name>.json`` (what ``render_results.py`` turns into RESULTS.md's
+    tables)."""
     out = Path(__file__).parent / "results" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     record = {
@@ -89,6 +108,41 @@ def save_results(name: str, command: str, figures: dict[str, Any], verdicts: dic
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "figures": figures,
         "verdicts": verdicts,
+        **({"tables": tables} if tables else {}),
     }
     out.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     return out
+
+
+class Results:
+    """What one run of a benchmark saves: the tables it prints, its figures and its verdicts against its targets.
+
+    ``table`` prints as ``print_table`` does and keeps the table; ``figure`` keeps raw numbers (seconds, ratios)
+    beside the formatted tables; ``save`` prints the verdicts and writes everything through ``save_results``."""
+
+    def __init__(self, name: str, command: str) -> None:
+        self.name, self.command = name, command
+        self.figures: dict[str, Any] = {}
+        self.verdicts: dict[str, bool] = {}
+        self.tables: list[dict[str, Any]] = []
+
+    def table(self, title: str, headers: list[str], rows: list[list[str]]) -> None:
+        """Print a Markdown table and keep it under ``title``."""
+        print_table(headers, rows)
+        self.tables.append({"title": title, "headers": headers, "rows": rows})
+
+    def figure(self, name: str, values: dict[str, Any]) -> None:
+        """Keep one row of figures, ``name`` and its values by column."""
+        self.figures[name] = values
+
+    def verdict(self, target: str, met: bool) -> None:
+        """Keep whether ``target`` was met."""
+        self.verdicts[target] = bool(met)
+
+    def save(self) -> Path:
+        """Print the verdicts, then write the results to ``benchmarks/results/<name>.json``."""
+        for target, met in self.verdicts.items():
+            print(f"target {target}: {'met' if met else 'NOT met'}")
+        out = save_results(self.name, self.command, self.figures, self.verdicts, self.tables)
+        print(f"results: {out}")
+        return out

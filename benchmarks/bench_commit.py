@@ -104,8 +104,8 @@ def cmflib_commit(root: Path) -> dict[str, float]:
     return {"DataFrame.from_dict + to_parquet": t1 - t0, "dvc add subprocess (+ md5)": t2 - t1, "total": t2 - t0}
 
 
-def dvc_scaling(root: Path) -> list[list[str]]:
-    """Per-file tracking cost with few vs many files already tracked: ours vs dvc's Repo.add."""
+def dvc_scaling(root: Path) -> dict[int, tuple[float, float]]:
+    """Per-file tracking cost (median of 5) with few vs many files already tracked: ours vs dvc's Repo.add."""
     from dvc.repo import Repo
 
     store = Store(root / "ours")
@@ -114,7 +114,7 @@ def dvc_scaling(root: Path) -> list[list[str]]:
     (store.root / "artifacts").mkdir(parents=True)
     Repo.init(str(repo_dir), no_scm=True)
     repo = Repo(str(repo_dir))
-    out = []
+    out = {}
     tracked = 0
     for target in (10, 200):
         while tracked < target:
@@ -137,8 +137,7 @@ def dvc_scaling(root: Path) -> list[list[str]]:
             t0 = time.perf_counter()
             repo.add(str(q))
             theirs.append(time.perf_counter() - t0)
-        o, t = sorted(ours)[2], sorted(theirs)[2]
-        out.append([f"{target}", fmt_time(o), fmt_time(t), f"{t / o:,.0f}x"])
+        out[target] = sorted(ours)[2], sorted(theirs)[2]
     return out
 
 
@@ -159,11 +158,17 @@ def main() -> None:
     print(f"\ncmflib total / ray_cmf commit_metrics: {theirs['total'] / public:.1f}x\n")
     print("## DVC tracking cost per file, by files already tracked (median of 5)\n")
     scaling = dvc_scaling(tmp / "dvc")
-    print_table(["files already tracked", "ray_cmf track", "dvc Repo.add", "ratio"], scaling)
+    print_table(
+        ["files already tracked", "ray_cmf track", "dvc Repo.add", "ratio"],
+        [[f"{n}", fmt_time(o), fmt_time(t), f"{t / o:,.0f}x"] for n, (o, t) in scaling.items()],
+    )
     figures = {
         "ray_cmf": {"commit_metrics_s": public, **{f"phase: {k}": v for k, v in ours.items()}},
         "cmflib path": theirs,
-        **{f"track with {r[0]} files tracked": {"ray_cmf": r[1], "dvc Repo.add": r[2], "ratio": r[3]} for r in scaling},
+        **{
+            f"track with {n} files tracked": {"ray_cmf_s": o, "dvc_repo_add_s": t, "ratio": t / o}
+            for n, (o, t) in scaling.items()
+        },
     }
     save_results("commit", "benchmarks/bench_commit.py", figures, {"cmflib / ray_cmf >= 1": theirs["total"] >= public})
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, per_call, print_table
+from _common import Results, command_line, fmt_time, per_call
 
 from ray_cmf import Cmf, MetricBuffer
 
@@ -75,26 +75,44 @@ def peak_bytes(fill) -> int:
     return peak
 
 
-def main() -> None:
+def per_call_costs(results: Results) -> None:
+    """log_metric per call at each size, against cmflib's algorithm and the floor; its table, figures, verdicts."""
     store = Path(tempfile.mkdtemp()) / "store"
     Cmf(pipeline_name="bench", store=store)  # pay store creation outside the timings
-    results = []
+    measured = []
     for n in SIZES:
         window = 100_000 if n >= 100_000 else 20_000
         ours = bench_ray_cmf(n, window, store)
         theirs = bench_cmflib(n, max(50, min(n // 10, 2_000_000 // n)))
         floor = bench_floor(n, window)
-        results.append((n, ours, theirs, floor))
-    print("## log_metric per-call cost (4 floats per row)\n")
-    print_table(
+        measured.append((n, ours, theirs, floor))
+        results.figure(
+            f"{n:,} rows already logged",
+            {
+                "ray_cmf_s": ours,
+                "cmflib_algorithm_s": theirs,
+                "list_append_floor_s": floor,
+                "cmflib_over_ray_cmf": theirs / ours,
+            },
+        )
+    title = "log_metric per-call cost (4 floats per row)"
+    print(f"## {title}\n")
+    results.table(
+        title,
         ["rows already logged", "ray_cmf", "cmflib algorithm", "list.append floor", "cmflib / ray_cmf"],
-        [[f"{n:,}", fmt_time(o), fmt_time(t), fmt_time(f), f"{t / o:,.0f}x"] for n, o, t, f in results],
+        [[f"{n:,}", fmt_time(o), fmt_time(t), fmt_time(f), f"{t / o:,.0f}x"] for n, o, t, f in measured],
     )
-    flat = results[-1][1] / results[0][1]
+    flat = measured[-1][1] / measured[0][1]
     print(f"\nray_cmf per-call at 1M / at 1k: {flat:.2f}x (target <= 1.5x)")
-    at_100k = next(t / o for n, o, t, _ in results if n == 100_000)
+    at_100k = next(t / o for n, o, t, _ in measured if n == 100_000)
     print(f"ray_cmf vs cmflib algorithm at 100k rows: {at_100k:,.0f}x faster (target >= 100x)\n")
+    results.verdict("log_metric <= 1.0 µs a row at every size measured", all(o <= 1e-6 for _, o, _, _ in measured))
+    results.verdict("per-call at 1M rows <= 1.5x at 1k rows", flat <= 1.5)
+    results.verdict("cmflib algorithm / ray_cmf >= 100x at 100k rows", at_100k >= 100)
 
+
+def peak_memory(results: Results) -> None:
+    """Peak Python memory of 1M rows in cmflib's dict of dicts and in ray_cmf's buffer, spilling or not."""
     tmp = Path(tempfile.mkdtemp())
 
     def fill_buffer(rows: int, flush_rows: int):
@@ -114,8 +132,18 @@ def main() -> None:
     theirs = peak_bytes(lambda: fill_dicts(1_000_000))
     spill_1m = peak_bytes(lambda: fill_buffer(1_000_000, 10_000))
     spill_3m = peak_bytes(lambda: fill_buffer(3_000_000, 10_000))
-    print("## Peak Python memory, 1M rows x 4 float columns (tracemalloc)\n")
-    print_table(
+    holders = {
+        "cmflib dict of dicts": theirs,
+        "ray_cmf buffer, no spill": ours,
+        "ray_cmf buffer, spill every 10k rows, 1M rows": spill_1m,
+        "ray_cmf buffer, spill every 10k rows, 3M rows": spill_3m,
+    }
+    for holder, peak in holders.items():
+        results.figure(holder, {"peak_mib": peak / 2**20})
+    title = "Peak Python memory, 1M rows x 4 float columns (tracemalloc)"
+    print(f"## {title}\n")
+    results.table(
+        title,
         ["holder", "peak", "vs dict of dicts"],
         [
             ["cmflib dict of dicts", f"{theirs / 2**20:.0f} MiB", "1"],
@@ -125,10 +153,23 @@ def main() -> None:
                 f"{spill_1m / 2**20:.1f} MiB",
                 f"1/{theirs / spill_1m:.0f}",
             ],
-            ["ray_cmf buffer, spill every 10k rows, 3M rows", f"{spill_3m / 2**20:.1f} MiB", "(bounded: same as 1M)"],
+            [
+                "ray_cmf buffer, spill every 10k rows, 3M rows",
+                f"{spill_3m / 2**20:.1f} MiB",
+                f"{spill_3m / spill_1m:.2f}x the 1M-row peak",
+            ],
         ],
     )
     print(f"\nray_cmf / dict of dicts: 1/{theirs / ours:.1f} (target <= 1/5)")
+    results.verdict("ray_cmf buffer <= 1/5 of cmflib's dict of dicts (1M rows)", ours * 5 <= theirs)
+    results.verdict("spilling buffer's peak bounded (3M rows <= 1.5x 1M rows)", spill_3m <= 1.5 * spill_1m)
+
+
+def main() -> None:
+    results = Results("log_metric", command_line(__file__))
+    per_call_costs(results)
+    peak_memory(results)
+    results.save()
 
 
 if __name__ == "__main__":

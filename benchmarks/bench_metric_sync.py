@@ -11,10 +11,11 @@ on 2 ranks (gloo on CPU; NCCL with ``--backend nccl``, which needs a GPU per ran
   same bytes on the same process group, the one collective the sync issues;
 
 and beside them the peers: torchmetrics' ``MetricCollection.compute()`` and a naive all_reduce per metric
-(gloo only). Every figure is the median over ``ROUNDS`` interleaved rounds; the collectives each sync
-issues are counted. torchmetrics is a benchmark-only dependency.
+(gloo only). Every figure is the median over ``--rounds`` interleaved rounds; the collectives each sync
+issues are counted. torchmetrics is a benchmark-only dependency. Saved as ``metric_sync`` (gloo) or
+``metric_sync_nccl``.
 
-Run: ``.venv/bin/python benchmarks/bench_metric_sync.py [--backend nccl]``
+Run: ``.venv/bin/python benchmarks/bench_metric_sync.py [--backend nccl] [--rounds 30]``
 """
 
 from __future__ import annotations
@@ -35,10 +36,9 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table
+from _common import Results, command_line, fmt_time
 
 KS = (4, 16, 64, 256)
-ROUNDS = 30  # interleaved rounds; each figure is their median
 UPDATES = 4  # updates per metric per sync interval
 VALUES = 16  # elements per update
 COLLECTIVES = (
@@ -163,8 +163,8 @@ def _per_call(fn: Callable[[], None], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def _measure(k: int, device: torch.device, counts: dict[str, int], peers: bool) -> dict[str, Any]:
-    """One K: every part, ours and its floor, interleaved over ROUNDS rounds (medians)."""
+def _measure(k: int, device: torch.device, counts: dict[str, int], peers: bool, rounds: int) -> dict[str, Any]:
+    """One K: every part, ours and its floor, interleaved over ``rounds`` rounds (medians)."""
     ours = Ours(k, device)
     world = dist.get_world_size()
     floors = Floors(k, device, ours.state_elements(), world)
@@ -186,7 +186,7 @@ def _measure(k: int, device: torch.device, counts: dict[str, int], peers: bool) 
         calls[name] = max(calls.get(name, 0), counts["n"])
 
     reps = max(1, 256 // k)  # at least 256 updates per timing (flushes of full blocks included)
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         times.setdefault("update", []).append(_per_call(lambda: [ours.update() for _ in range(reps)], k * reps))
         times.setdefault("copy floor", []).append(_per_call(lambda: [floors.copy() for _ in range(reps)], k * reps))
         ours.sync()  # untimed: a fresh interval
@@ -208,7 +208,7 @@ def _measure(k: int, device: torch.device, counts: dict[str, int], peers: bool) 
     return {"median": {name: statistics.median(ts) for name, ts in times.items()}, "collectives": calls}
 
 
-def _worker(rank: int, world: int, backend: str, init: str, out: str) -> None:
+def _worker(rank: int, world: int, backend: str, rounds: int, init: str, out: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     if backend == "nccl":
@@ -219,7 +219,7 @@ def _worker(rank: int, world: int, backend: str, init: str, out: str) -> None:
     dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=world)
     counts = {"n": 0}
     _count(counts)
-    results = {k: _measure(k, device, counts, peers=backend == "gloo") for k in KS}
+    results = {k: _measure(k, device, counts, peers=backend == "gloo", rounds=rounds) for k in KS}
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
@@ -229,18 +229,26 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    backend = parser.parse_args().backend
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "results.pt")
-        mp.spawn(_worker, args=(2, backend, str(Path(tmp) / "init"), out), nprocs=2, join=True)
-        results = torch.load(out, weights_only=False)
-    print(f"## Metric sync, 2 {backend} ranks: the cost split, medians of {ROUNDS} interleaved rounds\n")
+def split_table(results: Results, measured: dict[int, dict[str, Any]], backend: str, rounds: int) -> None:
+    """The cost split per K, each part beside its floor: its table and figures."""
     rows = []
     for k in KS:
-        m = results[k]["median"]
+        m = measured[k]["median"]
+        results.figure(
+            f"K={k}",
+            {
+                "update_s": m["update"],
+                "copy_floor_s": m["copy floor"],
+                "update_ratio": m["update"] / m["copy floor"],
+                "math_s": m["math"],
+                "math_floor_s": m["math floor"],
+                "math_ratio": m["math"] / m["math floor"],
+                "sync_s": m["sync"],
+                "collective_s": m["collective floor"],
+                "sync_ratio": m["sync"] / m["collective floor"],
+                "collectives": measured[k]["collectives"]["sync"],
+            },
+        )
         rows.append(
             [
                 str(k),
@@ -253,10 +261,13 @@ def main() -> None:
                 fmt_time(m["sync"]),
                 fmt_time(m["collective floor"]),
                 _ratio(m["sync"], m["collective floor"]),
-                str(results[k]["collectives"]["sync"]),
+                str(measured[k]["collectives"]["sync"]),
             ]
         )
-    print_table(
+    title = f"Metric sync, 2 {backend} ranks: the cost split, medians of {rounds} interleaved rounds"
+    print(f"## {title}\n")
+    results.table(
+        title,
         [
             "K",
             "update / call",
@@ -272,23 +283,49 @@ def main() -> None:
         ],
         rows,
     )
-    if backend == "gloo":
-        print("\n### Against the peers (sync time, math included)\n")
-        peer_rows = []
-        for k in KS:
-            m, calls = results[k]["median"], results[k]["collectives"]
-            for peer in ("sync", "torchmetrics", "naive per-metric all_reduce"):
-                label = "ray_cmf" if peer == "sync" else peer
-                peer_rows.append([str(k), label, fmt_time(m[peer]), str(calls[peer]), _ratio(m[peer], m["sync"])])
-        print_table(["K metrics", "peer", "sync time", "collectives", "time vs ray_cmf"], peer_rows)
-    at64 = results[64]["median"]
-    target = 1.5 if backend == "gloo" else 1.1
-    verdict = "met" if at64["sync"] <= target * at64["collective floor"] else "NOT met"
+
+
+def peer_table(results: Results, measured: dict[int, dict[str, Any]]) -> None:
+    """Sync time per K against torchmetrics and a naive all_reduce per metric: its table and figures."""
+    rows = []
+    for k in KS:
+        m, calls = measured[k]["median"], measured[k]["collectives"]
+        for peer in ("sync", "torchmetrics", "naive per-metric all_reduce"):
+            label = "ray_cmf" if peer == "sync" else peer
+            ratio = m[peer] / m["sync"]
+            results.figure(f"K={k} {label}", {"sync_s": m[peer], "collectives": calls[peer], "vs_ray_cmf": ratio})
+            rows.append([str(k), label, fmt_time(m[peer]), str(calls[peer]), f"{ratio:.2f}x"])
+    title = "Against the peers (sync time, math included)"
+    print(f"\n### {title}\n")
+    results.table(title, ["K metrics", "peer", "sync time", "collectives", "time vs ray_cmf"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds; each figure is their median")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "results.pt")
+        spawn_args = (2, args.backend, args.rounds, str(Path(tmp) / "init"), out)
+        mp.spawn(_worker, args=spawn_args, nprocs=2, join=True)
+        measured = torch.load(out, weights_only=False)
+    results = Results(
+        "metric_sync" if args.backend == "gloo" else f"metric_sync_{args.backend}", command_line(__file__, args)
+    )
+    split_table(results, measured, args.backend, args.rounds)
+    if args.backend == "gloo":
+        peer_table(results, measured)
+    at64 = measured[64]["median"]
+    target = 1.5 if args.backend == "gloo" else 1.1
     print(
         f"\nsync at K=64: {_ratio(at64['sync'], at64['collective floor'])} the bare collective "
-        f"(target <= {target}x: {verdict}); update at K=64: {_ratio(at64['update'], at64['copy floor'])} "
+        f"(target <= {target}x); update at K=64: {_ratio(at64['update'], at64['copy floor'])} "
         "its copy floor (target <= 1.5x)"
     )
+    results.verdict(f"sync <= {target}x the bare collective at K=64", at64["sync"] <= target * at64["collective floor"])
+    results.verdict("update <= 1.5x its copy floor at K=64", at64["update"] <= 1.5 * at64["copy floor"])
+    results.save()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ The store is generated through the real Store and its single writer (StoreWriter
 execution per trial with its config, one Parquet file per trial, DVC-tracked. The same rows are written
 as Ray Tune's trial logs (``result.json`` lines and ``progress.csv``), read back with Ray's own
 ``Result.from_path(...).metrics_dataframe``; the last row per trial is what ``ResultGrid.get_dataframe()``
-gives.
+gives. Targets (issue 6): ``Sweep.trials()`` and ``ray-cmf compare`` each <= 2 s.
 
 Run: ``.venv/bin/python benchmarks/bench_sweep_scale.py [--trials 500 --steps 10000]``
 """
@@ -24,7 +24,7 @@ import pyarrow.dataset as pads
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table, sweep_size, timed
+from _common import Results, command_line, fmt_time, sweep_size, timed
 
 from ray_cmf import MetricBuffer, Store, Sweep
 from ray_cmf.binding import SeriesKey
@@ -101,11 +101,35 @@ def write_ray_logs(trial_dir: Path, data: dict[str, np.ndarray], config: dict) -
         writer.writerows(rows)
 
 
+def compare_cli(root: Path) -> None:
+    """``ray-cmf compare --metric loss --top 5`` on the store, as a user runs it (a new process)."""
+    cli = str(Path(sys.executable).with_name("ray-cmf"))
+    subprocess.run(
+        [cli, "compare", "--store", str(root), "--metric", "loss", "--top", "5"], check=True, capture_output=True
+    )
+
+
+def loss_bytes_read(root: Path) -> tuple[float, float]:
+    """MiB of the column chunks ``steps(['loss'])`` reads (training_iteration, attempt, loss), and MiB on disk."""
+    files = [f.path for f in Sweep(root, pipeline="scale").files()]
+    dataset = pads.dataset([str(p) for p in files], format="parquet")
+    read = sum(
+        rg.column(i).total_compressed_size
+        for f in dataset.get_fragments()
+        for rg in [f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)]
+        for i in range(rg.num_columns)
+        if rg.column(i).path_in_schema in ("loss", "training_iteration", "attempt")
+    )
+    return read / 2**20, sum(p.stat().st_size for p in files) / 2**20
+
+
 def main() -> None:
     args = sweep_size(steps=10_000)
+    results = Results("sweep_scale", command_line(__file__, args))
     tmp = Path(tempfile.mkdtemp())
     root, logs = tmp / "store", tmp / "ray_logs"
     gen = generate(root, logs, args.trials, args.steps)
+    results.figure("generated", {"seconds": gen})
     print(f"generated {args.trials} trials x {args.steps} steps through the store in {gen:.1f} s\n")
 
     from ray.air.result import Result  # what Tune's ResultGrid builds its Results with
@@ -127,56 +151,45 @@ def main() -> None:
 
         return pd.DataFrame([Result.from_path(str(d)).metrics for d in sorted(logs.glob("t?????"))])
 
-    rows = []
     t_trials, table = timed(lambda: Sweep(root, pipeline="scale").trials(["loss", "accuracy", "grad_norm"]))
     assert len(table) == args.trials
-    rows.append(["trial table (best/final/steps per metric)", "ray_cmf Sweep.trials()", fmt_time(t_trials)])
     t_grid, _ = timed(ray_grid_table, repeat=1)
-    rows.append(["", "Ray: Result.from_path(...).metrics per trial (ResultGrid.get_dataframe)", fmt_time(t_grid)])
     t_steps, steps = timed(lambda: Sweep(root, pipeline="scale").steps(["loss"]))
     assert len(steps) == args.trials * args.steps
-    rows.append(["all steps of one metric", "ray_cmf Sweep.steps(['loss'])", fmt_time(t_steps)])
     t_json, _ = timed(ray_json, repeat=1)
-    rows.append(["", "Ray: Result.metrics_dataframe from result.json", fmt_time(t_json)])
     t_csv, _ = timed(ray_csv, repeat=1)
-    rows.append(["", "Ray: Result.metrics_dataframe from progress.csv", fmt_time(t_csv)])
-    t_cli, _ = timed(
-        lambda: subprocess.run(
-            [
-                str(Path(sys.executable).with_name("ray-cmf")),
-                "compare",
-                "--store",
-                str(root),
-                "--metric",
-                "loss",
-                "--top",
-                "5",
-            ],
-            check=True,
-            capture_output=True,
-        )
+    t_cli, _ = timed(lambda: compare_cli(root))
+    results.figure("trial table", {"ray_cmf_s": t_trials, "ray_s": t_grid})
+    results.figure(
+        "all steps of one metric", {"ray_cmf_s": t_steps, "ray_result_json_s": t_json, "ray_progress_csv_s": t_csv}
     )
-    rows.append(["`ray-cmf compare --metric loss --top 5`", "whole command (process start included)", fmt_time(t_cli)])
-    print_table(["task", "how", "time (best of 3 for ray_cmf)"], rows)
+    results.figure("ray-cmf compare --metric loss --top 5", {"ray_cmf_s": t_cli})
+    results.table(
+        f"Comparing {args.trials} trials x {args.steps} steps: ray_cmf against Ray's trial logs",
+        ["task", "how", "time (best of 3 for ray_cmf)"],
+        [
+            ["trial table (best/final/steps per metric)", "ray_cmf Sweep.trials()", fmt_time(t_trials)],
+            ["", "Ray: Result.from_path(...).metrics per trial (ResultGrid.get_dataframe)", fmt_time(t_grid)],
+            ["all steps of one metric", "ray_cmf Sweep.steps(['loss'])", fmt_time(t_steps)],
+            ["", "Ray: Result.metrics_dataframe from result.json", fmt_time(t_json)],
+            ["", "Ray: Result.metrics_dataframe from progress.csv", fmt_time(t_csv)],
+            ["`ray-cmf compare --metric loss --top 5`", "whole command (process start included)", fmt_time(t_cli)],
+        ],
+    )
 
-    files = [f.path for f in Sweep(root, pipeline="scale").files()]
-    dataset = pads.dataset([str(p) for p in files], format="parquet")
-    all_bytes = sum(p.stat().st_size for p in files)
-    loss_bytes = sum(
-        rg.column(i).total_compressed_size
-        for f in dataset.get_fragments()
-        for rg in [f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)]
-        for i in range(rg.num_columns)
-        if rg.column(i).path_in_schema in ("loss", "training_iteration", "attempt")
-    )
+    read, on_disk = loss_bytes_read(root)
+    results.figure("steps(['loss']) reads", {"read_mib": read, "on_disk_mib": on_disk})
     print(
         f"\nsteps(['loss']) reads the column chunks of training_iteration, attempt and loss: "
-        f"{loss_bytes / 2**20:.1f} MiB of {all_bytes / 2**20:.1f} MiB on disk"
+        f"{read:.1f} MiB of {on_disk:.1f} MiB on disk"
     )
     print(f"Sweep.trials(): {t_trials:.2f} s (target <= 2 s); ray-cmf compare: {t_cli:.2f} s (target <= 2 s)")
     print(
         f"steps(): {t_json / t_steps:.0f}x faster than Ray's result.json path, {t_csv / t_steps:.0f}x than progress.csv"
     )
+    results.verdict("Sweep.trials() <= 2 s", t_trials <= 2)
+    results.verdict("ray-cmf compare <= 2 s", t_cli <= 2)
+    results.save()
 
 
 if __name__ == "__main__":

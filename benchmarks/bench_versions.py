@@ -1,7 +1,8 @@
 """The same workloads on two versions of ray_cmf, side by side in one session: a reshape must not cost speed.
 
-Each round runs every workload once on the base revision (a git worktree of it, first on ``sys.path``)
-and once on this checkout, alternating which goes first, each in a fresh process. Workloads, through the
+Each round runs every workload once on the base revision (a git worktree of it) and once on this checkout,
+alternating which goes first, each in a fresh process started in its version's directory, which is also its
+``PYTHONPATH`` (``python -c`` puts the current directory ahead of ``PYTHONPATH``). Workloads, through the
 public API only:
 
 - ``log_metric``: 1M rows of 4 metrics into one series, per row;
@@ -9,6 +10,8 @@ public API only:
 - ``compare``: ``Sweep.trials`` and ``Sweep.steps`` over 200 committed series of 1 000 rows;
 - ``first_log``: in a plain script, from ``Cmf(...)`` to its first ``log_metric`` returning, on a store that
   an earlier process made (the new execution, its environment record and the first row).
+
+Target: this checkout within 10% of the base on every workload (this / base <= 1.1, medians).
 
 Run: ``.venv/bin/python benchmarks/bench_versions.py [--base REV] [--rounds N]``
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import fmt_time, print_table
+from _common import Results, command_line, fmt_time
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = r"""
@@ -83,7 +86,7 @@ def run(workload: str, path: Path) -> float:
 
     def python(*argv: str) -> str:
         return subprocess.run(
-            [sys.executable, "-c", WORKLOAD, *argv], env=env, capture_output=True, text=True, check=True
+            [sys.executable, "-c", WORKLOAD, *argv], env=env, cwd=path, capture_output=True, text=True, check=True
         ).stdout
 
     if workload != "first_log":
@@ -110,12 +113,27 @@ def main() -> None:
                         times.setdefault((workload, name), []).append(run(workload, path))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
+    results = Results("versions", command_line(__file__, args))
     rows = []
     for workload in WORKLOADS:
         old, new = (statistics.median(times[(workload, v)]) for v in ("base", "this"))
+        results.figure(
+            workload,
+            {
+                "measured": UNITS[workload],
+                "base_s": old,
+                "this_s": new,
+                "this_over_base": new / old,
+                "base_rounds_s": times[(workload, "base")],
+                "this_rounds_s": times[(workload, "this")],
+            },
+        )
+        results.verdict(f"{workload}: this <= 1.1x base", new <= 1.1 * old)
         rows.append([workload, UNITS[workload], fmt_time(old), fmt_time(new), f"{new / old:.2f}x"])
-    print(f"{args.rounds} rounds, alternating order, medians; base {args.base} against this checkout")
-    print_table(["workload", "measured", "base", "this", "this / base"], rows)
+    title = f"{args.rounds} rounds, alternating order, medians; base {args.base} against this checkout"
+    print(title)
+    results.table(title, ["workload", "measured", "base", "this", "this / base"], rows)
+    results.save()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ Commit rate: 100 series of 10 000 rows are in the writer's spill; 100 commit req
 (Parquet + DVC + one MLMD transaction each, SQLite MLMD). Side by side, the same 100 commits in-process
 with no Ray, one after another.
 
+Targets (issue 12): >= 2M rows/s reaching the spill through the writer, and >= 50 commits/s on SQLite MLMD
+through the writer actor.
+
 Run: ``.venv/bin/python benchmarks/bench_writer.py [--seconds 10 --senders 16]``
 """
 
@@ -33,7 +36,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import print_table
+from _common import Results, command_line
 
 from ray_cmf import MetricBuffer, Store
 from ray_cmf.actor import connect, start_writer
@@ -159,6 +162,68 @@ def commits(writer: WriterClient, series: int, rows: int, tag: str) -> float:
     return series / elapsed
 
 
+LABELS = {
+    "writer": "ray_cmf writer (record batches through Ray)",
+    "local": "local spill in each sender's process",
+    "discard": "no spill (the senders' own logging cost)",
+}
+
+
+def ingest_rounds(results: Results, writer: WriterClient, tmp: Path, args: argparse.Namespace) -> None:
+    """Rows/s of the three paths over rotating rounds, and the writer's peak RSS: table, figures, verdict."""
+    title = f"Writer ingest: {args.senders} senders x {args.seconds:g} s, 4-float rows, flush_rows={FLUSH_ROWS}"
+    print(f"## {title}\n")
+    rates: dict[str, list[float]] = {path: [] for path in LABELS}
+    peaks: list[int] = []
+    for round_ in range(args.rounds):
+        order = list(LABELS)[round_ % 3 :] + list(LABELS)[: round_ % 3]  # each path runs first, second and last
+        for path in order:
+            rate, peak = ingest(writer, tmp, args.senders, args.seconds, path, f"{path}{round_}")
+            rates[path].append(rate)
+            if path == "writer":
+                peaks.append(peak)
+            print(f"round {round_}: {path} {rate / 1e6:.2f}M rows/s", flush=True)
+    medians = {path: statistics.median(values) for path, values in rates.items()}
+    for path, label in LABELS.items():
+        share = medians[path] / medians["discard"]
+        results.figure(label, {"rows_per_s": medians[path], "per_round_rows_per_s": rates[path], "vs_no_spill": share})
+    print()
+    results.table(
+        title,
+        ["path", "rows/s (median)", "vs no spill"],
+        [[LABELS[p], f"{medians[p] / 1e6:.2f}M", f"{medians[p] / medians['discard']:.0%}"] for p in LABELS],
+    )
+    results.figure("writer peak RSS", {"max_mib": max(peaks) / 2**20, "per_round_mib": [p / 2**20 for p in peaks]})
+    print(f"\nwriter peak RSS over the writer rounds: {max(peaks) / 2**20:.0f} MiB ({[p >> 20 for p in peaks]} MiB)")
+    results.verdict("writer ingest >= 2M rows/s reaching the spill", medians["writer"] >= 2e6)
+
+
+def commit_rate(results: Results, writer: WriterClient, tmp: Path, args: argparse.Namespace) -> None:
+    """Commits/s through the writer actor, all at once, against in-process one after another."""
+    title = f"Commit rate: {args.trials} trials x {args.rows:,} rows committing at once (SQLite MLMD)"
+    print(f"\n## {title}\n")
+    through = commits(writer, args.trials, args.rows, "actor")
+    in_process = commits(WriterClient(StoreWriter(Store(tmp / "local_store"))), args.trials, args.rows, "local")
+    results.figure(
+        "commit rate",
+        {
+            "actor_commits_per_s": through,
+            "in_process_commits_per_s": in_process,
+            "actor_over_in_process": through / in_process,
+        },
+    )
+    results.table(
+        title,
+        ["path", "commits/s"],
+        [
+            [f"ray_cmf writer actor, {args.trials} requests at once", f"{through:.0f}"],
+            ["in-process, sequential", f"{in_process:.0f}"],
+        ],
+    )
+    print(f"\nwriter actor / in-process: {through / in_process:.2f}x")
+    results.verdict(">= 50 commits/s through the writer actor (SQLite MLMD)", through >= 50)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -171,42 +236,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     writer = start_writer(tmp / "store")
     writer.call(StoreWriter.context, pipeline="bench", store=None)  # the store exists before timing
-
-    print(f"## Writer ingest: {args.senders} senders x {args.seconds:g} s, 4-float rows, flush_rows={FLUSH_ROWS}\n")
-    labels = {
-        "writer": "ray_cmf writer (record batches through Ray)",
-        "local": "local spill in each sender's process",
-        "discard": "no spill (the senders' own logging cost)",
-    }
-    rates: dict[str, list[float]] = {path: [] for path in labels}
-    peaks: list[int] = []
-    for round_ in range(args.rounds):
-        order = list(labels)[round_ % 3 :] + list(labels)[: round_ % 3]  # each path runs first, second and last
-        for path in order:
-            rate, peak = ingest(writer, tmp, args.senders, args.seconds, path, f"{path}{round_}")
-            rates[path].append(rate)
-            if path == "writer":
-                peaks.append(peak)
-            print(f"round {round_}: {path} {rate / 1e6:.2f}M rows/s", flush=True)
-    medians = {path: statistics.median(values) for path, values in rates.items()}
-    print()
-    print_table(
-        ["path", "rows/s (median)", "vs no spill"],
-        [[labels[p], f"{medians[p] / 1e6:.2f}M", f"{medians[p] / medians['discard']:.0%}"] for p in labels],
-    )
-    print(f"\nwriter peak RSS over the writer rounds: {max(peaks) / 2**20:.0f} MiB ({[p >> 20 for p in peaks]} MiB)")
-
-    print(f"\n## Commit rate: {args.trials} trials x {args.rows:,} rows committing at once (SQLite MLMD)\n")
-    through = commits(writer, args.trials, args.rows, "actor")
-    in_process = commits(WriterClient(StoreWriter(Store(tmp / "local_store"))), args.trials, args.rows, "local")
-    print_table(
-        ["path", "commits/s"],
-        [
-            ["ray_cmf writer actor, 100 requests at once", f"{through:.0f}"],
-            ["in-process, sequential", f"{in_process:.0f}"],
-        ],
-    )
-    print(f"\nwriter actor / in-process: {through / in_process:.2f}x")
+    results = Results("writer", command_line(__file__, args))
+    ingest_rounds(results, writer, tmp, args)
+    commit_rate(results, writer, tmp, args)
+    results.save()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Render the tables of ``benchmarks/results/*.json`` into RESULTS.md, between its ``results:begin`` and
 ``results:end`` markers, so that no figure there is typed by hand. Each benchmark that saves its results
 (``_common.save_results``) gets a section: its command, date and machine, a table of its figures (one row
-per variant; lists of per-round values shown as they are) and its verdicts against its targets.
+per variant; lists of per-round values shown as they are), the tables it printed (``_common.Results.table``),
+each under its title, and its verdicts against its targets.
 
 Run: ``.venv/bin/python benchmarks/render_results.py`` (after the benchmarks it renders)
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from _common import markdown_table
 
 HERE = Path(__file__).parent
 BEGIN, END = "<!-- results:begin (benchmarks/render_results.py writes this part) -->", "<!-- results:end -->"
@@ -25,7 +28,8 @@ def _cell(value: Any) -> str:
 
 
 def render(record: dict[str, Any]) -> str:
-    """One benchmark's section: where it came from, a table per kind of figure, and its verdicts."""
+    """One benchmark's section: where it came from, a table per kind of figure, the tables it printed, and its
+    verdicts."""
     lines = [
         f"### {record['benchmark']}",
         "",
@@ -39,6 +43,8 @@ def render(record: dict[str, Any]) -> str:
         for name in names:
             figure = record["figures"][name]
             lines.append(f"| {name} | " + " | ".join(_cell(figure[c]) for c in columns) + " |")
+    for table in record.get("tables", []):
+        lines += ["", f"**{table['title']}**", "", *markdown_table(table["headers"], table["rows"])]
     lines += [""] + [f"- target {t}: **{'met' if ok else 'not met'}**" for t, ok in record["verdicts"].items()]
     return "\n".join(lines)
 
