@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_lifecycle.py
 	$(PY) benchmarks/bench_trial_cost.py
 	$(PY) benchmarks/bench_scale.py
+	$(PY) benchmarks/bench_versions.py
 	$(PY) benchmarks/render_results.py
 
 clean:

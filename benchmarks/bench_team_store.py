@@ -8,8 +8,8 @@ Side by side, 500 trials (2 000 steps each by default):
 Measured: ``Sweep.trials()`` and ``ray-cmf compare --top 5``, best of 3 each (target: team <= 2x embedded,
 warm); the footers and the loss column of every file with no local copy, read from S3 directly against
 ray_cmf's lazy pull into the local DVC cache, each timed as its first query and the best of 3 later ones;
-and ``ray-cmf push`` of every file (files/s, MB/s). Both servers run on 127.0.0.1, started here (as root,
-with Debian's postgresql installed), like the tests' servers.
+and the push of every file (``store.dvc.push()``, what ``ray-cmf push`` runs; files/s, MB/s). Both servers
+run on 127.0.0.1, started here (as root, with Debian's postgresql installed), like the tests' servers.
 
 Run: ``.venv/bin/python benchmarks/bench_team_store.py [--trials 500 --steps 2000]``
 """
