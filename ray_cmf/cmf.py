@@ -31,6 +31,7 @@ from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, outcome, track
+from ray_cmf.frames import exact_frame
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
@@ -38,7 +39,6 @@ from ray_cmf.writer import Joined, StoreWriter
 
 if TYPE_CHECKING:
     import pandas as pd
-    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -376,15 +376,3 @@ class Cmf:
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
         self.close(ended_by(kind))
 
-
-def exact_frame(table: pa.Table, index: str) -> pd.DataFrame:
-    """A table as pandas, indexed by its column ``index``, without losing a value (columns with nulls become
-    Arrow-backed) and without copying a column more than once (a long series is read as it is)."""
-    import pandas as pd
-
-    def series(column: pa.ChunkedArray) -> pd.Series:
-        return column.to_pandas(types_mapper=pd.ArrowDtype) if column.null_count else column.to_pandas()
-
-    rows = pd.Index(series(table.column(index)), name=index)
-    columns = {name: series(table.column(name)).array for name in table.column_names if name != index}
-    return pd.DataFrame(columns, index=rows, copy=False)

@@ -50,6 +50,7 @@ from ray_cmf.frames import (
     SERIES_COLUMN,
     TRIAL_COLUMN,
     blank,
+    exact_frame,
     group_keys,
     group_summaries,
     is_number,
@@ -290,14 +291,16 @@ class Sweep:
         ``rank0``, ``rank1``), and ``rank`` where the rows carry one. A metric some trials lack is null in
         theirs. ``live=True`` adds the rows that running trials have spilled but not committed yet
         (read-only: the complete batches of their spill segments; nothing waits for the writer).
-        ``exact=True`` gives numbers as Arrow-backed columns, where a null (nothing logged) is not a NaN (a
-        NaN logged); plain float columns hold both as NaN.
+        Values come back as logged, as :meth:`Cmf.read_metrics` gives them: a column with nulls (a metric some
+        rows or trials lack) is Arrow-backed, so its ints stay ints and a null (nothing logged) is not a NaN
+        (a NaN logged); the others keep their NumPy dtype. ``exact=True`` makes every number column
+        Arrow-backed.
         """
         metrics = list(metrics) if metrics is not None else None
         table = self._step_table(metrics, set(trials) if trials is not None else None, live=live)
         if not table.num_rows:
             return _no_steps(metrics)
-        return _tidy(table.to_pandas(types_mapper=_exact_numbers if exact else None), metrics, overlap=live)
+        return _tidy(exact_frame(table, arrow_numbers=exact), metrics, overlap=live)
 
     def _step_table(self, metrics: list[str] | None, trials: set[str] | None, *, live: bool) -> pa.Table:
         """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``."""
@@ -508,7 +511,7 @@ class Sweep:
         table = self._step_table(chosen if metrics is not None else None, trials, live=False)
         if not table.num_rows:
             return _no_summary()
-        return summarize(_tidy(table.to_pandas(types_mapper=_exact_numbers), chosen), chosen, mode)
+        return summarize(_tidy(exact_frame(table, arrow_numbers=True), chosen), chosen, mode)
 
     def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``), best first; trials without a finite value
@@ -689,13 +692,6 @@ def _same(a: Any, b: Any) -> bool:
 
 def _metric_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
-
-
-def _exact_numbers(arrow_type: pa.DataType) -> Any:
-    """Numbers as Arrow-backed pandas columns, where a null is not a NaN."""
-    import pandas as pd
-
-    return pd.ArrowDtype(arrow_type) if is_number(arrow_type) else None
 
 
 def _no_summary() -> pd.DataFrame:

@@ -29,6 +29,22 @@ def is_number(arrow_type: pa.DataType) -> bool:
     return bool(pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type))
 
 
+def exact_frame(table: pa.Table, index: str | None = None, *, arrow_numbers: bool = False) -> pd.DataFrame:
+    """A table as pandas without losing a value: a column with nulls becomes Arrow-backed, so its ints stay
+    ints and a null (nothing logged) stays apart from a NaN (logged); others keep their NumPy dtype
+    (``arrow_numbers``: every number column is Arrow-backed). Indexed by the column ``index`` when given.
+    No column is copied more than once, so a long series is read as it is."""
+    import pandas as pd
+
+    def series(column: pa.ChunkedArray) -> pd.Series:
+        arrow = column.null_count or (arrow_numbers and is_number(column.type))
+        return column.to_pandas(types_mapper=pd.ArrowDtype) if arrow else column.to_pandas()
+
+    columns = {name: series(table.column(name)).array for name in table.column_names if name != index}
+    rows = pd.Index(series(table.column(index)), name=index) if index is not None else None
+    return pd.DataFrame(columns, index=rows, copy=False)
+
+
 def numeric(series: pd.Series) -> bool:
     """Whether a pandas column holds numbers (not bools): one recorded as Python values counts when every
     value present is an int or a float."""

@@ -64,8 +64,8 @@ def curves(
         )
     for trial_id, frame in steps.groupby("trial_id", sort=False):
         ax.plot(
-            frame["step"],
-            frame[metric],
+            frame["step"].to_numpy(dtype=float, na_value=np.nan),
+            frame[metric].to_numpy(dtype=float, na_value=np.nan),  # a step without the metric is a gap
             color=colour_of.get(trial_id),
             alpha=0.35 if many else 0.9,
             linewidth=0.8 if many else 1.5,

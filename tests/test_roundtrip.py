@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import Cmf, InvalidNameError, InvalidValueError, PrecisionError, SchemaError
+from ray_cmf import Cmf, InvalidNameError, InvalidValueError, PrecisionError, SchemaError, Sweep
 from tests._values import INT64_MAX, INT64_MIN, column_of, expected_column, floats, same
 
 REFUSALS = (InvalidNameError, InvalidValueError, PrecisionError, SchemaError)
@@ -82,3 +82,33 @@ def test_refused_row_leaves_no_trace(tmp_path: Any) -> None:
     cmf.commit_metrics("s")
     frame = cmf.read_metrics("s")
     assert column_of(frame, "x", 3) == [1, None, 2**60] and column_of(frame, "new", 3) == [None, "text", None]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.dictionaries(st.sampled_from(["a", "b", "é ü 字"]), values, max_size=3), min_size=1, max_size=12)
+)
+def test_a_sweep_reads_back_every_value_exactly_by_default(rows: list[dict[str, Any]]) -> None:
+    """``Sweep.steps()`` without options gives what ``read_metrics`` gives: ints with gaps stay exact ints, and
+    a null (nothing logged) stays apart from a NaN logged."""
+    store = tempfile.mkdtemp()
+    try:
+        cmf = Cmf(pipeline_name="prop", store=store)
+        kept = []
+        for row in rows:
+            try:
+                cmf.log_metric("series", row)
+                kept.append(row)
+            except REFUSALS:
+                pass
+        if not kept:
+            return
+        cmf.commit_metrics("series")
+        cmf.close()
+        frame = Sweep(store, pipeline="prop", metrics_name="series").steps()
+        assert frame["step"].tolist() == list(range(1, len(kept) + 1))
+        for name in {key for row in kept for key in row}:
+            expected, read = expected_column(kept, name), column_of(frame, name, len(kept))
+            assert all(same(e, r) for e, r in zip(expected, read, strict=True)), (name, expected, read)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
