@@ -26,10 +26,18 @@ from ray_cmf._names import check_name
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.client import WriterClient
-from ray_cmf.constants import DATASET_TYPE, DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, MODEL_TYPE, SEQUENCE_COLUMN
+from ray_cmf.constants import (
+    DATASET_TYPE,
+    DEFAULT_FLUSH_ROWS,
+    DEFAULT_FLUSH_SECONDS,
+    MODEL_TYPE,
+    RESULTS_METRICS_NAME,
+    SEQUENCE_COLUMN,
+    SYSTEM_METRICS_NAME,
+)
 from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
-from ray_cmf.errors import MetricsNotFoundError, StoreError
+from ray_cmf.errors import InvalidNameError, MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, outcome, track
 from ray_cmf.frames import exact_frame
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution
@@ -41,6 +49,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 log = logging.getLogger(__name__)
+_TRIAL_SERIES = {RESULTS_METRICS_NAME: "Tune results", SYSTEM_METRICS_NAME: "system metrics"}  # a trial's own
 
 
 class Cmf:
@@ -100,6 +109,7 @@ class Cmf:
         cmf._attach(writer, joined.binding.store, joined.pipeline, flush_rows, flush_seconds)
         cmf.child_context, cmf._stage = joined.stage, joined.binding.stage
         cmf._binding, cmf.execution = joined.binding, joined.execution
+        cmf._continued = True
         return cmf
 
     def _attach(
@@ -118,6 +128,7 @@ class Cmf:
         self._binding: Binding | None = None
         self._running: Binding | None = None  # the execution this Cmf started and ends (see close())
         self._keys: dict[str, SeriesKey] = {}
+        self._continued = False  # whether a series continues across the execution's attempts (a trial's)
 
     # -- contexts and executions ---------------------------------------------------------------------
     def create_context(self, pipeline_stage: str, custom_properties: Mapping[str, Any] | None = None) -> Context:
@@ -231,7 +242,14 @@ class Cmf:
 
     def _new_buffer(self, metrics_name: str) -> MetricBuffer:
         check_name("metrics_name", metrics_name)
-        key = self._keys[metrics_name] = SeriesKey(self._current(), metrics_name, uuid.uuid4().hex[:8])
+        if self._continued and metrics_name in _TRIAL_SERIES:
+            raise InvalidNameError("metrics_name", metrics_name, f"a trial's {_TRIAL_SERIES[metrics_name]} use it")
+        binding = self._current()
+        if self._continued:  # a restored or restarted trial continues its series; re-logged steps: latest attempt
+            key = SeriesKey(binding, metrics_name, attempts=True)
+        else:  # each Cmf object its own series
+            key = SeriesKey(binding, metrics_name, uuid.uuid4().hex[:8])
+        self._keys[metrics_name] = key
         buffer = MetricBuffer(sink=self._writer.sink(key), flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
         self.metrics[metrics_name] = buffer
         return buffer
@@ -375,4 +393,3 @@ class Cmf:
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
         self.close(ended_by(kind))
-

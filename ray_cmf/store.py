@@ -428,6 +428,15 @@ class Store:
             )
         return str(versions[-1][1]["url"])
 
+    def newest_version(self, execution_id: int, metrics_name: str, instance: str = "") -> Path | None:
+        """The file of the newest committed version of an execution's series (its ``instance``), or None when
+        it has none, or its file is gone: what a series that is continued extends."""
+        with self._lock:
+            outputs = self._series_outputs(self.lineage.outputs([execution_id]), metrics_name)
+        versions = [props for output, props in outputs if output.instance == instance]
+        path = self.resolve(str(versions[-1]["url"])) if versions else None
+        return path if path is not None and path.is_file() else None
+
     def _series_outputs(self, outputs: list[Output], metrics_name: str) -> list[tuple[Output, dict[str, Any]]]:
         """The outputs that are committed versions of the series ``metrics_name`` (Step_Metrics artifacts), in
         the order they were recorded, each with its artifact's properties."""

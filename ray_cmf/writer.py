@@ -307,16 +307,21 @@ class StoreWriter:
 
     # -- series --------------------------------------------------------------------------------------
     def _series_of(self, key: SeriesKey) -> _Series:
+        """The series' state here, made on first use: it adopts what a spill holds and continues the newest
+        committed version (a Tune restore, a restarted driver: their rows extend what was committed before)."""
         live = self._open(key.binding.store)
         with self._lock:
             series = self._series.get((live, key.spill_name))
-            if series is None:
-                b = key.binding
-                dest = live.series_path(b.pipeline, b.stage, b.name, key.metrics_name, key.instance)
-                manifest = SpillManifest(key.metrics_name, b.execution_id, str(dest), key.instance)
-                series = _Series(Spill(live.spill_dir(key.spill_name), manifest), dest)
-                self._series[(live, key.spill_name)] = series
+        if series is not None:
             return series
+        b = key.binding
+        dest = live.series_path(b.pipeline, b.stage, b.name, key.metrics_name, key.instance)
+        committed = live.newest_version(b.execution_id, key.metrics_name, key.instance)  # I/O: outside the lock
+        base = str(committed) if committed is not None else None
+        manifest = SpillManifest(key.metrics_name, b.execution_id, str(dest), key.instance, base=base)
+        made = _Series(Spill(live.spill_dir(key.spill_name), manifest), dest)
+        with self._lock:
+            return self._series.setdefault((live, key.spill_name), made)
 
     def append(
         self,

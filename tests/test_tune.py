@@ -17,8 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
+from ray_cmf import Sweep
 from ray_cmf.compare import dedup_attempts
-from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
+from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, RESULTS_METRICS_NAME, STEP_METRICS_TYPE
+from ray_cmf.frames import SERIES_COLUMN
 from ray_cmf.lineage import Lineage, properties
 
 pytestmark = pytest.mark.integration
@@ -237,17 +239,20 @@ RESTORE_DRIVER = textwrap.dedent(
     from ray import tune
     from ray.tune import Checkpoint
     from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import get_cmf
 
     store, results, phase = sys.argv[1], sys.argv[2], sys.argv[3]
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)  # every trial at once
 
     def trainable(config):
+        cmf = get_cmf()
         start = 0
         checkpoint = tune.get_checkpoint()
         if checkpoint:
             start = int((Path(checkpoint.path) / "it").read_text())
         for it in range(start, 3 if config["lr"] == 0.05 else 30):  # 0.05 ends before the driver is killed
             time.sleep(0.15)
+            cmf.log_metric("fine", {"step": it, "lr": config["lr"]})  # re-logged after a restore, as Tune re-reports
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / "it").write_text(str(it + 1))
                 tune.report({"loss": config["lr"] / (it + 1), "it": it}, checkpoint=Checkpoint.from_directory(d))
@@ -265,17 +270,21 @@ RESTORE_DRIVER = textwrap.dedent(
 )
 
 
-def _spilled_rows(spill: Path) -> list[int]:
-    """Rows in each spill directory (complete batches only), while a writer appends to them."""
+def _spilled_results(spill: Path) -> list[int]:
+    """Tune results in each trial's spill directory (complete batches only), while a writer appends to them."""
     from ray_cmf.series_format import read_segments
 
-    return [sum(b.num_rows for b in read_segments(d)) for d in spill.iterdir()] if spill.is_dir() else []
+    found = spill.glob(f"*-{RESULTS_METRICS_NAME}") if spill.is_dir() else []
+    return [sum(b.num_rows for b in read_segments(d)) for d in found]
 
 
 @pytest.mark.slow
-def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("interruption", ["SIGKILL", "SIGINT"])
+def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: Path, interruption: str) -> None:
     """Under Tune's default settings (its experiment checkpoint, and the callback state in it, may be older
-    than what the store holds), the driver is killed 12 results into two 30-result trials, then restored."""
+    than what the store holds), the driver is stopped 12 results into two 30-result trials, then restored:
+    killed with everything it started, or interrupted as Ctrl-C does (Tune stops its trials, and what they
+    logged is committed before the driver exits)."""
     store, results = tmp_path / "store", tmp_path / "results"
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     first = subprocess.Popen(
@@ -283,11 +292,15 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until both long trials have 12 results in the store
-        if sorted(_spilled_rows(store / "spill"))[-2:] >= [12, 12]:
+        if sorted(_spilled_results(store / "spill"))[-2:] >= [12, 12]:
             break
         time.sleep(0.1)
-    os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started, for real
-    first.wait()
+    if interruption == "SIGKILL":
+        os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started, for real
+        first.wait()
+    else:
+        first.send_signal(signal.SIGINT)  # the driver only, as a terminal's Ctrl-C reaches Tune
+        first.wait(timeout=120)
     second = subprocess.run(
         [sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "restore"],
         env=env,
@@ -314,6 +327,13 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
         series = dedup_attempts(raw)
         assert series["training_iteration"].tolist() == list(range(1, 31))  # no duplicates, no holes
         assert series["it"].tolist() == list(range(30))
+    fine = Sweep(store, pipeline="restore", metrics_name="fine").steps()
+    assert SERIES_COLUMN not in fine.columns  # a restored trial continues its series: no second one
+    for lr, rows in fine.groupby("lr"):
+        steps = rows["step"].tolist()
+        assert len(steps) == len(set(steps)), (lr, steps)  # re-logged steps resolved to the latest attempt
+        if interruption == "SIGINT" or lr == 0.05:  # nothing was lost: every row of every attempt is there
+            assert sorted(steps) == list(range(3 if lr == 0.05 else 30)), (lr, steps)
 
 
 def _runs_until_stopped(config: dict[str, Any]) -> None:

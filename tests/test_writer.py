@@ -9,11 +9,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ray_cmf import Cmf, Store
+from ray_cmf import Cmf, InvalidNameError, Store, Sweep
 from ray_cmf import client as client_module
 from ray_cmf.binding import SeriesKey
 from ray_cmf.client import WriterClient
-from ray_cmf.constants import RUN_EXECUTION_TYPE, SEQUENCE_COLUMN, SPILL_DIR, SYSTEM_METRICS_NAME
+from ray_cmf.constants import (
+    RESULTS_METRICS_NAME,
+    RUN_EXECUTION_TYPE,
+    SEQUENCE_COLUMN,
+    SPILL_DIR,
+    SYSTEM_METRICS_NAME,
+    TRIAL_EXECUTION_TYPE,
+)
+from ray_cmf.frames import SERIES_COLUMN
 from ray_cmf.lineage import properties
 from ray_cmf.series_format import SpillManifest, read_segments
 from ray_cmf.writer import StoreWriter
@@ -198,3 +206,35 @@ def test_rows_a_client_gave_up_on_but_the_writer_kept_are_not_lost(
     artifact = cmf.commit_metrics("train")
     assert artifact is not None and properties(artifact)["rows_lost"] == 0
     assert cmf.read_metrics("train")["step"].tolist() == [float(s) for s in range(200)]
+
+
+def test_a_new_writer_continues_the_newest_committed_version(store_dir: Path) -> None:
+    """A restored sweep's writer (a new driver) finds no spill, only a committed version: it extends it."""
+    client, key = _writer(store_dir)
+    client.call(StoreWriter.append, key=key, session="first", first_row=1, batch=_batch(1, 4))
+    client.call(StoreWriter.commit, key=key)
+    fresh, same_key = _writer(store_dir)
+    fresh.call(StoreWriter.append, key=same_key, session="restored", first_row=1, batch=_batch(1, 3))
+    artifact = fresh.call(StoreWriter.commit, key=same_key)
+    table = pq.read_table(Store(store_dir).resolve(properties(artifact)["url"]))
+    assert table.column(SEQUENCE_COLUMN).to_pylist() == list(range(1, 8))  # the 4 committed, then the 3 new
+
+
+def test_a_trials_cmf_continues_its_series_when_the_trial_starts_again(store_dir: Path) -> None:
+    """A restored trial re-logs the steps after its checkpoint: one series, each step once, the latest attempt's.
+    The names of the trial's own series (its Tune results, its system metrics) are not the trainable's to use."""
+    client = WriterClient(StoreWriter(Store(store_dir)))
+    start = {"kind": "trial", "name": "t1", "pipeline": "p", "stage": "s", "type_name": TRIAL_EXECUTION_TYPE}
+    for attempt, steps in ((1, [0, 1, 2]), (2, [1, 2, 3])):  # the second attempt restarts from step 1
+        client.call(StoreWriter.bind, **start, start=True)
+        cmf = Cmf.joined(client, client.call(StoreWriter.join, kind="trial", name="t1"))
+        for step in steps:
+            cmf.log_metric("fine", {"step": step, "attempt_logged": attempt})
+        cmf.commit_metrics("fine")
+    frame = Sweep(store_dir, pipeline="p", metrics_name="fine").steps()
+    assert SERIES_COLUMN not in frame.columns
+    assert frame["step"].tolist() == [0, 1, 2, 3]
+    assert frame["attempt_logged"].tolist() == [1, 2, 2, 2]
+    for reserved in (RESULTS_METRICS_NAME, SYSTEM_METRICS_NAME):
+        with pytest.raises(InvalidNameError, match=reserved):
+            cmf.log_metric(reserved, {"x": 1.0})
