@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,46 +25,58 @@ from ray_cmf.system import SystemSampler, sample_into
 
 log = logging.getLogger(__name__)
 SAMPLER_NAME = "ray_cmf_sampler"
+SAMPLER_THREADS = 8  # requests a node's sampler runs at once (see NodeSampler)
 _SAMPLERS: dict[tuple[str, str], Any] = {}  # (job id, node id) -> that node's sampler, for this driver
 
 
 class NodeSampler:
-    """Samples the processes it is asked to watch on its node, each into its own series (the actor class)."""
+    """Samples the processes it is asked to watch on its node, each into its own series (the actor class).
+
+    Requests run on several threads: the hand-over of a trial's rows waits for the writer (busy with that
+    trial's end), and a trial that starts meanwhile must be watched at once, before its process may be
+    gone. A trial's ``unwatch`` takes its ``watch``'s reply as an argument, so it runs after it.
+    """
 
     def __init__(self) -> None:
         self._writer: WriterClient | None = None  # found on first use: the sampler may start before it
         self._watched: dict[str, tuple[int, SystemSampler]] = {}  # trial -> (its pid, its sampler)
+        self._lock = threading.Lock()  # guards the two above
 
     def ready(self) -> bool:
         """Answers once the actor is up (see :func:`start_samplers`)."""
         return True
 
     def watch(self, trial: str, binding: list[Any], pid: int, interval: float) -> bool:
-        """Sample process ``pid`` every ``interval`` s (a first row now) into the ``system_metrics`` series
-        of ``binding[0]``: a Binding, or the ObjectRef of the reply that makes it, resolved only when the
-        first rows are handed over (so that sampling starts now). False if the process is gone. A process
-        that Tune reuses for another trial moves to that trial's series."""
-        for other, (watched_pid, _) in list(self._watched.items()):
-            if watched_pid == pid:
-                self.unwatch(other)
+        """Sample process ``pid`` (a first row now, then densely at first, then every ``interval`` s) into the
+        ``system_metrics`` series of ``binding[0]``: a Binding, or the ObjectRef of the reply that makes it,
+        resolved only when the first rows are handed over (so that sampling starts now). False if the process
+        is gone. A process that Tune reuses for another trial moves to that trial's series."""
+        with self._lock:
+            moved = [self._watched.pop(t)[1] for t, (watched, _) in list(self._watched.items()) if watched == pid]
+        for sampler in moved:  # its process lives on: the new trial's first row can wait for the hand-over
+            sampler.stop()
         if not psutil.pid_exists(pid):
             return False
-        if self._writer is None:
-            self._writer = connect()
+        with self._lock:
+            if self._writer is None:
+                self._writer = connect()
+            writer = self._writer
         key = functools.partial(_system_key, binding[0])
-        sampler = sample_into(self._writer, key, interval, {PID_COLUMN: pid}, pid)
-        assert sampler is not None  # an interval was given
-        self._watched[trial] = (pid, sampler)
+        started = sample_into(writer, key, interval, {PID_COLUMN: pid}, pid, ramp=True)
+        assert started is not None  # an interval was given
+        with self._lock:
+            self._watched[trial] = (pid, started)
         return True
 
-    def unwatch(self, trial: str) -> int:
+    def unwatch(self, trial: str, watched: bool) -> int:
         """Take the last row of the process sampled for ``trial`` and hand its rows to the writer; returns
-        the rows sampled (0 when none was watched)."""
-        watched = self._watched.pop(trial, None)
-        if watched is None:
+        the rows sampled (0 when none was watched). ``watched``: the reply of the trial's :meth:`watch`."""
+        with self._lock:
+            found = self._watched.pop(trial, None)
+        if found is None:
             return 0
-        watched[1].stop()
-        return watched[1].samples
+        found[1].stop()
+        return found[1].samples
 
 
 def _system_key(binding: Any) -> SeriesKey:
@@ -78,10 +91,11 @@ class Watch:
 
     sampler: Any  # the node's NodeSampler actor
     trial: str
+    started: Any  # the ObjectRef of the sampler's watch reply
 
     def stop(self) -> Any:
         """Start the hand-over of its last row and all its rows (see :func:`handed_over`); never waits."""
-        return self.sampler.unwatch.remote(self.trial)
+        return self.sampler.unwatch.remote(self.trial, self.started)
 
 
 def actor_process(actor: Any) -> tuple[int, str] | None:
@@ -110,6 +124,7 @@ def _sampler(node: str) -> Any:
                 name=f"{SAMPLER_NAME}_{node}",
                 get_if_exists=True,
                 num_cpus=0,
+                max_concurrency=SAMPLER_THREADS,
                 max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
             )
@@ -146,9 +161,9 @@ def watch(actor: Any, trial: str, binding: Any, interval: float) -> Watch | None
     if process is None:
         return None
     pid, node = process
-    watched = Watch(_sampler(node), trial)
-    watched.sampler.watch.remote(trial, [binding], pid, interval)  # in a list: Ray passes the ref as it is
-    return watched
+    sampler = _sampler(node)
+    started = sampler.watch.remote(trial, [binding], pid, interval)  # in a list: Ray passes the ref as it is
+    return Watch(sampler, trial, started)
 
 
 def handed_over(stopping: Any, timeout: float) -> int:

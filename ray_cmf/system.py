@@ -23,6 +23,7 @@ from ray_cmf.constants import DEFAULT_FLUSH_SECONDS
 
 log = logging.getLogger(__name__)
 _MB = 2**20
+RAMP_FIRST_S = 0.05  # a ramped sampler's first gap (see SystemSampler)
 
 
 class _Gpus:
@@ -63,15 +64,25 @@ class SystemSampler:
         interval: Seconds between rows (> 0).
         extra: Constant columns added to every row (e.g. ``{"rank": 1}``).
         pid: The process to sample; default this one.
+        ramp: Sample densely at first (after :data:`RAMP_FIRST_S`, then at doubling gaps up to ``interval``):
+            for a process sampled from outside, whose end is not seen in time for a last row (Tune stops a
+            trial's process as the trial ends), so that a short one still gets rows after its first.
     """
 
     def __init__(
-        self, buffer: MetricBuffer, interval: float, extra: dict[str, Any] | None = None, pid: int | None = None
+        self,
+        buffer: MetricBuffer,
+        interval: float,
+        extra: dict[str, Any] | None = None,
+        pid: int | None = None,
+        *,
+        ramp: bool = False,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"system metrics interval must be > 0 seconds, got {interval!r}")
         self.buffer = buffer
         self.interval = interval
+        self.ramp = ramp
         self.extra = dict(extra or {})
         self.samples = 0
         self._process = psutil.Process(pid)
@@ -92,13 +103,15 @@ class SystemSampler:
         self.buffer.close()
 
     def _run(self) -> None:
-        """The first row now, one each interval, and the last once stopped (all appended on this thread)."""
-        first = True
+        """The first row now, one each interval (after the ramp), and the last once stopped (all appended on
+        this thread)."""
+        first, gap = True, min(RAMP_FIRST_S, self.interval) if self.ramp else self.interval
         while self._append(first):
             first = False
-            if self._stopped.wait(self.interval):
+            if self._stopped.wait(gap):
                 self._append(first)
                 return
+            gap = min(gap * 2, self.interval)
 
     def _append(self, first: bool) -> bool:
         """Append one row; False once the process is gone."""
@@ -151,10 +164,12 @@ def sample_into(
     interval: float | None,
     extra: dict[str, Any] | None = None,
     pid: int | None = None,
+    *,
+    ramp: bool = False,
 ) -> SystemSampler | None:
     """Start sampling a process (this one by default) into a series at the store's writer; None when
-    ``interval`` is None (switched off)."""
+    ``interval`` is None (switched off). ``ramp``: see :class:`SystemSampler`."""
     if interval is None:
         return None
     buffer = MetricBuffer(sink=writer.sink(key), flush_seconds=max(DEFAULT_FLUSH_SECONDS, interval))
-    return SystemSampler(buffer, interval, extra, pid).start()
+    return SystemSampler(buffer, interval, extra, pid, ramp=ramp).start()

@@ -156,6 +156,19 @@ def test_a_process_shorter_than_an_interval_gets_a_first_and_a_last_row(tmp_path
     assert [row["step"] for row in rows] == [1, 2] and rows[1]["proc_cpu_percent"] is not None
 
 
+def test_a_ramped_sampler_samples_densely_at_first_then_at_its_interval(tmp_path: Path) -> None:
+    """Sampled from outside, a process's end is not seen in time for a last row: the ramp gives a short one
+    rows after its first (0, 0.05, 0.15, 0.35, 0.75 s, ...), and a long one rows at its interval."""
+    buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s.parquet")))
+    sampler = SystemSampler(buffer, interval=0.4, ramp=True).start()
+    time.sleep(1.7)
+    sampler.stop()
+    rows = [row for batch in read_segments(tmp_path / "spill") for row in batch.to_pylist()]
+    gaps = [b["wall_time"] - a["wall_time"] for a, b in itertools.pairwise(rows[:-1])]
+    assert gaps[0] < gaps[-1] and gaps[0] < 0.3  # dense at first (0.05 s), its interval (0.4 s) later
+    assert len(rows) >= 6  # 0, 0.05, 0.15, 0.35, 0.75 and 1.15 s at least, and the last
+
+
 def test_sampling_another_process_ends_quietly_when_it_exits(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
     buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s.parquet")))

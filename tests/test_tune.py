@@ -525,6 +525,32 @@ def test_every_trial_gets_system_metrics_without_code_in_its_trainable(ray_sessi
     assert (long["steps"] >= 6).all()  # 1.8 s at a row every 0.25 s
 
 
+def _instant(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    tune.report({"loss": config["i"]})
+
+
+def test_trials_that_end_at_once_are_each_sampled_from_their_start(ray_session: None, tmp_path: Path) -> None:
+    """Two at a time, under the default interval: a trial that ends as it starts still gets two rows, even
+    while its node's sampler hands another trial's rows to a writer that is busy with that trial's end."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger, Sweep
+
+    store = tmp_path / "store"
+    tune.Tuner(
+        _instant,
+        param_space={"i": tune.grid_search(list(range(6)))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=2),
+        run_config=tune.RunConfig(
+            name="instant", storage_path=str(tmp_path / "results"), callbacks=[CmfRayLogger("instant", store=store)]
+        ),
+    ).fit()
+    table = Sweep(store, pipeline="instant", metrics_name="system_metrics").trials()
+    assert len(table) == 6 and table["steps"].min() >= 2, table[["trial_id", "steps"]]
+
+
 def _reused(config: dict[str, Any]) -> None:
     from ray import tune
     from ray.train._internal.session import get_session
