@@ -416,13 +416,14 @@ class CmfTrainCallback(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         rt = self._rt(run_context)
+        if any(m.get(FINAL_FLAG) for m in metrics):  # StepLogger's last report, not the loop's: no row
+            self._commit(rt, {"status": "COMPLETE"}, "COMPLETE", end=True)  # also what the workers left
+            return
         rt.reports += 1
         for rank, reported in enumerate(metrics):
-            row = result_row({k: v for k, v in reported.items() if k != FINAL_FLAG})
+            row = result_row(reported)
             rt.buffer.append({"report": rt.reports, "rank": rank, **row, "checkpointed": checkpoint is not None})
-        if any(m.get(FINAL_FLAG) for m in metrics):  # every rank finished: commit what the workers left too
-            self._commit(rt, {"status": "COMPLETE"}, "COMPLETE", end=True)
-        elif checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
+        if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
