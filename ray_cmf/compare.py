@@ -334,7 +334,7 @@ class Sweep:
         known |= {name for table in spilled or [] for name in table.column_names}
         unknown = [m for m in metrics if m not in known]
         if unknown and (known or spilled is None):
-            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(self._schema())}")
+            raise self._unknown(unknown)
 
     def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pa.Table:
         mine = [f for f in self.files() if trials is None or f.trial_id in trials]
@@ -498,8 +498,20 @@ class Sweep:
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
         if unknown and any(m not in self._schema().names for m in unknown):  # not even in trials left out
-            raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {_metric_columns(self._schema())}")
+            raise self._unknown(unknown)
         return [m for m in chosen if m in numeric]
+
+    def _unknown(self, unknown: list[str]) -> RayCmfError:
+        """The error for metrics the series lacks; where none of its trials committed rows yet, it says where
+        their rows are."""
+        known = _metric_columns(self._schema())
+        hint = (
+            ""
+            if known
+            else " (no trial has committed rows of it yet: a running sweep's are read with live=True, a crashed "
+            "one's are committed by `ray-cmf recover`)"
+        )
+        return RayCmfError(f"Unknown metric(s) {unknown}; the series has {known}{hint}")
 
     def _summary_from_scan(
         self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], trials: set[str]

@@ -246,3 +246,13 @@ def test_long_commands_show_progress_on_a_terminal_and_stay_quiet_when_piped(sto
     assert piped.returncode == 0 and piped.stderr == ""
     result, shown = _stderr_on_a_terminal(["export", "--store", str(store_copy), "-o", str(store_copy / "x.csv")])
     assert result.returncode == 0 and "reading the steps of" in shown
+
+
+def test_a_metric_of_a_series_nobody_committed_yet_says_how_to_read_it(tmp_path: Path) -> None:
+    """A crashed sweep (or a running one) has rows spilled and none committed: the error says where they are."""
+    cmf = Cmf(pipeline_name="crashed", store=tmp_path / "store", flush_rows=1)
+    cmf.log_metric("steps", {"loss": 1.0})
+    cmf.metrics["steps"].flush()  # spilled, never committed
+    with pytest.raises(RayCmfError, match="live=True.*ray-cmf recover"):
+        Sweep(tmp_path / "store", pipeline="crashed", metrics_name="steps").trials(["loss"])
+    cmf.close()
