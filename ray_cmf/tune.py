@@ -81,7 +81,8 @@ def trial_cmf(
             _TRIAL_CMFS.pop(ended).close()
     writer = connect()
     in_trial = threading.current_thread() is not threading.main_thread()  # Tune's thread for the trainable
-    joined = writer.wait_for(StoreWriter.join, timeout, kind="trial", name=trial_id)
+    here = capture(code=False, software=False) if in_trial else None
+    joined = writer.wait_for(StoreWriter.join, timeout, kind="trial", name=trial_id, environment=here)
     if joined is None:
         raise RayCmfError(
             f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
@@ -89,15 +90,9 @@ def trial_cmf(
         )
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
     if in_trial:
-        recorded = writer.send(  # waited for at the hand-over: the trial's start does not wait on an MLMD write
-            StoreWriter.record_environment,
-            execution_id=joined.binding.execution_id,
-            environment=capture(code=False, software=False),
-            store=joined.binding.store,
-        )
         interval = None if joined.node_sampled else system_metrics
         sampler = sample_into(writer, SeriesKey(joined.binding, SYSTEM_METRICS_NAME), interval)
-        hand_over = _HandOver(trial_id, cmf, sampler, recorded)
+        hand_over = _HandOver(trial_id, cmf, sampler)
         _before_tune_stops(hand_over)
         on_thread_end(hand_over)
     return cmf
@@ -111,7 +106,6 @@ class _HandOver:
     trial_id: str
     cmf: Cmf
     sampler: SystemSampler | None
-    recorded: Reply  # the record of the trial's hardware
     done: bool = False
     finished: threading.Event = field(default_factory=threading.Event)
 
@@ -127,15 +121,7 @@ class _HandOver:
             self.cmf.log_seeds()  # torch's seed as the trainable left it
             self.cmf.close()
         finally:
-            self._wait_recorded()
             self.finished.set()
-
-    def _wait_recorded(self) -> None:
-        """The hardware record reaches the store before the trial's end does; its failure is a warning."""
-        try:
-            self.recorded.result(timeout=HAND_OVER_WAIT_S)
-        except Exception as exc:
-            log.warning("ray_cmf: trial %s could not record its hardware: %r", self.trial_id, exc)
 
 
 def _before_tune_stops(hand_over: _HandOver) -> None:

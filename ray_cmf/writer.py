@@ -197,13 +197,15 @@ class StoreWriter:
         with self._lock:
             return self._bindings.get((kind, name))
 
-    def join(self, *, kind: str, name: str) -> Joined | None:
-        """All that a process joining a bound trial or run needs, in one request (see :class:`Joined`); None
-        while it is not bound yet. It writes nothing, so the process waits only for reads."""
+    def join(self, *, kind: str, name: str, environment: Environment | None = None) -> Joined | None:
+        """All that a process joining a bound trial or run needs, in one request (see :class:`Joined`),
+        after recording what it runs on (``environment``); None while it is not bound yet."""
         binding = self.binding(kind=kind, name=name)
         if binding is None:
             return None
         live = self._open(binding.store)
+        if environment is not None:
+            live.log_environment(binding.execution_id, environment)
         with self._lock:
             node_sampled = (kind, name) in self._node_sampled
         return Joined(
