@@ -253,6 +253,6 @@ def test_a_metric_of_a_series_nobody_committed_yet_says_how_to_read_it(tmp_path:
     cmf = Cmf(pipeline_name="crashed", store=tmp_path / "store", flush_rows=1)
     cmf.log_metric("steps", {"loss": 1.0})
     cmf.metrics["steps"].flush()  # spilled, never committed
-    with pytest.raises(RayCmfError, match="live=True.*ray-cmf recover"):
+    with pytest.raises(RayCmfError, match=r"live=True.*ray-cmf recover"):
         Sweep(tmp_path / "store", pipeline="crashed", metrics_name="steps").trials(["loss"])
     cmf.close()
