@@ -242,13 +242,12 @@ class Cmf:
 
     def _new_buffer(self, metrics_name: str) -> MetricBuffer:
         check_name("metrics_name", metrics_name)
-        if self._continued and metrics_name in _TRIAL_SERIES:
-            raise InvalidNameError("metrics_name", metrics_name, f"a trial's {_TRIAL_SERIES[metrics_name]} use it")
-        binding = self._current()
         if self._continued:  # a restored or restarted trial continues its series; re-logged steps: latest attempt
-            key = SeriesKey(binding, metrics_name, attempts=True)
+            if metrics_name in _TRIAL_SERIES:
+                raise InvalidNameError("metrics_name", metrics_name, f"a trial's {_TRIAL_SERIES[metrics_name]} use it")
+            key = SeriesKey(self._current(), metrics_name, attempts=True)
         else:  # each Cmf object its own series
-            key = SeriesKey(binding, metrics_name, uuid.uuid4().hex[:8])
+            key = SeriesKey(self._current(), metrics_name, uuid.uuid4().hex[:8])
         self._keys[metrics_name] = key
         buffer = MetricBuffer(sink=self._writer.sink(key), flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
         self.metrics[metrics_name] = buffer

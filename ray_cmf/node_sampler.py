@@ -18,7 +18,6 @@ import psutil
 
 from ray_cmf.actor import connect
 from ray_cmf.binding import Binding, SeriesKey
-from ray_cmf.client import WriterClient
 from ray_cmf.constants import SYSTEM_METRICS_NAME
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.system import SystemSampler, sample_into
@@ -38,9 +37,8 @@ class NodeSampler:
     """
 
     def __init__(self) -> None:
-        self._writer: WriterClient | None = None  # found on first use: the sampler may start before it
         self._watched: dict[str, tuple[int, SystemSampler]] = {}  # trial -> (its pid, its sampler)
-        self._lock = threading.Lock()  # guards the two above
+        self._lock = threading.Lock()  # guards it
 
     def ready(self) -> bool:
         """Answers once the actor is up (see :func:`start_samplers`)."""
@@ -57,12 +55,8 @@ class NodeSampler:
             sampler.stop()
         if not psutil.pid_exists(pid):
             return False
-        with self._lock:
-            if self._writer is None:
-                self._writer = connect()
-            writer = self._writer
-        key = functools.partial(_system_key, binding[0])
-        started = sample_into(writer, key, interval, {PID_COLUMN: pid}, pid, ramp=True)
+        key = functools.partial(_system_key, binding[0])  # connect(): the writer, looked up once per job
+        started = sample_into(connect(), key, interval, {PID_COLUMN: pid}, pid, ramp=True)
         assert started is not None  # an interval was given
         with self._lock:
             self._watched[trial] = (pid, started)
