@@ -163,6 +163,7 @@ class Sweep:
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
         self._artifacts: list[Artifact] | None = None
+        self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
         held = self.series_names()
         if held and self.metrics_name not in held:
             if metrics_name is None and len(held) == 1:
@@ -190,6 +191,7 @@ class Sweep:
         keep = set(trial_ids)
         view = Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=self.include_deleted)
         view._executions = [(e, s) for e, s in self.executions() if trial_id_of(e) in keep]
+        view._whole = self._whole
         return view
 
     def series_names(self) -> list[str]:
@@ -327,10 +329,15 @@ class Sweep:
         """The unified schema of the committed files (default: every file of the sweep)."""
         return unify([schema for schema, _ in self._footers(files).values()])
 
+    def _known_schema(self) -> pa.Schema:
+        """The schema of every trial this sweep is a view of: a metric that only trials left out hold is
+        still a metric of it (blank for the trials kept), not an unknown one."""
+        return self._whole._schema()
+
     def _check_metrics(self, metrics: list[str], spilled: list[pa.Table] | None) -> None:
         """An unknown metric is an error that lists the sweep's metrics (the ``spilled`` tables' count too,
         when the rows read include them)."""
-        known = set(self._schema().names)
+        known = set(self._known_schema().names)
         known |= {name for table in spilled or [] for name in table.column_names}
         unknown = [m for m in metrics if m not in known]
         if unknown and (known or spilled is None):
@@ -490,21 +497,24 @@ class Sweep:
                 row[f"{metric}_final"] = stats.get("last", math.nan)
             row["steps"] = summary["rows"]
             rows[trial_id] = row
-        return pd.DataFrame.from_dict(rows, orient="index") if rows else _no_summary()
+        return pd.DataFrame.from_dict(rows, orient="index") if rows else _no_summary(chosen)
 
     def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
         """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all)."""
-        numeric = [f.name for f in schema if f.name in _metric_columns(schema) and is_number(f.type)]
+        numeric = _numeric(schema)
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
-        if unknown and any(m not in self._schema().names for m in unknown):  # not even in trials left out
-            raise self._unknown(unknown)
+        if unknown:  # only trials left out have them: their columns stay, blank for the trials kept
+            whole = self._known_schema()
+            if any(m not in whole.names for m in unknown):
+                raise self._unknown(unknown)
+            numeric += _numeric(whole)
         return [m for m in chosen if m in numeric]
 
     def _unknown(self, unknown: list[str]) -> RayCmfError:
         """The error for metrics the series lacks; where none of its trials committed rows yet, it says where
         their rows are."""
-        known = _metric_columns(self._schema())
+        known = _metric_columns(self._known_schema())
         hint = (
             ""
             if known
@@ -522,8 +532,9 @@ class Sweep:
         chosen = self._summarised(self._schema(), metrics)
         table = self._step_table(chosen if metrics is not None else None, trials, live=False)
         if not table.num_rows:
-            return _no_summary()
-        return summarize(_tidy(exact_frame(table, arrow_numbers=True), chosen), chosen, mode)
+            return _no_summary(chosen)
+        frame = _tidy(exact_frame(table, arrow_numbers=True), chosen)
+        return summarize(frame.assign(**{m: math.nan for m in chosen if m not in frame}), chosen, mode)
 
     def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``), best first; trials without a finite value
@@ -706,11 +717,18 @@ def _metric_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
 
 
-def _no_summary() -> pd.DataFrame:
-    """The summary of no trial: no rows, indexed by trial id like any other (so that it joins)."""
+def _no_summary(metrics: Sequence[str]) -> pd.DataFrame:
+    """The summary of no trial: no rows, indexed by trial id like any other (so that it joins), with the
+    columns of ``metrics``."""
     import pandas as pd
 
-    return pd.DataFrame(columns=["steps"], index=pd.Index([], dtype=object, name=TRIAL_COLUMN))
+    columns = [f"{m}_{part}" for m in metrics for part in ("best", "final")]
+    return pd.DataFrame(columns=[*columns, "steps"], index=pd.Index([], dtype=object, name=TRIAL_COLUMN), dtype=float)
+
+
+def _numeric(schema: pa.Schema) -> list[str]:
+    """The metric columns of ``schema`` that hold numbers."""
+    return [f.name for f in schema if f.name in _metric_columns(schema) and is_number(f.type)]
 
 
 def _no_steps(metrics: list[str] | None) -> pd.DataFrame:

@@ -13,12 +13,13 @@ import numpy as np
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
-from ray_cmf.frames import numeric
+from ray_cmf.frames import blank, numeric
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _LEGEND_MAX = 12
+_NO_VALUE = "grey"  # the colour of a trial whose config lacks the key a plot is coloured by
 
 
 def _norm(values: np.ndarray) -> matplotlib.colors.Normalize:
@@ -45,15 +46,18 @@ def curves(
         )
     colour_of: dict[str, object] = {}
     if key is not None and numeric(trials[key]):
-        norm = _norm(trials[key].to_numpy(dtype=float))
+        values = trials[key].to_numpy(dtype=float, na_value=np.nan)
+        norm = _norm(values)
         cmap = plt.get_cmap("viridis")
-        colour_of = {t: cmap(norm(v)) for t, v in zip(trials["trial_id"], trials[key], strict=True)}
+        pairs = zip(trials["trial_id"], values, strict=True)
+        colour_of = {t: cmap(norm(v)) if np.isfinite(v) else _NO_VALUE for t, v in pairs}  # no such key: grey
         fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=color_by)
     elif key is not None:
-        categories = list(dict.fromkeys(trials[key].astype(str)))
+        labels = ["(none)" if blank(v) else str(v) for v in trials[key]]  # a trial without the key is a category
+        categories = list(dict.fromkeys(labels))
         palette = plt.get_cmap("tab10" if len(categories) <= 10 else "tab20")
-        pairs = zip(trials["trial_id"], trials[key], strict=True)
-        colour_of = {t: palette(categories.index(str(v)) % palette.N) for t, v in pairs}
+        pairs = zip(trials["trial_id"], labels, strict=True)
+        colour_of = {t: palette(categories.index(label) % palette.N) for t, label in pairs}
         ax.legend(
             handles=[
                 matplotlib.lines.Line2D([], [], color=palette(i % palette.N), label=c)

@@ -182,6 +182,7 @@ def test_every_read_path_takes_any_sweep(
     sweep = Sweep(store)
     table = sweep.trials()
     assert sorted(table["trial_id"]) == sorted(t.trial_id for t in trials)
+    table_keys = {c.removeprefix("config/") for c in table.columns if c.startswith("config/")}
     committed = [row for t in trials if t.status != "RUNNING" for rows in t.series.values() for row in rows]
     logged = {m for row in committed for m, v in row.items() if v is not None} - {"training_iteration", "rank"}
     numbers = {m for m in logged if all(_number(r.get(m)) for r in committed if r.get(m) is not None)}
@@ -199,6 +200,12 @@ def test_every_read_path_takes_any_sweep(
         assert len(sweep.best(metric, "min", n=len(trials))) == len(trials)
         commands.append(["compare", "--metric", metric, "--top", "3"])
         commands.append(["trials", "--metric", metric, "--mode", "max"])
+        for status in {t.status for t in trials}:  # trials kept may all lack the metric: its columns stay
+            kept = sweep.trials([metric], where=f'status == "{status}"')
+            assert {f"{metric}_best", f"{metric}_final"} <= set(kept.columns)
+            commands.append(["compare", "--metric", metric, "--where", f'status == "{status}"'])
+        for key in sorted({k for t in trials for k in t.config if k in table_keys}):
+            commands.append(["plot", "--metric", metric, "--color-by", key, "-o", str(tmp / "plot.png")])
     commands.append(["report", "-o", str(tmp / "report.html")])
     for command in commands:
         capsys.readouterr()
