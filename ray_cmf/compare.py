@@ -51,10 +51,12 @@ from ray_cmf.frames import (
     TRIAL_COLUMN,
     blank,
     exact_frame,
+    exact_summary,
     group_keys,
     group_summaries,
     is_number,
     mode_of,
+    settle_ints,
     sort_trials,
     summarize,
 )
@@ -439,7 +441,7 @@ class Sweep:
         summary = self._summary_from_footers(metrics, mode, chosen)
         if summary is None:
             summary = self._summary_from_scan(metrics, mode, chosen)
-        table = recorded.join(summary, on="trial_id")
+        table = settle_ints(recorded.join(summary, on="trial_id"))
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
         return table[query.mask(table)] if query is not None else table
 
@@ -477,7 +479,6 @@ class Sweep:
         None when a file lacks a current summary, holds re-reported steps (a restored trial) or is one of
         several series of a trial: those need the scan.
         """
-        import pandas as pd
 
         mine = [f for f in self.files() if f.trial_id in trials]
         footers = self._footers(mine)
@@ -497,7 +498,7 @@ class Sweep:
                 row[f"{metric}_final"] = stats.get("last", math.nan)
             row["steps"] = summary["rows"]
             rows[trial_id] = row
-        return pd.DataFrame.from_dict(rows, orient="index") if rows else _no_summary(chosen)
+        return exact_summary(rows) if rows else _no_summary(chosen)
 
     def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
         """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all)."""

@@ -6,6 +6,7 @@ the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,11 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
     trial = frame[TRIAL_COLUMN].astype(str)
     summary = pd.DataFrame(index=pd.Index(trial.unique(), name=TRIAL_COLUMN))
     for metric in metrics:
+        if pd.api.types.is_integer_dtype(frame[metric].dtype):  # ints are all finite: kept as ints
+            grouped = frame[metric].groupby(trial)
+            summary[f"{metric}_best"] = exact_ints(grouped.max() if mode_of(mode, metric) == "max" else grouped.min())
+            summary[f"{metric}_final"] = exact_ints(grouped.last())
+            continue
         values = frame[metric].to_numpy(dtype=float, na_value=np.nan)
         finite = pd.Series(np.where(np.isfinite(values), values, np.nan), index=frame.index).groupby(trial)
         summary[f"{metric}_best"] = finite.max() if mode_of(mode, metric) == "max" else finite.min()
@@ -104,6 +110,38 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
         summary[f"{metric}_final"] = pd.Series(last.to_numpy(dtype=float, na_value=np.nan), index=last.index)
     summary["steps"] = trial.groupby(trial).size()
     return summary
+
+
+def exact_ints(values: pd.Series) -> pd.Series:
+    """A summary column of ints as Python ints, NaN where a trial has none: a column that a trial without the
+    metric joins keeps them (int64 would become float64, which rounds ints beyond 2**53)."""
+    import pandas as pd
+
+    exact = [math.nan if pd.isna(v) else int(v) for v in values]
+    return pd.Series(exact, index=values.index, dtype=object, name=values.name)
+
+
+def exact_summary(rows: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Per-trial summaries (trial id -> column -> value) as a frame: a column that holds an int keeps its ints
+    (see :func:`exact_ints`), any other is float64."""
+    import pandas as pd
+
+    index = pd.Index(list(rows), dtype=object)
+    columns = {}
+    for column in dict.fromkeys(c for row in rows.values() for c in row):
+        values = pd.Series([row.get(column, math.nan) for row in rows.values()], index=index, dtype=object)
+        ints = any(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        columns[column] = exact_ints(values) if ints else values.astype(float)
+    return pd.DataFrame(columns, index=index)
+
+
+def settle_ints(table: pd.DataFrame) -> pd.DataFrame:
+    """The summary columns of :func:`exact_ints` that no blank joined (every value an int) as int64 again."""
+    for column in [c for c in table.columns if c.endswith(("_best", "_final"))]:
+        values = table[column]
+        if values.dtype == object and len(values) and all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
+            table[column] = values.astype("int64")
+    return table
 
 
 CONFIG_EXCEPT = "config except "  # group_by="config except seed": every config key but those named

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -295,3 +296,24 @@ def test_piping_into_head_ends_quietly(tmp_path: Path) -> None:
     assert (
         len(done.stdout.splitlines()) == 2 and "BrokenPipeError" not in done.stderr and "Traceback" not in done.stderr
     )
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["from the footers", "from a scan"])
+def test_int_summaries_stay_exact_beside_trials_without_the_metric(tmp_path: Path, ranks: int) -> None:
+    """``_best``/``_final`` of an int metric are the ints logged, also when another trial has no such metric
+    (its blank must not turn the column into float64, which rounds 2**53 + 1)."""
+    big = [{"training_iteration": 1, "big": 2**53 + 1}, {"training_iteration": 2, "big": 2**62 + 1}]
+    other = [{"training_iteration": 1, "other": 0.5}]
+
+    def series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        return {"": rows} if ranks == 1 else {f"rank{r}": [{**row, "rank": r} for row in rows] for r in range(2)}
+
+    store = write_trials(tmp_path / "store", [Trial("big", series=series(big)), Trial("none", series=series(other))])
+    table = Sweep(store).trials(["big"]).set_index("trial_id")
+    exact = [
+        table.loc["big", "big_best"],
+        table.loc["big", "big_final"],
+        Sweep(store).best("big", "max")["big_best"][0],
+    ]
+    assert all(isinstance(v, int | np.integer) for v in exact)  # a float64 would compare equal after rounding
+    assert [int(v) for v in exact] == [2**53 + 1, 2**62 + 1, 2**62 + 1] and math.isnan(table.loc["none", "big_best"])
