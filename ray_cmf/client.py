@@ -89,11 +89,12 @@ class WriterClient:
     def wait_for(self, request: Callable[..., T | None], timeout: float, **kwargs: Any) -> T | None:
         """Run a request until it returns something other than None (another process has made what it
         reads), for up to ``timeout`` seconds; None if it never did."""
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, 0.05
         while (found := self.call(request, **kwargs)) is None:
             if time.monotonic() > deadline:
                 return None
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)  # a long wait asks the writer twice a second, not twenty times
         return found
 
     def sink(self, key: SeriesKey | Callable[[], SeriesKey]) -> WriterSink:

@@ -31,6 +31,7 @@ ENVIRONMENT_TYPE = "Environment"
 SYSTEM_METRICS_NAME = "system_metrics"
 RESULTS_METRICS_NAME = "tune_results"  # CmfRayLogger's series of each trial's Tune results
 DEFAULT_SYSTEM_METRICS_SECONDS = 10.0
+HAND_OVER_WAIT_S = 10.0  # how long a trial's or run's end waits for its processes' samples to reach the writer
 
 DEFAULT_FLUSH_ROWS = 10_000
 DEFAULT_FLUSH_SECONDS = 30.0

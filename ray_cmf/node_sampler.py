@@ -19,6 +19,7 @@ import psutil
 from ray_cmf.actor import connect
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.constants import SYSTEM_METRICS_NAME
+from ray_cmf.errors import RayCmfError
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.system import SystemSampler, sample_into
 
@@ -44,19 +45,28 @@ class NodeSampler:
         """Answers once the actor is up (see :func:`start_samplers`)."""
         return True
 
-    def watch(self, trial: str, binding: list[Any], pid: int, interval: float) -> bool:
+    def watch(
+        self,
+        trial: str,
+        binding: list[Any],
+        pid: int,
+        interval: float,
+        instance: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> bool:
         """Sample process ``pid`` (a first row now, then densely at first, then every ``interval`` s) into the
-        ``system_metrics`` series of ``binding[0]``: a Binding, or the ObjectRef of the reply that makes it,
-        resolved only when the first rows are handed over (so that sampling starts now). False if the process
-        is gone. A process that Tune reuses for another trial moves to that trial's series."""
+        ``system_metrics`` series of ``binding[0]`` (of ``instance`` when given, with the ``extra`` columns): a
+        Binding, or the ObjectRef of the reply that makes it, resolved only when the first rows are handed over
+        (so that sampling starts now). False if the process is gone. A process that Tune reuses for another
+        trial moves to that trial's series. ``trial`` names the watch for :meth:`unwatch`."""
         with self._lock:
             moved = [self._watched.pop(t)[1] for t, (watched, _) in list(self._watched.items()) if watched == pid]
         for sampler in moved:  # its process lives on: the new trial's first row can wait for the hand-over
             sampler.stop()
         if not psutil.pid_exists(pid):
             return False
-        key = functools.partial(_system_key, binding[0])  # connect(): the writer, looked up once per job
-        started = sample_into(connect(), key, interval, {PID_COLUMN: pid}, pid, ramp=True)
+        key = functools.partial(_system_key, binding[0], instance)  # connect(): the writer, looked up once per job
+        started = sample_into(connect(), key, interval, {**(extra or {}), PID_COLUMN: pid}, pid, ramp=True)
         assert started is not None  # an interval was given
         with self._lock:
             self._watched[trial] = (pid, started)
@@ -73,10 +83,28 @@ class NodeSampler:
         return found[1].samples
 
 
-def _system_key(binding: Any) -> SeriesKey:
+@dataclass(frozen=True)
+class Bound:
+    """A trial or run named, not yet bound: its samples wait for whoever binds it (see :func:`watch_process`)."""
+
+    kind: str
+    name: str
+
+
+BOUND_WAIT_S = (
+    24 * 3600.0
+)  # how long the samples of a named run wait for its binding (its first report, at worst its end)
+
+
+def _system_key(binding: Any, instance: str) -> SeriesKey:
     import ray
 
-    return SeriesKey(binding if isinstance(binding, Binding) else ray.get(binding), SYSTEM_METRICS_NAME)
+    if isinstance(binding, Bound):
+        found = connect().wait_binding(binding.kind, binding.name, BOUND_WAIT_S)
+        if found is None:
+            raise RayCmfError(f"The {binding.kind} {binding.name!r} was never bound: its system metrics are lost")
+        binding = found
+    return SeriesKey(binding if isinstance(binding, Binding) else ray.get(binding), SYSTEM_METRICS_NAME, instance)
 
 
 @dataclass(frozen=True)
@@ -154,10 +182,24 @@ def watch(actor: Any, trial: str, binding: Any, interval: float) -> Watch | None
     process = actor_process(actor)
     if process is None:
         return None
-    pid, node = process
+    return watch_process(*process, trial, binding, interval)
+
+
+def watch_process(
+    pid: int,
+    node: str,
+    name: str,
+    binding: Any,
+    interval: float,
+    instance: str = "",
+    extra: dict[str, Any] | None = None,
+) -> Watch:
+    """Have the sampler of ``node`` sample process ``pid`` into the ``system_metrics`` series of ``binding``
+    (a Binding, the ObjectRef of the reply that makes it, or a :class:`Bound` name; of ``instance``, with
+    the ``extra`` columns); ``name`` names the watch. Never waits."""
     sampler = _sampler(node)
-    started = sampler.watch.remote(trial, [binding], pid, interval)  # in a list: Ray passes the ref as it is
-    return Watch(sampler, trial, started)
+    started = sampler.watch.remote(name, [binding], pid, interval, instance, extra)  # in a list: Ray passes the ref
+    return Watch(sampler, name, started)
 
 
 def handed_over(stopping: Any, timeout: float) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.train import UserCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
 
 from ray_cmf._names import check_name
 from ray_cmf.actor import connect, ray_driver, start_writer
@@ -29,6 +29,7 @@ from ray_cmf.constants import (
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
+    HAND_OVER_WAIT_S,
     RUN_EXECUTION_TYPE,
     SYSTEM_METRICS_NAME,
     TRIAL_PROPERTY,
@@ -40,6 +41,7 @@ from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
+from ray_cmf.node_sampler import Bound, Watch, handed_over, watch_process
 from ray_cmf.results import result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
@@ -51,6 +53,7 @@ STEPS_METRICS_NAME = "train_steps"
 REPORTS_METRICS_NAME = "train_reports"
 FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
+_NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)
 _BIND_TIMEOUT_S = 60.0  # how long a worker waits for rank 0 to register the run
 
 
@@ -100,7 +103,8 @@ class StepLogger:
             the run's file is then linked to the trial's execution and context too.
         run_name: The Train run (default: Ray Train's experiment name).
         system_metrics: Inside Ray Train, every worker samples its process and node into the run's
-            ``system_metrics`` series (one per rank) every this many seconds; None switches it off.
+            ``system_metrics`` series (one per rank) every this many seconds; None switches it off. Where
+            ``CmfTrainCallback`` samples the workers from their nodes, it leaves that to the callback.
         registration_timeout: How long rank 0 waits for ``trial_id``'s registration by the driver (and the
             other ranks for the run's), in seconds.
 
@@ -166,7 +170,8 @@ class StepLogger:
                 sink=self._writer.sink(self._key), flush_rows=flush_rows, flush_seconds=flush_seconds
             )
         if self._context is not None:
-            self._sampler = sample_into(self._writer, self._system_key, system_metrics, {"rank": self.rank})
+            if not _NODE_SAMPLED:  # never sample a process twice
+                self._sampler = sample_into(self._writer, self._system_key, system_metrics, {"rank": self.rank})
             on_thread_end(self._hand_over)
 
     def _system_key(self) -> SeriesKey:
@@ -342,18 +347,25 @@ class _CallbackRuntime:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
     )
     reports: int = 0
+    ended: str | None = None  # the state its last end committed (a failure, StepLogger's final report)
 
 
-class CmfTrainCallback(UserCallback):
-    """Train callback (runs in the controller actor): every rank's reports in the run's report series.
+class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
+    """Train callback (runs in the controller actor): every rank's reports in the run's report series, and
+    every worker's process sampled from its node.
 
     Built on the driver, it starts the store's single writer there (:func:`ray_cmf.start_writer`), so
     every worker on any node logs into the driver's store. ``after_report`` appends one row per rank
     (with a ``rank`` column); nothing blocks the controller. A report with a checkpoint commits a version
-    of the series; ``after_exception`` commits what exists (the workers' step series too) and marks the
-    run FAILED; the final report of :class:`StepLogger` commits again and marks it COMPLETE. (Ray Train
-    gives user callbacks no end-of-run hook, so a run without StepLogger is committed at its
-    checkpoints and errors only.)
+    of the series; a worker's error marks the run FAILED; the run's end commits what exists (the workers'
+    series too) and marks it COMPLETE, or FAILED when it failed.
+
+    As each worker group starts, the sampler of each worker's node (as for :class:`CmfRayLogger`'s
+    trials) samples the worker's process into the run's ``system_metrics`` series of its rank, without
+    touching the training loop; :class:`StepLogger` then leaves that process to it.
+
+    It is built on Ray Train's controller and worker-group callbacks (``ray.train.v2``), not on
+    ``UserCallback``, whose hooks see neither the workers nor the run's end.
 
     Args:
         pipeline_name, pipeline_stage: Where to record (stage default: the run's name).
@@ -363,6 +375,8 @@ class CmfTrainCallback(UserCallback):
             the store's own, or the one its config file names).
         push: Upload each committed file to the store's remote as it is committed, on the writer's
             background thread (what the job's end cuts short, ``ray-cmf push`` sends later).
+        system_metrics: Sample every worker's process every this many seconds (densely in its first
+            second); None switches it off (then each :class:`StepLogger` samples its own process).
     """
 
     def __init__(
@@ -373,6 +387,7 @@ class CmfTrainCallback(UserCallback):
         metrics_name: str = REPORTS_METRICS_NAME,
         file_path: str | os.PathLike[str] | None = None,
         push: bool = False,
+        system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
     ) -> None:
         self.pipeline_name = check_name("pipeline_name", pipeline_name)
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
@@ -381,7 +396,11 @@ class CmfTrainCallback(UserCallback):
         if push and self.store is not None:
             self.store.require_remote()  # before the run starts
         self.push = push
+        self.system_metrics = system_metrics
         self._environment: Environment | None = None  # the driver's code and software, captured there
+        self._run_context: Any = None  # Ray Train's TrainRunContext, from the controller's start
+        self._watches: list[Watch] = []  # the workers their nodes' samplers sample
+        self._stopping: list[Any] = []  # their hand-overs, once their worker group stops
         self._runtime: _CallbackRuntime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -394,10 +413,10 @@ class CmfTrainCallback(UserCallback):
                 self._environment = capture(hardware=False)
         return {**self.__dict__, "_runtime": None}
 
-    def _rt(self, run_context: Any) -> _CallbackRuntime:
+    def _rt(self) -> _CallbackRuntime:
         """Bind the run on first use: fire-and-forget, so the controller never waits."""
         if self._runtime is None:
-            run_name = run_context.get_run_config().name
+            run_name = self._run_context.get_run_config().name
             writer = connect()
             binding = writer.send(
                 StoreWriter.bind,
@@ -414,8 +433,42 @@ class CmfTrainCallback(UserCallback):
             self._runtime = _CallbackRuntime(writer, run_name, binding, MetricBuffer(sink=sink))
         return self._runtime
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        rt = self._rt(run_context)
+    def after_controller_start(self, train_run_context: Any) -> None:
+        self._run_context = train_run_context
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        """Have each worker's node sample its process into its rank's ``system_metrics`` series. The run is
+        bound later (by rank 0's StepLogger, in a Tune trial's stage, or by the first report): its samples
+        wait for it."""
+        if self.system_metrics is None:
+            return
+        run = self._run_context.get_run_config().name
+        try:
+            for worker in worker_group.get_workers():
+                rank, meta = worker.distributed_context.world_rank, worker.metadata
+                self._watches.append(
+                    watch_process(
+                        meta.pid,
+                        meta.node_id,
+                        f"{run}/rank{rank}",
+                        Bound("run", run),
+                        self.system_metrics,
+                        instance=f"rank{rank}",
+                        extra={"rank": rank},
+                    )
+                )
+            worker_group.execute(_leave_sampling_to_the_node)
+        except Exception as exc:  # logging never kills training
+            log.warning("ray_cmf: the run's workers will not be sampled: %s: %s", type(exc).__name__, exc)
+
+    def before_worker_group_shutdown(self, worker_group: Any) -> None:
+        """Start the hand-over of every worker's last sample and rows (waited for at the run's end)."""
+        self._stopping.extend(found.stop() for found in self._watches)
+        self._watches.clear()
+
+    def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
+        rt = self._rt()
+        checkpoint = training_report.checkpoint
         if any(m.get(FINAL_FLAG) for m in metrics):  # StepLogger's last report, not the loop's: no row
             self._commit(rt, {"status": "COMPLETE"}, "COMPLETE", end=True)  # also what the workers left
             return
@@ -426,20 +479,36 @@ class CmfTrainCallback(UserCallback):
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 
-    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        rt = self._rt(run_context)
-        errors = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(worker_exceptions.items()))
-        self._commit(rt, {"status": "FAILED", "error": errors[:2000]}, "FAILED", end=True)
+    def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
+        errors = worker_group_status.errors
+        if not errors:
+            return
+        message = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items()))
+        self._commit(self._rt(), {"status": "FAILED", "error": message[:2000]}, "FAILED", end=True)
+
+    def after_controller_finish(self, result: Any) -> None:
+        """The run's end: commit what is left and mark the run as it ended (unless StepLogger or a failure
+        did so already), then wait for the commits, which the controller's end would cut short."""
+        rt = self._rt()  # a run that never reported is bound now: its workers' samples wait for it
+        status = "FAILED" if getattr(result, "error", None) is not None else "COMPLETE"
+        if rt.ended != status:  # e.g. a run that failed once and then completed
+            self._commit(rt, {"status": status}, status, end=True)
+        rt.commits.shutdown(wait=True)
 
     def _commit(self, rt: _CallbackRuntime, props: dict[str, Any], state: str | None, end: bool = False) -> None:
         """Hand the rows to the writer (sealed here, on the controller thread that appends them), then, on the
-        commit thread, commit a version and set props and state (``end``: also commit what the run's workers
-        left uncommitted)."""
-        handed_over = rt.buffer.sealed()
+        commit thread, commit a version and set props and state (``end``: after the workers' samples are
+        handed over, also commit what the run's workers left uncommitted)."""
+        handed_over_rows = rt.buffer.sealed()
+        if end:
+            rt.ended = state
+        stopping = list(self._stopping) if end else []
 
         def commit() -> None:
             try:
-                handed_over.result()
+                for stop in stopping:
+                    handed_over(stop, HAND_OVER_WAIT_S)
+                handed_over_rows.result()
                 binding = rt.binding.result()
                 key = SeriesKey(binding, self.metrics_name)
                 rt.writer.call(
@@ -454,3 +523,9 @@ class CmfTrainCallback(UserCallback):
                 log.warning("ray_cmf: committing the reports of run %r failed: %s", rt.run, exc)
 
         rt.commits.submit(commit)
+
+
+def _leave_sampling_to_the_node() -> None:
+    """In a Train worker: its node's sampler samples this process, so StepLogger must not."""
+    global _NODE_SAMPLED
+    _NODE_SAMPLED = True

@@ -31,6 +31,7 @@ from ray_cmf.constants import (
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
+    HAND_OVER_WAIT_S,
     MODEL_TYPE,
     RESULTS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
@@ -49,7 +50,6 @@ from ray_cmf.writer import StoreWriter
 log = logging.getLogger(__name__)
 
 _TRIAL_CMFS: dict[str, Cmf] = {}
-HAND_OVER_WAIT_S = 10.0  # how long stopping a trial waits for its rows to reach the writer
 SAMPLERS_START_S = 60.0  # how long a sweep's start waits for its nodes' samplers
 _HAND_OVER = "_ray_cmf_hand_over"  # on a Tune session object: the hand-over of the trial it runs now
 

@@ -127,6 +127,30 @@ TRAIN_DRIVER = (
     )
 )
 
+TRAIN_ZERO_DRIVER = PRELUDE + textwrap.dedent(
+    """
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    def report_only(config):  # no ray_cmf call: the workers' processes are sampled from their node
+        import ray.train
+        rank = ray.train.get_context().get_world_rank()
+        (shared / f"train0-rank{rank}.json").write_text(json.dumps({"pid": os.getpid(), **where()}))
+        for step in range(1, 5):
+            time.sleep(0.2)
+            ray.train.report({"step": step, "loss": 1.0 / step})
+
+    callback = ray_cmf.CmfTrainCallback("mn_train0", store=sys.argv[4], system_metrics=0.2)
+    result = TorchTrainer(
+        report_only,
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "far": 0.9}),
+        run_config=RunConfig(name="mn_train0_run", storage_path=str(shared / "results"), callbacks=[callback]),
+    ).fit()
+    assert result.error is None, result.error
+    print(json.dumps({"driver": DRIVER_NODE}))
+    """
+)
+
 ELSEWHERE_DRIVER = (
     PRELUDE
     + TRAIN_LOOP
@@ -286,6 +310,25 @@ def test_train_run_on_the_worker_node_lands_in_the_drivers_store(
     assert steps["top"].tolist() == [float(s) for s in range(5, 51, 5)]
     reports = Sweep(store, pipeline="mn_train", metrics_name="train_reports").steps(["rank"])
     assert sorted(set(reports["rank"])) == [0, 1]
+
+
+def test_train_workers_that_log_nothing_are_sampled_on_their_node(
+    cluster: TwoNodeCluster, hidden: Path, tmp_path: Path
+) -> None:
+    """A TorchTrainer loop that only reports, on the node that cannot see the store: that node's sampler samples
+    each worker's process into its rank's ``system_metrics`` series at the driver's writer."""
+    store = hidden / "train_zero_store"
+    out = _driver(cluster, TRAIN_ZERO_DRIVER, hidden, tmp_path, str(store))
+    workers = {rank: json.loads((tmp_path / f"train0-rank{rank}.json").read_text()) for rank in (0, 1)}
+    assert all(w["node"] != out["driver"] and w["sees_store"] is False for w in workers.values())  # elsewhere, blind
+    pids = {rank: {w["pid"]} for rank, w in workers.items()}
+    system = Sweep(store, pipeline="mn_train0", metrics_name="system_metrics").steps(["rank", "pid", "proc_rss_mb"])
+    sampled = {int(rank): rows for rank, rows in system.groupby("rank")}
+    assert sorted(sampled) == [0, 1] == sorted(pids)
+    for rank, rows in sampled.items():
+        assert len(rows) >= 2 and set(rows["pid"]) == pids[rank] and (rows["proc_rss_mb"] > 0).all()
+    [execution] = _executions(store).values()
+    assert execution.last_known_state == mlpb.Execution.COMPLETE
 
 
 def test_a_worker_that_names_the_store_uses_the_drivers_description_of_it(

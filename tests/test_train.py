@@ -85,20 +85,24 @@ def loop(config: dict[str, Any]) -> None:
         (Path(config["store"]) / f"collectives-{context.get_experiment_name()}.json").write_text(json.dumps(per_sync))
 
 
-def _fit(tmp: Path, name: str, workers: int = 2, **config: Any) -> Any:
+def _fit(
+    tmp: Path, name: str, workers: int = 2, sampling: float | None = 10.0, train: Any = None, **config: Any
+) -> Any:
+    """Run ``train`` (default: ``loop``) on ``workers`` workers, with a CmfTrainCallback that samples them every
+    ``sampling`` seconds."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from ray_cmf import CmfTrainCallback
 
     trainer = TorchTrainer(
-        loop,
+        train or loop,
         train_loop_config={"store": str(tmp / "store"), **config},
         scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(
             name=name,
             storage_path=str(tmp / "results"),
-            callbacks=[CmfTrainCallback("train_test", store=str(tmp / "store"))],
+            callbacks=[CmfTrainCallback("train_test", store=str(tmp / "store"), system_metrics=sampling)],
             failure_config=FailureConfig(max_failures=1),
         ),
     )
@@ -118,7 +122,7 @@ def _closed_form(step: int, world: int) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def two_workers(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("train")
-    _fit(tmp, "plain", report_every=2, system_metrics=0.1, step_sleep=0.02)
+    _fit(tmp, "plain", sampling=0.1, report_every=2, system_metrics=0.1, step_sleep=0.02)
     return tmp
 
 
@@ -154,22 +158,61 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
     assert reports["loss"].notna().all()  # a row (and its nulls) the loop never reported
 
 
+def _system_rows(store: Path) -> dict[int, list[dict[str, Any]]]:
+    """The rows of the one run's ``system_metrics`` series in ``store``, by rank (each series holds one)."""
+    lineage = Lineage(store / MLMD_FILE, readonly=True)
+    [execution] = lineage.store.get_executions()
+    artifacts = lineage.store.get_artifacts_by_id(
+        [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
+    )
+    system = [a for a in artifacts if properties(a).get("metrics_name") == "system_metrics"]
+    tables = [pq.read_table(store / properties(a)["url"]).to_pylist() for a in system]
+    by_rank = {table[0]["rank"]: table for table in tables}
+    assert len(by_rank) == len(tables) and all({r["rank"] for r in t} == {t[0]["rank"]} for t in tables)
+    return by_rank
+
+
 def test_every_worker_samples_system_metrics_and_the_run_records_its_environment(two_workers: Path) -> None:
+    """The callback samples each worker from its node; StepLogger, asked to sample too, leaves it to it: every
+    row of a rank's series names that rank's one process."""
     lineage = Lineage(two_workers / "store" / MLMD_FILE, readonly=True)
     [execution] = lineage.store.get_executions()
     props = properties(execution)
     assert props["env_host"] == socket.gethostname() and props["env_torch"] == torch.__version__
     assert props["env_python"] and props["seed_loader"] == 1234 and "seed_torch" in props
-    artifacts = lineage.store.get_artifacts_by_id(
-        [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
-    )
-    system = [a for a in artifacts if properties(a).get("metrics_name") == "system_metrics"]
-    rows = [r for a in system for r in pq.read_table(two_workers / "store" / properties(a)["url"]).to_pylist()]
-    by_rank = {rank: [r for r in rows if r["rank"] == rank] for rank in (0, 1)}
-    assert len(system) == 2 and all(len(ranked) >= 2 for ranked in by_rank.values())  # one series per worker
+    by_rank = _system_rows(two_workers / "store")
+    assert sorted(by_rank) == [0, 1] and all(len(ranked) >= 2 for ranked in by_rank.values())  # one series each
+    pids = {rank: {r["pid"] for r in rows} for rank, rows in by_rank.items()}
+    assert all(len(p) == 1 and None not in p for p in pids.values()) and pids[0] != pids[1]  # never twice
+    rows = [r for ranked in by_rank.values() for r in ranked]
     assert all(r["proc_rss_mb"] > 0 for r in rows)
     cpu = [r["proc_cpu_percent"] for r in rows if r["step"] > 1]  # a first row has no previous reading
     assert cpu and all(0 <= c <= 100 * os.cpu_count() for c in cpu)
+
+
+def report_only(config: dict[str, Any]) -> None:
+    """A loop that calls no ray_cmf code: it only reports, with its process id."""
+    import ray.train
+
+    for step in range(1, 5):
+        time.sleep(0.2)
+        ray.train.report({"step": step, "loss": 1.0 / step, "worker_pid": os.getpid()})
+
+
+def test_workers_of_a_loop_that_logs_nothing_are_sampled_and_the_run_ends_complete(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Zero-code: the loop only reports; the callback samples every worker's process from its node into its
+    rank's series, and commits the reports and marks the run COMPLETE at the run's end."""
+    _fit(tmp_path, "zero", sampling=0.2, train=report_only)
+    reports = _series(tmp_path, "train_reports").steps(["rank", "loss", "worker_pid"])
+    assert sorted(zip(reports["rank"], reports["step"], strict=True)) == [(r, s) for r in (0, 1) for s in range(1, 5)]
+    reported = {int(rank): set(rows["worker_pid"]) for rank, rows in reports.groupby("rank")}
+    by_rank = _system_rows(tmp_path / "store")
+    assert {rank: {r["pid"] for r in rows} for rank, rows in by_rank.items()} == reported
+    assert all(len(rows) >= 2 for rows in by_rank.values())  # a first and a last sample at least
+    [execution] = Lineage(tmp_path / "store" / MLMD_FILE, readonly=True).store.get_executions()
+    assert execution.last_known_state == mlpb.Execution.COMPLETE and properties(execution)["status"] == "COMPLETE"
 
 
 def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session: None, tmp_path: Path) -> None:
