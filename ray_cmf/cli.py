@@ -205,9 +205,10 @@ def _as_trials(groups: Any) -> Any:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     sweep = _picked(args)
-    best = sweep.best(args.metric[0], args.mode, n=args.top)
+    mode = sweep.mode_for(args.metric[0], args.mode)
+    best = sweep.best(args.metric[0], mode, n=args.top)
     columns = _summary_columns(best, args.metric)
-    _emit(args, _frame_rows(best[columns]), f"top {args.top} by {args.metric[0]} ({args.mode})")
+    _emit(args, _frame_rows(best[columns]), f"top {args.top} by {args.metric[0]} ({mode})")
     return EXIT_OK
 
 
@@ -560,7 +561,11 @@ def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool
         required=metric_required,
         help="metric column (repeatable)" + ("" if metric_required else "; default: all"),
     )
-    parser.add_argument("--mode", choices=("min", "max"), default="min", help="lower or higher is better")
+    parser.add_argument(
+        "--mode",
+        choices=("min", "max"),
+        help="lower or higher is better (default: what the sweep's CmfRayLogger ranked by, else min)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,8 @@ from ray_cmf._names import check_limit, check_mode
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     DELETED_PROPERTY,
+    RANKED_BY_PROPERTY,
+    RANKED_MODE_PROPERTY,
     RESULTS_METRICS_NAME,
     SEQUENCE_COLUMN,
     SPILL_DIR,
@@ -381,7 +383,7 @@ class Sweep:
         self,
         metrics: Iterable[str] | None = None,
         *,
-        mode: str | Mapping[str, str] = "min",
+        mode: str | Mapping[str, str] | None = None,
         verify: bool = False,
         where: str | None = None,
         sort: str | None = None,
@@ -391,7 +393,8 @@ class Sweep:
         """One row per trial: id, status, config, tags, note, start time, best/final/steps per metric, md5, url.
 
         ``metrics`` limits the summarised (and read) columns; ``mode`` says whether lower (``min``) or
-        higher (``max``) is best, for all metrics or per metric; ``verify=True`` re-hashes every file
+        higher (``max``) is best, for all metrics or per metric (default: the sweep's, see :meth:`modes`;
+        ``min`` for the others); ``verify=True`` re-hashes every file
         against its recorded md5. ``<metric>_best`` is the best finite value (a diverged value, NaN or
         ±inf, never ranks best) and ``<metric>_final`` the last value logged (non-finite included); over
         every series of a trial that holds several. ``steps`` counts the trial's rows.
@@ -408,6 +411,7 @@ class Sweep:
         """
         query = parse(where) if where is not None else None
         check_limit(limit)
+        mode = self.modes() if mode is None else mode
         table = self._trial_table(metrics, mode, query)
         table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
         tail = ["steps", "md5", "url", "verified"]
@@ -537,10 +541,26 @@ class Sweep:
         frame = _tidy(exact_frame(table, arrow_numbers=True), chosen)
         return summarize(frame.assign(**{m: math.nan for m in chosen if m not in frame}), chosen, mode)
 
-    def best(self, metric: str, mode: str = "min", n: int = 1) -> pd.DataFrame:
-        """The ``n`` trials with the best ``metric`` (under ``mode``), best first; trials without a finite value
-        of it come last."""
-        check_mode(mode)
+    def modes(self) -> dict[str, str]:
+        """Whether lower (``min``) or higher (``max``) is better, for the metric the sweep's CmfRayLogger
+        ranked its trials by (``{metric: mode}``; empty when it ranked by none): what reading it defaults to,
+        so that ``_best`` and ``top_rank`` agree."""
+        recorded: dict[str, str] = {}
+        for execution, _ in self.executions():
+            props = properties(execution)
+            metric, mode = props.get(RANKED_BY_PROPERTY), props.get(RANKED_MODE_PROPERTY)
+            if isinstance(metric, str) and mode in ("min", "max"):
+                recorded.setdefault(metric, str(mode))
+        return recorded
+
+    def mode_for(self, metric: str, mode: str | None = None) -> str:
+        """``mode`` if given, else the sweep's mode for ``metric`` (see :meth:`modes`), else ``min``."""
+        return check_mode(mode) if mode is not None else self.modes().get(metric, "min")
+
+    def best(self, metric: str, mode: str | None = None, n: int = 1) -> pd.DataFrame:
+        """The ``n`` trials with the best ``metric`` (under ``mode``; default: the sweep's, see :meth:`modes`),
+        best first; trials without a finite value of it come last."""
+        mode = self.mode_for(metric, mode)
         if n < 1:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
         table = self.trials([metric], mode={metric: mode})
@@ -617,14 +637,15 @@ class Sweep:
         *,
         metrics: Sequence[str] | None = None,
         series: Sequence[str] | None = None,
-        mode: str = "min",
+        mode: str | None = None,
         max_points: int = 200,
         group_by: str | Sequence[str] | None = None,
     ) -> Path:
         """Write the sweep's interactive report: one self-contained HTML file that opens offline (trial
         table, best first; learning curves of every series the trials logged, each under its name;
         parallel coordinates, hyperparameter importance, lineage). ``series`` limits the curves to those
-        series; ``mode`` says whether lower or higher ``metrics`` are better; each curve keeps at most
+        series; ``mode`` says whether lower or higher ``metrics`` are better (default: the sweep's, see
+        :meth:`modes`); each curve keeps at most
         ``max_points`` points; ``group_by`` folds the trials into groups (as :meth:`trials` does): the
         table shows each group's mean ± std, the curves each group's mean with a band."""
         from ray_cmf.report import write
@@ -641,21 +662,25 @@ class Sweep:
         *,
         color_by: str | None = None,
         top: int | None = None,
-        mode: str = "min",
+        mode: str | None = None,
     ) -> Path:
         """Write a PNG of ``metric`` against step for every trial (or the ``top`` best), coloured by a config key."""
         from ray_cmf.plots import curves
 
-        trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode=mode)
+        mode = self.mode_for(metric, mode)
+        trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode={metric: mode})
         steps = self.steps([metric], trials=list(trials["trial_id"]))
         return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
 
-    def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str = "min") -> Path:
+    def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str | None = None) -> Path:
         """Write a PNG of every numeric config value against the trials' best ``metric``."""
         from ray_cmf.plots import params
 
         return params(
-            self.trials([metric], mode={metric: mode}), metric, Path(path), title=f"{self.pipeline}: best {metric}"
+            self.trials([metric], mode={metric: self.mode_for(metric, mode)}),
+            metric,
+            Path(path),
+            title=f"{self.pipeline}: best {metric}",
         )
 
 

@@ -31,6 +31,8 @@ ENVIRONMENT_TYPE = "Environment"
 SYSTEM_METRICS_NAME = "system_metrics"
 RESULTS_METRICS_NAME = "tune_results"  # CmfRayLogger's series of each trial's Tune results
 DEFAULT_SYSTEM_METRICS_SECONDS = 10.0
+RANKED_BY_PROPERTY = "ranked_by"  # on each trial: the metric its sweep's CmfRayLogger ranks the trials by
+RANKED_MODE_PROPERTY = "ranked_mode"  # and whether lower (min) or higher (max) of it is better
 HAND_OVER_WAIT_S = 10.0  # how long a trial's or run's end waits for its processes' samples to reach the writer
 
 DEFAULT_FLUSH_ROWS = 10_000

@@ -38,6 +38,7 @@ from ray_cmf.frames import (
     group_keys,
     group_label,
     group_summaries,
+    mode_of,
     numeric,
     sort_trials,
     summarize,
@@ -217,14 +218,15 @@ class _Plotter:
     label), each group's mean with its bands."""
 
     hover: dict[str, str]
-    mode: str
+    mode: str | Mapping[str, str]  # for every metric, or per metric
     max_points: int
     groups: dict[str, str] | None = None
 
     def traces(self, steps: pd.DataFrame, spans: _Trials, metric: str) -> list[dict[str, Any]]:
+        mode = mode_of(self.mode, metric)
         if self.groups is None:
-            return _curves(steps, spans, metric, self.hover, self.mode, self.max_points)
-        return _group_curves(steps, metric, self.groups, self.mode, self.max_points)
+            return _curves(steps, spans, metric, self.hover, mode, self.max_points)
+        return _group_curves(steps, metric, self.groups, mode, self.max_points)
 
 
 def _group_curves(
@@ -425,7 +427,9 @@ def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
     return list(metrics)
 
 
-def _with_summary(trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str], mode: str) -> pd.DataFrame:
+def _with_summary(
+    trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str], mode: str | Mapping[str, str]
+) -> pd.DataFrame:
     """The trial table with best / final / steps computed from ``steps`` (committed and spilled rows)."""
     trials = trials.drop(columns=[c for c in trials.columns if c.endswith(("_best", "_final"))] + ["steps"])
     if not len(steps):
@@ -479,7 +483,7 @@ def content(
     *,
     metrics: Sequence[str] | None = None,
     series: Sequence[str] | None = None,
-    mode: str = "min",
+    mode: str | None = None,
     max_points: int = DEFAULT_MAX_POINTS,
     live: bool = False,
     group_by: str | Sequence[str] | None = None,
@@ -489,27 +493,29 @@ def content(
 
     ``metrics``: those of the sweep's own series to plot (default: all); ``series``: which of the trials'
     series to plot (default: every one, each metric under its series' name); ``mode``: whether lower or
-    higher is better; ``max_points`` per curve; ``live``: include spilled, uncommitted rows;
-    ``group_by``: fold the trials into groups (see ``Sweep.trials``): the table shows each group's mean and
-    standard deviation, the curves each group's mean with a band.
+    higher is better (default: the sweep's, see ``Sweep.modes``, else lower); ``max_points`` per curve;
+    ``live``: include spilled, uncommitted rows; ``group_by``: fold the trials into groups (see
+    ``Sweep.trials``): the table shows each group's mean and standard deviation, the curves each group's
+    mean with a band.
     """
     if max_points < 5:
         raise InvalidArgumentError(f"max_points must be >= 5, got {max_points!r}")
-    check_mode(mode)
+    modes = sweep.modes() if mode is None else check_mode(mode)
     others = _chosen_series(sweep, series)
-    trials = sweep.trials(metrics, mode=mode)
+    trials = sweep.trials(metrics, mode=modes)
     if live:  # the table follows the running trials: best / final / steps from every row so far
         steps = sweep.steps(metrics, live=True, exact=True)
         chosen = _metrics(steps, metrics)
-        trials = _with_summary(trials, steps, chosen, mode)
+        trials = _with_summary(trials, steps, chosen, modes)
     else:
         chosen = _metrics(trials, metrics)
         steps = sweep.steps(chosen, exact=True)
     primary = chosen[0] if chosen else None
+    mode = mode_of(modes, primary) if primary else "min"  # the order of the table and the "best" of the plots
     trials = _best_first(trials, f"{primary}_best", mode) if primary else trials
     keys = group_keys(trials, group_by) if group_by is not None else None
     groups = _group_of(trials, keys) if keys is not None else None
-    plotter = _Plotter(_hover_config(trials), mode, max_points, groups)
+    plotter = _Plotter(_hover_config(trials), modes, max_points, groups)
     spans = _Trials.of(steps)
     own = series is None or sweep.metrics_name in series
     sections = [_Section("", sweep.metrics_name, m, plotter.traces(steps, spans, m)) for m in (chosen if own else [])]

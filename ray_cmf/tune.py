@@ -33,6 +33,8 @@ from ray_cmf.constants import (
     DEFAULT_SYSTEM_METRICS_SECONDS,
     HAND_OVER_WAIT_S,
     MODEL_TYPE,
+    RANKED_BY_PROPERTY,
+    RANKED_MODE_PROPERTY,
     RESULTS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
     TRIAL_EXECUTION_TYPE,
@@ -420,11 +422,13 @@ class CmfRayLogger(tune.Callback):
         return state
 
     def _props(self, trial: Any) -> dict[str, Any]:
+        ranked = {RANKED_BY_PROPERTY: self.metric, RANKED_MODE_PROPERTY: self.mode} if self.metric else {}
         return {
             **config_properties(trial.config),
             "trial_id": trial.trial_id,
             "status": "RUNNING",
             "experiment": self._stage(trial),
+            **ranked,  # so that reading the sweep ranks by the same mode
         }
 
     # -- Tune hooks ----------------------------------------------------------------------------------

@@ -215,6 +215,37 @@ def test_result_row_filters_values() -> None:
     assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4}
 
 
+def test_a_sweep_ranked_by_max_is_read_back_by_max(ray_session: None, tmp_path: Path) -> None:
+    """CmfRayLogger(mode="max") records its mode: reading the sweep back without a mode ranks by it, so that
+    ``_best``, ``best()``, ``top_rank``, the CLI and the report agree (they took the lowest accuracy as best)."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger, Sweep
+    from ray_cmf.cli import main
+
+    def trainable(config: dict[str, Any]) -> None:
+        for acc in config["accs"]:
+            tune.report({"acc": acc})
+
+    store = tmp_path / "store"
+    logger = CmfRayLogger("ranked", metric="acc", mode="max", top_n=1, store=str(store))
+    tune.Tuner(
+        trainable,
+        param_space={"accs": tune.grid_search([[0.5, 0.9], [0.8, 0.6]])},
+        run_config=tune.RunConfig(name="ranked", storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0),
+    ).fit()
+    sweep = Sweep(store)
+    assert sweep.modes() == {"acc": "max"}
+    table = sweep.trials(["acc"]).set_index("config/accs")
+    assert table["acc_best"].to_dict() == {"[0.5, 0.9]": 0.9, "[0.8, 0.6]": 0.8}
+    best = sweep.best("acc").iloc[0]
+    assert best["config/accs"] == "[0.5, 0.9]" and best["top_rank"] == 1
+    assert sweep.best("acc", "min").iloc[0]["acc_best"] == 0.5  # a mode given still decides
+    assert main(["compare", "--store", str(store), "--metric", "acc", "--top", "1", "--json"]) == 0
+    page = sweep.report(tmp_path / "r.html").read_text()
+    assert '"mode": "max"' in page and page.index("[0.5, 0.9]") < page.index("[0.8, 0.6]")
+
+
 def test_logger_is_picklable_and_validates_arguments(tmp_path: Path) -> None:
     import pickle
 
