@@ -10,9 +10,10 @@
 A NAME is a trial-table column (``config/lr``, ``val_loss_best``, ``tag/team``, ``started_at``); one with
 other characters is written in backticks. Nothing is ever passed to ``eval``.
 
-Values compare as recorded: numbers with numbers, text with text. A comparison of a missing value or of
-values of different kinds (a number against text) is false, except ``!=`` and ``not in``, which are true:
-the rule pandas and IEEE 754 follow for NaN. ``x == null`` tests for a missing value. A column whose name
+Values compare as recorded: numbers with numbers, text with text. A comparison of a missing value (None
+or NaN, another missing value and ``nan`` included) or of values of different kinds (a number against
+text) is false, except ``!=`` and ``not in``, which are true: the rule pandas and IEEE 754 follow for NaN.
+``x == null`` (and ``x in [null]``) is what tests for a missing value. A column whose name
 ends in ``_at`` holds UTC times as ISO 8601 text; a date or time compared with it is read as UTC.
 """
 
@@ -302,11 +303,13 @@ def _evaluate(node: Node, table: pd.DataFrame) -> list[bool]:
         return [combine(row) for row in zip(*parts, strict=True)]
     if isinstance(node, Member):
         values = _column(node.operand, table)
-        hits = [any(_holds("==", v, member, _time(node.operand)) for member in node.values) for v in values]
+        timed = _time(node.operand)
+        hits = [any(_holds("==", v, member, timed, member is None) for member in node.values) for v in values]
         return [not hit for hit in hits] if node.negated else hits
     timed = _time(node.left) or _time(node.right)
+    null = any(isinstance(side, Literal) and side.value is None for side in (node.left, node.right))
     left, right = _column(node.left, table), _column(node.right, table)
-    return [_holds(node.op, a, b, timed) for a, b in zip(left, right, strict=True)]
+    return [_holds(node.op, a, b, timed, null) for a, b in zip(left, right, strict=True)]
 
 
 def _time(operand: Name | Literal) -> bool:
@@ -319,13 +322,15 @@ def _column(operand: Name | Literal, table: pd.DataFrame) -> list[Any]:
     return [operand.value] * len(table)
 
 
-def _holds(op: str, a: Any, b: Any, timed: bool) -> bool:
-    """One comparison: missing (None, NaN) or unlike values compare false, except under ``!=``; ``== null``
-    holds for a missing value."""
+def _holds(op: str, a: Any, b: Any, timed: bool, null: bool = False) -> bool:
+    """One comparison: missing (None, NaN) or unlike values compare false, except under ``!=``; against the
+    ``null`` literal (``null``), ``==`` holds for a missing value and ``!=`` for a present one."""
     a, b = _comparable(a, timed), _comparable(b, timed)
+    if null:
+        missing = a is _MISSING and b is _MISSING  # one side is the literal
+        return missing if op == "==" else (not missing if op == "!=" else False)
     if a is _MISSING or b is _MISSING:
-        both = a is _MISSING and b is _MISSING
-        return both if op == "==" else (not both if op == "!=" else False)
+        return op == "!="
     if _kind(a) != _kind(b):
         return op == "!="
     return bool(_COMPARE[op](a, b))

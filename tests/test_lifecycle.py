@@ -136,6 +136,29 @@ def test_a_config_key_under_the_reserved_prefix_cannot_pose_as_a_tag_or_a_deleti
 
 
 # -- queries ---------------------------------------------------------------------------------------------
+@given(
+    st.lists(
+        st.one_of(st.none(), st.just(math.nan), st.floats(allow_nan=False), st.integers(-3, 3), st.text(max_size=3)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_missing_value_equals_nothing_not_even_itself_and_only_null_finds_it(values: list[Any]) -> None:
+    """As NaN does in pandas: a missing value (None or NaN) is unequal to everything, itself included, under
+    ``==`` and ``!=`` between columns or against a number (``nan`` too); ``== null`` is what finds it. (Two
+    missing values compared equal, so ``x != x`` found nothing and ``x == nan`` found the missing.)"""
+    table = pd.DataFrame({"x": pd.Series(values, dtype=object), "y": pd.Series(values, dtype=object)})
+    missing = [v is None or (isinstance(v, float) and math.isnan(v)) for v in values]
+
+    def holds(expression: str) -> list[bool]:
+        return parse(expression).mask(table).tolist()
+
+    assert holds("x == null") == missing and holds("x != null") == [not m for m in missing]
+    assert holds("x in [null]") == missing and holds("x not in [null]") == [not m for m in missing]
+    assert holds("x != y") == missing and holds("x == y") == [not m for m in missing]
+    assert holds("x == nan") == [False] * len(values) and holds("x != nan") == [True] * len(values)
+
+
 def test_where_sort_and_limit_over_configs_of_mixed_types_tags_and_summaries(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
