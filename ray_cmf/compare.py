@@ -168,6 +168,7 @@ class Sweep:
         self._executions: list[tuple[Execution, str]] | None = None
         self._artifacts: list[Artifact] | None = None
         self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
+        self._modes: dict[str, str] | None = None  # see ``modes``
         held = self.series_names()
         if held and self.metrics_name not in held:
             if metrics_name is None and len(held) == 1:
@@ -545,13 +546,14 @@ class Sweep:
         """Whether lower (``min``) or higher (``max``) is better, for the metric the sweep's CmfRayLogger
         ranked its trials by (``{metric: mode}``; empty when it ranked by none): what reading it defaults to,
         so that ``_best`` and ``top_rank`` agree."""
-        recorded: dict[str, str] = {}
-        for execution, _ in self.executions():
-            props = properties(execution)
-            metric, mode = props.get(RANKED_BY_PROPERTY), props.get(RANKED_MODE_PROPERTY)
-            if isinstance(metric, str) and mode in ("min", "max"):
-                recorded.setdefault(metric, str(mode))
-        return recorded
+        if self._modes is None:
+            self._modes = {}
+            for execution, _ in self.executions():
+                props = properties(execution)
+                metric, mode = props.get(RANKED_BY_PROPERTY), props.get(RANKED_MODE_PROPERTY)
+                if isinstance(metric, str) and mode in ("min", "max"):
+                    self._modes.setdefault(metric, str(mode))
+        return dict(self._modes)
 
     def mode_for(self, metric: str, mode: str | None = None) -> str:
         """``mode`` if given, else the sweep's mode for ``metric`` (see :meth:`modes`), else ``min``."""
