@@ -169,13 +169,25 @@ def test_a_ramped_sampler_samples_densely_at_first_then_at_its_interval(tmp_path
     assert len(rows) >= 6  # 0, 0.05, 0.15, 0.35, 0.75 and 1.15 s at least, and the last
 
 
-def test_sampling_another_process_ends_quietly_when_it_exits(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "a zombie"])
+def test_sampling_another_process_ends_quietly_when_it_exits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, reaped: bool
+) -> None:
+    """No row after the process exits, also while it is a zombie its parent has not reaped yet (whose memory
+    reads as 0 MB: such a row made a worker's proc_rss_mb_best 0)."""
+    import psutil
+
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
     buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s.parquet")))
     sampler = SystemSampler(buffer, interval=0.1, extra={"pid": child.pid}, pid=child.pid).start()
-    child.wait()
+    if reaped:
+        child.wait()
+    else:
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.02)
     time.sleep(0.3)  # intervals after the exit: no rows, no warnings
     sampler.stop()
+    child.wait()
     rows = [row for batch in read_segments(tmp_path / "spill") for row in batch.to_pylist()]
     assert len(rows) >= 2 and {row["pid"] for row in rows} == {child.pid}
     assert all(row["proc_rss_mb"] > 0 for row in rows) and not caplog.records
