@@ -37,6 +37,7 @@ from ray_cmf.constants import (
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import RayCmfError
 from ray_cmf.exits import on_thread_end
+from ray_cmf.frames import PID_COLUMN
 from ray_cmf.lineage import Artifact
 from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
@@ -171,7 +172,8 @@ class StepLogger:
             )
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice
-                self._sampler = sample_into(self._writer, self._system_key, system_metrics, {"rank": self.rank})
+                extra = {"rank": self.rank, PID_COLUMN: os.getpid()}  # the same columns as a node sampler's rows
+                self._sampler = sample_into(self._writer, self._system_key, system_metrics, extra)
             on_thread_end(self._hand_over)
 
     def _system_key(self) -> SeriesKey:
@@ -400,7 +402,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         self._environment: Environment | None = None  # the driver's code and software, captured there
         self._run_context: Any = None  # Ray Train's TrainRunContext, from the controller's start
         self._watches: list[Watch] = []  # the workers their nodes' samplers sample
-        self._stopping: list[Any] = []  # their hand-overs, once their worker group stops
+        self._stopping: list[Any] = []  # their hand-overs, once their worker group stops (until an end waits)
+        self._worker_groups = 0  # worker groups started: a restarted group's workers get series of their own
         self._runtime: _CallbackRuntime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -443,6 +446,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         if self.system_metrics is None:
             return
         run = self._run_context.get_run_config().name
+        self._worker_groups += 1
+        group = "" if self._worker_groups == 1 else f"-{self._worker_groups}"  # one process per series
         try:
             for worker in worker_group.get_workers():
                 rank, meta = worker.distributed_context.world_rank, worker.metadata
@@ -450,10 +455,10 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                     watch_process(
                         meta.pid,
                         meta.node_id,
-                        f"{run}/rank{rank}",
+                        f"{run}/rank{rank}{group}",
                         Bound("run", run),
                         self.system_metrics,
-                        instance=f"rank{rank}",
+                        instance=f"rank{rank}{group}",
                         extra={"rank": rank},
                     )
                 )
@@ -491,8 +496,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         did so already), then wait for the commits, which the controller's end would cut short."""
         rt = self._rt()  # a run that never reported is bound now: its workers' samples wait for it
         status = "FAILED" if getattr(result, "error", None) is not None else "COMPLETE"
-        if rt.ended != status:  # e.g. a run that failed once and then completed
-            self._commit(rt, {"status": status}, status, end=True)
+        if rt.ended != status or self._stopping:  # a run that failed once, then completed; samples handed over
+            self._commit(rt, {"status": status}, status, end=True)  # after StepLogger's final report
         rt.commits.shutdown(wait=True)
 
     def _commit(self, rt: _CallbackRuntime, props: dict[str, Any], state: str | None, end: bool = False) -> None:
@@ -500,9 +505,10 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         commit thread, commit a version and set props and state (``end``: after the workers' samples are
         handed over, also commit what the run's workers left uncommitted)."""
         handed_over_rows = rt.buffer.sealed()
+        stopping: list[Any] = []
         if end:
             rt.ended = state
-        stopping = list(self._stopping) if end else []
+            stopping, self._stopping = self._stopping, []  # this end waits for them
 
         def commit() -> None:
             try:

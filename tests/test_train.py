@@ -158,15 +158,21 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
     assert reports["loss"].notna().all()  # a row (and its nulls) the loop never reported
 
 
-def _system_rows(store: Path) -> dict[int, list[dict[str, Any]]]:
-    """The rows of the one run's ``system_metrics`` series in ``store``, by rank (each series holds one)."""
+def _system_tables(store: Path) -> list[list[dict[str, Any]]]:
+    """The rows of each committed ``system_metrics`` series of the one run in ``store`` (its latest version)."""
     lineage = Lineage(store / MLMD_FILE, readonly=True)
     [execution] = lineage.store.get_executions()
     artifacts = lineage.store.get_artifacts_by_id(
         [e.artifact_id for e in lineage.store.get_events_by_execution_ids([execution.id])]
     )
     system = [a for a in artifacts if properties(a).get("metrics_name") == "system_metrics"]
-    tables = [pq.read_table(store / properties(a)["url"]).to_pylist() for a in system]
+    latest = {properties(a)["url"].rsplit("-", 1)[0]: a for a in sorted(system, key=lambda a: a.id)}
+    return [pq.read_table(store / properties(a)["url"]).to_pylist() for a in latest.values()]
+
+
+def _system_rows(store: Path) -> dict[int, list[dict[str, Any]]]:
+    """The rows of the one run's ``system_metrics`` series in ``store``, by rank (each series holds one)."""
+    tables = _system_tables(store)
     by_rank = {table[0]["rank"]: table for table in tables}
     assert len(by_rank) == len(tables) and all({r["rank"] for r in t} == {t[0]["rank"]} for t in tables)
     return by_rank
@@ -188,6 +194,28 @@ def test_every_worker_samples_system_metrics_and_the_run_records_its_environment
     assert all(r["proc_rss_mb"] > 0 for r in rows)
     cpu = [r["proc_cpu_percent"] for r in rows if r["step"] > 1]  # a first row has no previous reading
     assert cpu and all(0 <= c <= 100 * os.cpu_count() for c in cpu)
+
+
+def test_a_step_logger_runs_samples_are_committed_when_fit_returns(ray_session: None, tmp_path: Path) -> None:
+    """StepLogger's final report ends the run before Ray stops the workers, whose last samples reach the
+    writer only then: the run's end commits them again before ``fit`` returns (a script that ends right
+    after it found them uncommitted)."""
+    _fit(tmp_path, "final", sampling=0.2, step_sleep=0.01)
+    by_rank = _system_rows(tmp_path / "store")  # read at once: nothing may still be on its way
+    assert sorted(by_rank) == [0, 1] and all(len(rows) >= 2 for rows in by_rank.values())
+    assert not list((tmp_path / "store").glob("spill/*system_metrics*"))  # nothing left for `recover`
+
+
+def test_without_the_callbacks_sampling_each_step_logger_samples_its_own_process(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """``CmfTrainCallback(system_metrics=None)``: each worker's StepLogger samples its own process, into the same
+    series with the same columns (``rank``, ``pid``)."""
+    _fit(tmp_path, "self_sampled", sampling=None, system_metrics=0.1, step_sleep=0.02)
+    by_rank = _system_rows(tmp_path / "store")
+    pids = {rank: {r["pid"] for r in rows} for rank, rows in by_rank.items()}
+    assert sorted(by_rank) == [0, 1] and all(len(rows) >= 2 for rows in by_rank.values())
+    assert all(len(p) == 1 for p in pids.values()) and pids[0] != pids[1]
 
 
 def report_only(config: dict[str, Any]) -> None:
@@ -216,8 +244,11 @@ def test_workers_of_a_loop_that_logs_nothing_are_sampled_and_the_run_ends_comple
 
 
 def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session: None, tmp_path: Path) -> None:
-    _fit(tmp_path, "restarted", checkpoint=True, crash_at=27)
+    _fit(tmp_path, "restarted", sampling=0.2, checkpoint=True, crash_at=27, step_sleep=0.01)
     assert (tmp_path / "store" / "crashed").exists()
+    tables = _system_tables(tmp_path / "store")  # committed when fit returns: each worker process in its own
+    assert len(tables) == 4 and all(len({r["pid"] for r in t}) == 1 for t in tables)  # 2 ranks, 2 groups each
+    assert all([r["step"] for r in t] == list(range(1, len(t) + 1)) for t in tables)
     steps = _series(tmp_path, "train_steps").steps()
     assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))  # no duplicates, no holes
     for _, row in steps.iterrows():
