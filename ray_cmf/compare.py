@@ -318,7 +318,12 @@ class Sweep:
         tables = [t for t in [self._committed(metrics, trials), *mine] if t.num_rows]
         if not tables:
             return pa.table({})
-        return _concat(tables)
+        table = _concat(tables)
+        known = self._known_schema()
+        for metric in [m for m in metrics or [] if m not in table.column_names]:  # only trials left out have it
+            kind = known.field(metric).type if metric in known.names else pa.null()
+            table = table.append_column(metric, pa.nulls(table.num_rows, kind))
+        return table
 
     def _footers(self, files: Sequence[TrialFile] | None = None) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None]]:
         """The schema and summary of each readable file of ``files`` (default: the sweep's), each footer read
@@ -672,6 +677,8 @@ class Sweep:
         mode = self.mode_for(metric, mode)
         trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode={metric: mode})
         steps = self.steps([metric], trials=list(trials["trial_id"]))
+        if not steps[metric].notna().any():
+            raise InvalidArgumentError(f"No trial of these {len(trials)} logged {metric!r}: there is no curve to plot")
         return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
 
     def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str | None = None) -> Path:

@@ -202,9 +202,12 @@ def test_every_read_path_takes_any_sweep(
         commands.append(["compare", "--metric", metric, "--top", "3"])
         commands.append(["trials", "--metric", metric, "--mode", "max"])
         for status in {t.status for t in trials}:  # trials kept may all lack the metric: its columns stay
-            kept = sweep.trials([metric], where=f'status == "{status}"')
+            where = f'status == "{status}"'
+            kept = sweep.trials([metric], where=where)
             assert {f"{metric}_best", f"{metric}_final"} <= set(kept.columns)
-            commands.append(["compare", "--metric", metric, "--where", f'status == "{status}"'])
+            assert metric in sweep.only(kept["trial_id"]).steps([metric]).columns  # what export writes
+            commands.append(["compare", "--metric", metric, "--where", where])
+            commands.append(["report", "--metric", metric, "--where", where, "-o", str(tmp / "kept.html")])
         for key in sorted({k for t in trials for k in t.config if k in table_keys}):
             commands.append(["plot", "--metric", metric, "--color-by", key, "-o", str(tmp / "plot.png")])
     commands.append(["report", "-o", str(tmp / "report.html")])
