@@ -480,7 +480,10 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         rt.reports += 1
         for rank, reported in enumerate(metrics):
             row = result_row(reported)
-            rt.buffer.append({"report": rt.reports, "rank": rank, **row, "checkpointed": checkpoint is not None})
+            group = {"worker_group": self._worker_groups}  # which start of the workers (Ray restarts them)
+            rt.buffer.append(
+                {"report": rt.reports, "rank": rank, **group, **row, "checkpointed": checkpoint is not None}
+            )
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 

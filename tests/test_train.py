@@ -249,6 +249,9 @@ def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session:
     tables = _system_tables(tmp_path / "store")  # committed when fit returns: each worker process in its own
     assert len(tables) == 4 and all(len({r["pid"] for r in t}) == 1 for t in tables)  # 2 ranks, 2 groups each
     assert all([r["step"] for r in t] == list(range(1, len(t) + 1)) for t in tables)
+    reports = _series(tmp_path, "train_reports").steps(["rank", "worker_group"])
+    by_group = reports.groupby("worker_group")["step"].apply(list).to_dict()  # the restart resumed at a checkpoint
+    assert sorted(by_group) == [1, 2] and by_group[1][:2] == [10, 10] and by_group[2][-2:] == [40, 40]
     steps = _series(tmp_path, "train_steps").steps()
     assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))  # no duplicates, no holes
     for _, row in steps.iterrows():
