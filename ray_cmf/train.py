@@ -443,10 +443,10 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         """Have each worker's node sample its process into its rank's ``system_metrics`` series. The run is
         bound later (by rank 0's StepLogger, in a Tune trial's stage, or by the first report): its samples
         wait for it."""
+        self._worker_groups += 1
         if self.system_metrics is None:
             return
         run = self._run_context.get_run_config().name
-        self._worker_groups += 1
         group = "" if self._worker_groups == 1 else f"-{self._worker_groups}"  # one process per series
         try:
             for worker in worker_group.get_workers():
