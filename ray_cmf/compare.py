@@ -676,8 +676,11 @@ class Sweep:
 
         mode = self.mode_for(metric, mode)
         trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode={metric: mode})
+        import pandas as pd
+
         steps = self.steps([metric], trials=list(trials["trial_id"]))
-        if not steps[metric].notna().any():
+        column = steps[metric]  # all null (not NaN, which is logged) only in an Arrow-backed column
+        if not len(column) or (isinstance(column.dtype, pd.ArrowDtype) and column.isna().all()):
             raise InvalidArgumentError(f"No trial of these {len(trials)} logged {metric!r}: there is no curve to plot")
         return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
 

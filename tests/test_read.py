@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import InvalidArgumentError, MetricsNotFoundError, Sweep
@@ -170,8 +170,14 @@ def sweeps(draw: st.DrawFn) -> list[Trial]:
     return trials
 
 
+_ALL_NAN_RANKS = {  # a metric whose every value is a logged NaN (a plot of it draws nothing, and is no error)
+    f"rank{r}": [{"training_iteration": 1, "loss": 0.0, "ácc": math.nan, "rank": r}] for r in range(2)
+}
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(trials=sweeps())
+@example(trials=[Trial("t-0", {"größe": 0}, _ALL_NAN_RANKS)])
 def test_every_read_path_takes_any_sweep(
     trials: list[Trial], tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
