@@ -544,8 +544,7 @@ class Sweep:
         table = self._step_table(chosen if metrics is not None else None, trials, live=False)
         if not table.num_rows:
             return _no_summary(chosen)
-        frame = _tidy(exact_frame(table, arrow_numbers=True), chosen)
-        return summarize(frame.assign(**{m: math.nan for m in chosen if m not in frame}), chosen, mode)
+        return summarize(_tidy(exact_frame(table, arrow_numbers=True), chosen), chosen, mode)
 
     def modes(self) -> dict[str, str]:
         """Whether lower (``min``) or higher (``max``) is better, for the metric the sweep's CmfRayLogger
@@ -672,12 +671,12 @@ class Sweep:
         mode: str | None = None,
     ) -> Path:
         """Write a PNG of ``metric`` against step for every trial (or the ``top`` best), coloured by a config key."""
+        import pandas as pd
+
         from ray_cmf.plots import curves
 
         mode = self.mode_for(metric, mode)
         trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode={metric: mode})
-        import pandas as pd
-
         steps = self.steps([metric], trials=list(trials["trial_id"]))
         column = steps[metric]  # all null (not NaN, which is logged) only in an Arrow-backed column
         if not len(column) or (isinstance(column.dtype, pd.ArrowDtype) and column.isna().all()):
