@@ -46,6 +46,18 @@ def exact_frame(table: pa.Table, index: str | None = None, *, arrow_numbers: boo
     return pd.DataFrame(columns, index=rows, copy=False)
 
 
+def floats(series: pd.Series) -> np.ndarray:
+    """A column as float64 for plotting and scoring, a null (nothing logged) as NaN."""
+    return series.to_numpy(dtype=float, na_value=np.nan)
+
+
+def log_spread(values: np.ndarray) -> bool:
+    """Whether finite values are positive and span two decades or more: a hyperparameter likely sampled
+    log-uniformly (a config records values, not Tune's search space), so shown on a log scale."""
+    finite = values[np.isfinite(values)]
+    return bool(finite.size > 1 and finite.min() > 0 and finite.max() >= 100 * finite.min())
+
+
 def numeric(series: pd.Series) -> bool:
     """Whether a pandas column holds numbers (not bools): one recorded as Python values counts when every
     value present is an int or a float."""
@@ -103,11 +115,11 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
             summary[f"{metric}_best"] = exact_ints(grouped.max() if mode_of(mode, metric) == "max" else grouped.min())
             summary[f"{metric}_final"] = exact_ints(grouped.last())
             continue
-        values = frame[metric].to_numpy(dtype=float, na_value=np.nan)
+        values = floats(frame[metric])
         finite = pd.Series(np.where(np.isfinite(values), values, np.nan), index=frame.index).groupby(trial)
         summary[f"{metric}_best"] = finite.max() if mode_of(mode, metric) == "max" else finite.min()
         last = frame[metric].groupby(trial).last()
-        summary[f"{metric}_final"] = pd.Series(last.to_numpy(dtype=float, na_value=np.nan), index=last.index)
+        summary[f"{metric}_final"] = pd.Series(floats(last), index=last.index)
     summary["steps"] = trial.groupby(trial).size()
     return summary
 

@@ -13,21 +13,44 @@ import numpy as np
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
-from ray_cmf.frames import blank, numeric
+from ray_cmf.frames import blank, floats, log_spread, numeric
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _LEGEND_MAX = 12
 _NO_VALUE = "grey"  # the colour of a trial whose config lacks the key a plot is coloured by
+# Beyond this magnitude a linear axis overflows (its span, margins and ticks reach inf), e.g. a diverged
+# trial's 1e308 beside another's -1e308: such values get a symmetric-log scale instead.
+_LINEAR_MAX = 1e300
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    return values[np.isfinite(values)]
+
+
+def _overflows(finite: np.ndarray) -> bool:
+    """Whether values are too large in magnitude for a linear axis or colour scale."""
+    return bool(finite.size) and float(np.abs(finite).max()) > _LINEAR_MAX
 
 
 def _norm(values: np.ndarray) -> matplotlib.colors.Normalize:
-    finite = values[np.isfinite(values)]
+    finite = _finite(values)
     low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
-    if low > 0 and high / low >= 10:  # e.g. learning rates: a log scale spreads the colours
+    if log_spread(finite):  # e.g. learning rates: a log scale spreads the colours
         return matplotlib.colors.LogNorm(low, high)
+    if _overflows(finite):
+        return matplotlib.colors.SymLogNorm(linthresh=1.0, vmin=min(low, 0.0), vmax=max(high, 0.0))
     return matplotlib.colors.Normalize(low, high if high > low else low + 1)
+
+
+def _fit(ax: matplotlib.axes.Axes, axis: str, values: np.ndarray) -> None:
+    """Give the ``axis`` ("x" or "y") of ``ax`` a symmetric-log scale spanning ``values`` (and 0) where they
+    would overflow a linear one; matplotlib's own limits would overflow too, so they are set here."""
+    finite = _finite(values)
+    if _overflows(finite):
+        getattr(ax, f"set_{axis}scale")("symlog")
+        getattr(ax, f"set_{axis}lim")(min(finite.min(), 0.0), max(finite.max(), 0.0))
 
 
 def curves(
@@ -46,7 +69,7 @@ def curves(
         )
     colour_of: dict[str, object] = {}
     if key is not None and numeric(trials[key]):
-        values = trials[key].to_numpy(dtype=float, na_value=np.nan)
+        values = floats(trials[key])
         norm = _norm(values)
         cmap = plt.get_cmap("viridis")
         pairs = zip(trials["trial_id"], values, strict=True)
@@ -66,10 +89,13 @@ def curves(
             title=color_by,
             fontsize="small",
         )
+    _fit(ax, "y", floats(steps[metric]))
     for trial_id, frame in steps.groupby("trial_id", sort=False):
+        y = floats(frame[metric])  # a step without the metric is a gap
         ax.plot(
-            frame["step"].to_numpy(dtype=float, na_value=np.nan),
-            frame[metric].to_numpy(dtype=float, na_value=np.nan),  # a step without the metric is a gap
+            floats(frame["step"]),
+            y,
+            marker="o" if np.isfinite(y).sum() < 2 else None,  # one point: a dot, never an invisible line
             color=colour_of.get(trial_id),
             alpha=0.35 if many else 0.9,
             linewidth=0.8 if many else 1.5,
@@ -95,13 +121,15 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     cols = min(3, len(keys))
     rows = -(-len(keys) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, layout="constrained")
-    norm = _norm(trials[best].to_numpy(dtype=float))
+    norm = _norm(floats(trials[best]))
     for ax, key in zip(axes.flat, keys, strict=True):
-        values = trials[key].to_numpy(dtype=float)
+        values = floats(trials[key])
         points = ax.scatter(values, trials[best], c=trials[best], cmap="viridis_r", norm=norm, s=18, edgecolors="none")
-        positive = values[np.isfinite(values)]
-        if positive.size and positive.min() > 0 and positive.max() / positive.min() >= 10:
+        if log_spread(values):
             ax.set_xscale("log")
+        else:
+            _fit(ax, "x", values)
+        _fit(ax, "y", floats(trials[best]))
         ax.set_xlabel(key[len("config/") :])
         ax.set_ylabel(f"best {metric}")
         ax.grid(alpha=0.3)

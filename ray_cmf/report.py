@@ -35,9 +35,11 @@ from ray_cmf.frames import (
     RANK_COLUMN,
     SERIES_COLUMN,
     TRIAL_COLUMN,
+    floats,
     group_keys,
     group_label,
     group_summaries,
+    log_spread,
     mode_of,
     numeric,
     sort_trials,
@@ -163,9 +165,9 @@ def _curves(
 ) -> list[dict[str, Any]]:
     """One plotly trace per curve: the downsampled curve, the trial id and config on hover. Where a curve
     holds non-finite values (it diverged), a second trace of its colour marks them at the plot's edge."""
-    x_all = steps["step"].to_numpy(dtype=float, na_value=np.nan)[trials.order]
+    x_all = floats(steps["step"])[trials.order]
     column = steps[metric]
-    y_all = column.to_numpy(dtype=float, na_value=np.nan)[trials.order]
+    y_all = floats(column)[trials.order]
     logged = ~column.isna().to_numpy()[trials.order]  # a null is a row without this metric, not a divergence
     finite = y_all[np.isfinite(y_all)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -236,11 +238,11 @@ def _group_curves(
     between (min to max, and ±1 standard deviation; legend groups ``band-minmax`` and ``band-std``)."""
     import pandas as pd
 
-    values = steps[metric].to_numpy(dtype=float, na_value=np.nan)
+    values = floats(steps[metric])
     frame = pd.DataFrame(
         {
             "group": steps[TRIAL_COLUMN].astype(str).map(groups),
-            "step": steps["step"].to_numpy(dtype=float, na_value=np.nan),
+            "step": floats(steps["step"]),
             "y": np.where(np.isfinite(values), values, np.nan),
         }
     ).dropna()
@@ -320,7 +322,7 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
         if values.nunique(dropna=True) < 2:
             continue
         if numeric(values):
-            if log_spread(values):
+            if log_spread(floats(values)):
                 dims.append({"label": f"log10({key})", "values": _floats(np.log10(values.astype(float)))})
             else:
                 dims.append({"label": key, "values": _floats(values)})
@@ -345,13 +347,6 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
         "line": {"color": shown, "colorscale": "Viridis", "showscale": True},
         "left_out": int(len(best) - len(trials)),
     }
-
-
-def log_spread(values: pd.Series) -> bool:
-    """Whether a hyperparameter was likely sampled log-uniformly: positive values spanning two decades or
-    more (the config records values, not Tune's search space)."""
-    numbers = values.dropna().astype(float)
-    return bool(len(numbers) > 1 and (numbers > 0).all() and numbers.max() / numbers.min() >= 100)
 
 
 def _floats(values: Iterable[Any]) -> list[float | None]:
@@ -390,7 +385,7 @@ def _params(trials: pd.DataFrame, metric: str) -> list[dict[str, Any]]:
             {
                 "key": key,
                 "importance": score,
-                "log": log_spread(trials[f"config/{key}"]),
+                "log": log_spread(floats(trials[f"config/{key}"])),
                 "trace": {
                     "type": "scatter",
                     "mode": "markers",

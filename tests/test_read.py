@@ -173,11 +173,17 @@ def sweeps(draw: st.DrawFn) -> list[Trial]:
 _ALL_NAN_RANKS = {  # a metric whose every value is a logged NaN (a plot of it draws nothing, and is no error)
     f"rank{r}": [{"training_iteration": 1, "loss": 0.0, "ácc": math.nan, "rank": r}] for r in range(2)
 }
+_LARGEST = 1.7976931348623157e308
+_OVERFLOWING = [  # finite values whose span overflows a linear axis or colour bar (CI's hypothesis found it)
+    Trial("huge", {"größe": -_LARGEST}, {"": [{"training_iteration": 1, "loss": _LARGEST}]}),
+    Trial("tiny", {"größe": 0.01}, {"": [{"training_iteration": 1, "loss": -_LARGEST}, {"training_iteration": 2}]}),
+]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(trials=sweeps())
 @example(trials=[Trial("t-0", {"größe": 0}, _ALL_NAN_RANKS)])
+@example(trials=_OVERFLOWING)
 def test_every_read_path_takes_any_sweep(
     trials: list[Trial], tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -326,3 +332,20 @@ def test_int_summaries_stay_exact_beside_trials_without_the_metric(tmp_path: Pat
     ]
     assert all(isinstance(v, int | np.integer) for v in exact)  # a float64 would compare equal after rounding
     assert [int(v) for v in exact] == [2**53 + 1, 2**62 + 1, 2**62 + 1] and math.isnan(table.loc["none", "big_best"])
+
+
+def _drawn_pixels(png: Path) -> int:
+    """Coloured pixels in a plot without legend or colour bar: what its curves drew (axes, text and grid are
+    grey)."""
+    import matplotlib.image
+
+    rgb = matplotlib.image.imread(png)[..., :3]
+    return int(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.15).sum())
+
+
+def test_a_trial_with_one_value_is_drawn_as_a_dot(tmp_path: Path) -> None:
+    """A trial that failed after one iteration has a single point: a line through it draws nothing, so the
+    plot showed such trials as absent (the report already draws them as dots)."""
+    many = [Trial(f"t{i}", {"lr": 0.1 * i}, {"": [{"training_iteration": 1, "loss": float(i)}]}) for i in range(13)]
+    sweep = Sweep(write_trials(tmp_path / "store", many))
+    assert _drawn_pixels(sweep.plot_curves("loss", tmp_path / "one.png")) > 13
