@@ -119,7 +119,7 @@ def _magnitude(values: np.ndarray) -> int:
 
 
 def _chunk_to_batch(columns: dict[str, _Column], first_row: int, n: int) -> pa.RecordBatch:
-    """Build the record batch of one sealed chunk (runs on the spill thread)."""
+    """Build the record batch of one sealed chunk (on the spill thread, or for :meth:`MetricBuffer.take`)."""
     arrays = [pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(first_row, first_row + n))])]
     names = [SEQUENCE_COLUMN]
     for name, column in columns.items():
@@ -336,22 +336,30 @@ class MetricBuffer:
             while column.nulls and column.nulls[-1] >= n:
                 column.nulls.pop()
 
+    def _cut(self) -> tuple[dict[str, _Column], int, int] | None:
+        """End the current chunk (None if it has no rows) and start a fresh one."""
+        self._last_spill = time.monotonic()
+        if not self._n:
+            return None
+        for key, column in self._columns.items():
+            if column.kind == "int":  # what a later int -> float widening must check
+                extent = _magnitude(np.frombuffer(column.values, dtype=np.int64))
+                self._sealed_ints[key] = max(self._sealed_ints.get(key, 0), extent)
+        chunk = (self._columns, self._first_row, self._n)
+        self._columns = {}
+        self._row_keys.clear()
+        self._first_row += self._n
+        self._n = 0
+        return chunk
+
     def _seal(self) -> None:
         """Hand the current chunk to the spill thread and start a fresh one."""
-        if self._n:
+        chunk = self._cut()
+        if chunk is not None:
             if self._spiller is None:
                 self._spiller = _SpillThread(self._sink, str(id(self)))
                 self._spiller.start()
-            for key, column in self._columns.items():
-                if column.kind == "int":  # what a later int -> float widening must check
-                    extent = _magnitude(np.frombuffer(column.values, dtype=np.int64))
-                    self._sealed_ints[key] = max(self._sealed_ints.get(key, 0), extent)
-            self._spiller.queue.put((self._columns, self._first_row, self._n))
-            self._columns = {}
-            self._row_keys.clear()
-            self._first_row += self._n
-            self._n = 0
-        self._last_spill = time.monotonic()
+            self._spiller.queue.put(chunk)
 
     def _check_owner(self, what: str) -> None:
         """Only the thread that appends may seal: a row half-appended by it would be torn."""
@@ -382,6 +390,19 @@ class MetricBuffer:
         """Seal the current rows and block until every sealed chunk is written (or acknowledged) by the sink."""
         self._check_owner("flush")
         self._seal()
+        self._handed_over()
+        self._sink.flush()
+
+    def take(self) -> pa.RecordBatch | None:
+        """The rows not sealed yet, as one batch that the caller delivers itself (e.g. on its commit request:
+        one trip to the writer, not two), once the sink has been handed every chunk sealed before them."""
+        self._check_owner("take")
+        self._handed_over()
+        chunk = self._cut()
+        return _chunk_to_batch(*chunk) if chunk is not None else None
+
+    def _handed_over(self) -> None:
+        """Wait until the spill thread has handed every sealed chunk to the sink; raise what it refused."""
         if self._spiller is not None:
             self._spiller.queue.join()
             error, self._spiller.error = self._spiller.error, None
@@ -390,7 +411,6 @@ class MetricBuffer:
                     f"Spilling metrics to {self._sink} failed: {error!r}; {self.rows_lost} rows are lost so far. "
                     "What was spilled stays there (ray_cmf.recover() commits it), and later rows are spilled again."
                 ) from error
-        self._sink.flush()
 
     def finish(self, dest: str | os.PathLike[str]) -> FinishedFile:
         """Write every row (earlier versions included) to ``dest`` atomically; return path, md5, size, rows.

@@ -8,13 +8,17 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.errors import StoreError
-from ray_cmf.writer import StoreWriter
+from ray_cmf.writer import StoreWriter, Tail, chunk_start
+
+if TYPE_CHECKING:
+    from ray_cmf.buffer import MetricBuffer
+    from ray_cmf.lineage import Artifact
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +136,8 @@ class WriterSink:
         return "the ray_cmf writer"
 
     def write(self, batch: pa.RecordBatch) -> None:
-        first_row = batch.column(0)[0].as_py()
         self._retry()
-        self._send(first_row, batch, batch.nbytes)
+        self._send(chunk_start(batch), batch, batch.nbytes)
         while self._inflight and (self._inflight_bytes > MAX_INFLIGHT_BYTES or self._inflight[0][0].done()):
             self._settle_oldest()  # wait while too much is in flight; drop what the writer has taken
 
@@ -192,6 +195,24 @@ class WriterSink:
                 f"The ray_cmf writer did not take {len(self._retained)} chunks of {self.key.spill_name}; "
                 "they stay in memory and are sent again at the next flush"
             )
+
+    def commit(self, buffer: MetricBuffer, **request: Any) -> Artifact | None:
+        """Commit the series (``request``: :meth:`StoreWriter.commit`'s options) with the rows ``buffer`` has
+        not sealed riding on the request: one round trip to the writer, where a flush and then a commit make
+        two. Rows the request could not deliver are kept, and sent again by the next flush."""
+        batch = buffer.take()
+        try:
+            self.flush()  # the chunks sealed before go first: the writer puts a session's chunks in order
+            told = len(self._skipped)
+            tail = Tail(self.session, batch, tuple(self._skipped)) if batch is not None else None
+            artifact = self.client.call(StoreWriter.commit, key=self.key, tail=tail, **request)
+        except Exception as exc:
+            if batch is not None:
+                self._retain(chunk_start(batch), batch, batch.nbytes, exc)
+            raise
+        if tail is not None:
+            del self._skipped[:told]
+        return artifact
 
     def close(self) -> None:
         """Hand every chunk to the writer, trying kept ones once more (at exit there is no time to wait);

@@ -25,7 +25,7 @@ from ray_cmf._json import dumps
 from ray_cmf._names import check_name
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
-from ray_cmf.client import WriterClient
+from ray_cmf.client import WriterClient, WriterSink
 from ray_cmf.constants import (
     DATASET_TYPE,
     DEFAULT_FLUSH_ROWS,
@@ -127,7 +127,7 @@ class Cmf:
         self._stage: str | None = None
         self._binding: Binding | None = None
         self._running: Binding | None = None  # the execution this Cmf started and ends (see close())
-        self._keys: dict[str, SeriesKey] = {}
+        self._sinks: dict[str, WriterSink] = {}  # by metrics_name: where its buffer's rows go
         self._continued = False  # whether a series continues across the execution's attempts (a trial's)
 
     # -- contexts and executions ---------------------------------------------------------------------
@@ -172,7 +172,7 @@ class Cmf:
         if custom_properties and "config_json" not in custom_properties:  # what Sweep shows as config/<key>
             props["config_json"] = dumps(dict(custom_properties))
         self.close()  # the previous execution ended: its series' rows go to it
-        self.metrics, self._keys = {}, {}
+        self.metrics, self._sinks = {}, {}
         self._binding, self.execution = self._writer.call(
             StoreWriter.execution,
             pipeline=self.pipeline_name,
@@ -248,8 +248,8 @@ class Cmf:
             key = SeriesKey(self._current(), metrics_name, attempts=True)
         else:  # each Cmf object its own series
             key = SeriesKey(self._current(), metrics_name, uuid.uuid4().hex[:8])
-        self._keys[metrics_name] = key
-        buffer = MetricBuffer(sink=self._writer.sink(key), flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
+        sink = self._sinks[metrics_name] = self._writer.sink(key)
+        buffer = MetricBuffer(sink=sink, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
         self.metrics[metrics_name] = buffer
         return buffer
 
@@ -271,8 +271,7 @@ class Cmf:
                 f"(logged names: {sorted(self.metrics)})"
             )
         try:
-            buffer.flush()
-            return self._writer.call(StoreWriter.commit, key=self._keys[metrics_name], custom=custom_properties)
+            return self._sinks[metrics_name].commit(buffer, custom=custom_properties)
         except Exception as exc:  # logging never kills training
             log.warning(
                 "ray_cmf: could not commit %r (%s). Its rows are kept, spilled or in memory: commit again once "

@@ -167,9 +167,8 @@ class StepLogger:
         if self.rank == 0:
             run = self._bind(pipeline_name, pipeline_stage, named)
             self._key = lambda: SeriesKey(run.result(), self.metrics_name, attempts=True)
-            self._buffer = MetricBuffer(
-                sink=self._writer.sink(self._key), flush_rows=flush_rows, flush_seconds=flush_seconds
-            )
+            self._sink = self._writer.sink(self._key)
+            self._buffer = MetricBuffer(sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds)
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice
                 extra = {"rank": self.rank, PID_COLUMN: os.getpid()}  # the same columns as a node sampler's rows
@@ -319,10 +318,8 @@ class StepLogger:
         artifact = None
         if self._buffer is not None:
             try:
-                self._buffer.flush()
-                artifact = self._writer.call(
-                    StoreWriter.commit,
-                    key=self._key(),
+                artifact = self._sink.commit(
+                    self._buffer,
                     props={"steps": self.steps_done},
                     state="COMPLETE",
                     link_trial=self.trial_id,

@@ -44,6 +44,25 @@ class _Session:
         self.holes: dict[int, int] = {}  # first row -> rows that the client dropped and will never send
 
 
+def chunk_start(batch: pa.RecordBatch) -> int:
+    """The series row a client's chunk starts at (the first value of its SequenceNumber column)."""
+    return int(batch.column(0)[0].as_py())
+
+
+@dataclass(frozen=True)
+class Tail:
+    """A client's last rows of a series, delivered on its commit request (see ``WriterSink.commit``): what
+    :meth:`StoreWriter.append` would have taken one round trip earlier."""
+
+    session: str
+    batch: pa.RecordBatch
+    skipped: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def first_row(self) -> int:
+        return chunk_start(self.batch)
+
+
 class _Series:
     def __init__(self, spill: Spill, dest: Path) -> None:
         self.spill = spill
@@ -69,6 +88,8 @@ class _Series:
         if current is None:
             current = self.sessions[session] = _Session(self.spill.rows)
         current.holes.update((start, rows) for start, rows in skipped if start >= current.next_row)
+        if first_row < current.next_row:
+            return  # sent again after it was taken (the client never saw the reply): it is in the spill
         current.parked[first_row] = batch
         while True:
             if current.next_row in current.parked:  # a chunk the client dropped may have arrived after all
@@ -357,13 +378,17 @@ class StoreWriter:
         props: Mapping[str, Any] | None = None,
         state: str | None = None,
         link_trial: str | None = None,
+        tail: Tail | None = None,
     ) -> Artifact | None:
-        """Write the series' next version (every row so far) as Parquet, track it with DVC and register it in
-        one MLMD transaction (also as an output of ``link_trial``); then set the execution's props and state.
+        """Write the series' next version (every row so far, ``tail``'s last rows included) as Parquet, track
+        it with DVC and register it in one MLMD transaction (also as an output of ``link_trial``); then set
+        the execution's props and state.
 
         Each version records ``rows_lost``: the rows its loggers dropped (they could not hand them over),
         which the series therefore lacks. Returns None when the series has no rows.
         """
+        if tail is not None:
+            self.append(key=key, session=tail.session, first_row=tail.first_row, batch=tail.batch, skipped=tail.skipped)
         series = self._series_of(key)
         live = self._open(key.binding.store)
         artifact = self._commit_series(live, series, custom, every=True)

@@ -101,12 +101,17 @@ def _block_spill(store_dir: Path) -> Path:
     return blocker
 
 
-def test_an_unreachable_writer_warns_keeps_rows_and_retries(store_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=10)
+@pytest.mark.parametrize("sealed", [True, False], ids=["sent-before-the-commit", "sent-on-the-commit"])
+def test_an_unreachable_writer_warns_keeps_rows_and_retries(
+    store_dir: Path, caplog: pytest.LogCaptureFixture, sealed: bool
+) -> None:
+    """Rows sealed before the commit, and rows that ride on the commit request itself (the last ones)."""
+    cmf = Cmf(pipeline_name="p", store=store_dir, flush_rows=10 if sealed else 1000)
     blocker = _block_spill(store_dir)
     for step in range(25):
         cmf.log_metric("train", {"step": step})  # never raises
-    cmf.metrics["train"].seal()
+    if sealed:
+        cmf.metrics["train"].seal()
     assert cmf.commit_metrics("train") is None  # the failure is a warning, not an exception
     assert "could not send rows to the writer" in caplog.text
     assert "could not commit 'train'" in caplog.text
