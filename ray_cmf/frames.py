@@ -46,6 +46,17 @@ def exact_frame(table: pa.Table, index: str | None = None, *, arrow_numbers: boo
     return pd.DataFrame(columns, index=rows, copy=False)
 
 
+# Beyond this magnitude a plot's axis arithmetic (its span, margins and ticks) overflows, in matplotlib and
+# in plotly alike: a diverged trial's 1e308 is then shown apart, as inf is, or on a symmetric-log axis.
+DRAWABLE_MAX = 1e300
+
+
+def drawable(values: np.ndarray) -> np.ndarray:
+    """Which values a plot's linear axis can hold: finite ones within ±:data:`DRAWABLE_MAX`."""
+    with np.errstate(invalid="ignore"):
+        return np.abs(values) <= DRAWABLE_MAX
+
+
 def floats(series: pd.Series) -> np.ndarray:
     """A column as float64 for plotting and scoring, a null (nothing logged) as NaN."""
     return series.to_numpy(dtype=float, na_value=np.nan)

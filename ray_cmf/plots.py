@@ -13,16 +13,13 @@ import numpy as np
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
-from ray_cmf.frames import blank, floats, log_spread, numeric
+from ray_cmf.frames import blank, drawable, floats, log_spread, numeric
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _LEGEND_MAX = 12
 _NO_VALUE = "grey"  # the colour of a trial whose config lacks the key a plot is coloured by
-# Beyond this magnitude a linear axis overflows (its span, margins and ticks reach inf), e.g. a diverged
-# trial's 1e308 beside another's -1e308: such values get a symmetric-log scale instead.
-_LINEAR_MAX = 1e300
 
 
 def _finite(values: np.ndarray) -> np.ndarray:
@@ -30,8 +27,8 @@ def _finite(values: np.ndarray) -> np.ndarray:
 
 
 def _overflows(finite: np.ndarray) -> bool:
-    """Whether values are too large in magnitude for a linear axis or colour scale."""
-    return bool(finite.size) and float(np.abs(finite).max()) > _LINEAR_MAX
+    """Whether finite values are too large in magnitude for a linear axis or colour scale."""
+    return not drawable(finite).all()
 
 
 def _norm(values: np.ndarray) -> matplotlib.colors.Normalize:
@@ -53,6 +50,9 @@ def _fit(ax: matplotlib.axes.Axes, axis: str, values: np.ndarray) -> None:
         getattr(ax, f"set_{axis}lim")(min(finite.min(), 0.0), max(finite.max(), 0.0))
 
 
+# Drawing values near the float limit on a symmetric-log axis overflows inside matplotlib's own numpy
+# arithmetic (its ticks, margins, colour-bar boundaries): harmless there, and no warning for the user.
+@np.errstate(over="ignore", invalid="ignore")
 def curves(
     steps: pd.DataFrame, trials: pd.DataFrame, metric: str, path: Path, *, color_by: str | None, title: str
 ) -> Path:
@@ -110,6 +110,7 @@ def curves(
     return _save(fig, path)
 
 
+@np.errstate(over="ignore", invalid="ignore")  # as for curves()
 def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path:
     """One scatter panel per numeric config key: config value against the trial's best ``metric``."""
     best = f"{metric}_best"

@@ -32,9 +32,11 @@ from ray_cmf._names import check_mode
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.frames import (
+    DRAWABLE_MAX,
     RANK_COLUMN,
     SERIES_COLUMN,
     TRIAL_COLUMN,
+    drawable,
     floats,
     group_keys,
     group_label,
@@ -65,10 +67,10 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int, mode: str = "min")
     """Indices of at most ``max_points`` points that keep a curve's shape: the minimum and maximum of each
     of ``(max_points - 3) // 2`` equal buckets, plus the first, the last and the best point (``mode``).
 
-    Non-finite values are left out (the page marks them apart: see :func:`_divergences`). Returns sorted
-    indices into ``x`` / ``y``.
+    Values a plot cannot draw (non-finite, or beyond :data:`DRAWABLE_MAX`) are left out: the page marks them
+    apart (see :func:`_divergences`). Returns sorted indices into ``x`` / ``y``.
     """
-    finite = np.flatnonzero(np.isfinite(y))
+    finite = np.flatnonzero(drawable(y))
     n = len(finite)
     if n <= max_points:
         return finite
@@ -169,7 +171,7 @@ def _curves(
     column = steps[metric]
     y_all = floats(column)[trials.order]
     logged = ~column.isna().to_numpy()[trials.order]  # a null is a row without this metric, not a divergence
-    finite = y_all[np.isfinite(y_all)]
+    finite = y_all[drawable(y_all)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     pad = (high - low) * 0.05 or 1.0
     edges = {"Infinity": high + pad, "NaN": high + pad, "-Infinity": low - pad}
@@ -196,17 +198,17 @@ def _curves(
             )
         odd = _divergences(y, max_points)
         if len(odd):
-            kinds = [jsonable(float(v)) for v in y[odd]]
+            kinds = [_off_plot(float(v)) for v in y[odd]]
             traces.append(
                 {
                     "type": "scatter",
                     "mode": "markers",
-                    "name": f"{label} (non-finite)",
+                    "name": f"{label} (off the plot)",  # NaN, inf, or beyond DRAWABLE_MAX
                     "legendgroup": label,
                     "meta": trial_id,
                     "x": x[odd].tolist(),
                     "y": [edges[k] for k in kinds],
-                    "text": kinds,
+                    "text": [jsonable(float(v)) for v in y[odd]],
                     "marker": {"color": colour, "size": 9, "symbol": [_DIVERGED[k] for k in kinds]},
                     "hovertemplate": f"<b>{name}</b><br>step %{{x}}<br>{html.escape(metric)} %{{text}}<extra></extra>",
                 }
@@ -243,7 +245,7 @@ def _group_curves(
         {
             "group": steps[TRIAL_COLUMN].astype(str).map(groups),
             "step": floats(steps["step"]),
-            "y": np.where(np.isfinite(values), values, np.nan),
+            "y": np.where(drawable(values), values, np.nan),
         }
     ).dropna()
     traces: list[dict[str, Any]] = []
@@ -297,10 +299,15 @@ def _translucent(colour: str, alpha: float = 0.18) -> str:
     return f"rgba({red},{green},{blue},{alpha})"
 
 
+def _off_plot(value: float) -> str:
+    """Where a value the plot cannot draw is marked: NaN, above it (inf, or beyond +DRAWABLE_MAX), below it."""
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
 def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices of the non-finite values worth marking: where each run of them (of one kind: NaN, +inf or
-    -inf) starts, and the last one."""
-    odd = np.flatnonzero(~np.isfinite(y))
+    """Indices of the values a plot cannot draw that are worth marking: where each run of them (of one
+    kind: NaN, above the plot, below it) starts, and the last one."""
+    odd = np.flatnonzero(~drawable(y))
     if not len(odd):
         return odd
     kind = np.where(np.isnan(y[odd]), 0, np.sign(y[odd]))  # NaN, +inf, -inf: a new kind starts a new run
@@ -313,7 +320,7 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     log-spread key on a log10 axis). Trials without a finite best are left out, never drawn at an end of
     the axis as if they ranked."""
     best = trials[f"{metric}_best"].astype(float)
-    trials = trials[np.isfinite(best.to_numpy())]
+    trials = trials[drawable(best.to_numpy())]
     if trials.empty:
         return None
     dims = []
@@ -350,14 +357,14 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
 
 
 def _floats(values: Iterable[Any]) -> list[float | None]:
-    """Plottable numbers: anything that is not a finite number is left out (None) of an axis."""
+    """Plottable numbers: anything that is not a finite number within ±DRAWABLE_MAX is left out (None)."""
     out: list[float | None] = []
     for v in values:
         try:
             f = float(v)
         except (TypeError, ValueError):
             f = math.nan
-        out.append(f if math.isfinite(f) else None)
+        out.append(f if abs(f) <= DRAWABLE_MAX else None)  # False for NaN
     return out
 
 

@@ -263,6 +263,9 @@ def test_output_paths_and_counts_that_cannot_be_used_are_clear_errors(
     assert "is a directory" in capsys.readouterr().err
     assert main(["plot", "--store", store, "--metric", "loss", "-o", str(tmp_path / "new" / "c.png")]) == 0
     assert (tmp_path / "new" / "c.png").stat().st_size > 0  # like report and export, it makes the directory
+    capsys.readouterr()
+    assert main(["plot", "--store", store, "--metric", "loss", "--metric", "lr", "-o", str(tmp_path / "d.png")]) == 2
+    assert "one --metric" in capsys.readouterr().err and not (tmp_path / "d.png").exists()  # drew the first only
 
 
 def test_the_cli_finds_what_the_user_means(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -349,3 +352,14 @@ def test_a_trial_with_one_value_is_drawn_as_a_dot(tmp_path: Path) -> None:
     many = [Trial(f"t{i}", {"lr": 0.1 * i}, {"": [{"training_iteration": 1, "loss": float(i)}]}) for i in range(13)]
     sweep = Sweep(write_trials(tmp_path / "store", many))
     assert _drawn_pixels(sweep.plot_curves("loss", tmp_path / "one.png")) > 13
+
+
+def test_overflowing_values_plot_without_warnings(tmp_path: Path) -> None:
+    """matplotlib's numpy arithmetic overflowed near the float limit and printed RuntimeWarnings at the user."""
+    import warnings
+
+    sweep = Sweep(write_trials(tmp_path / "store", _OVERFLOWING))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert sweep.plot_curves("loss", tmp_path / "c.png", color_by="größe").stat().st_size > 0
+        assert sweep.plot_params("loss", tmp_path / "p.png").stat().st_size > 0

@@ -242,3 +242,22 @@ def test_a_clean_sweep_reads_as_a_dashboard_in_chromium(tmp_path: Path, browser:
     assert "picked" in (page.locator("#trials tbody tr").nth(1).get_attribute("class") or "")
     screenshot(page, "report-clean-sweep.png")
     assert errors == []
+
+
+def test_values_beyond_what_a_plot_can_draw_are_marked_at_its_edge(tmp_path: Path) -> None:
+    """A diverged trial's finite 1e308 is beyond what plotly draws (its axis arithmetic overflows): it was
+    left out without a mark. It is now marked at the plot's edge like inf, with its value on hover."""
+    from tests._stores import Trial, write_trials
+
+    def losses(*values: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    trials = [Trial("ok", {"lr": 0.1}, losses(0.5, 0.4)), Trial("up", {"lr": 1.0}, losses(1.0, 1e308))]
+    trials.append(Trial("down", {"lr": 10.0}, losses(1.0, -1e308)))
+    data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    drawn = [y for t in section["traces"] for y in t["y"]]
+    assert all(isinstance(y, float) and abs(y) < 1e301 for y in drawn)
+    marked = {t["meta"]: t["text"] for t in section["traces"] if t["name"].endswith("(off the plot)")}
+    assert marked == {"up": [1e308], "down": [-1e308]}
+    assert data["parcoords"]["left_out"] == 1  # down's best, -1e308, has no place on the axis
