@@ -306,9 +306,11 @@ class MetricBuffer:
         if known != kind:
             if {known, kind} != {"int", "float"}:
                 raise SchemaError(key, row, known, kind)
-            ints = value if kind == "int" else self._int_extent(key)
-            if abs(ints) > _EXACT_FLOAT_INT:
-                raise PrecisionError(key, row, ints, "is an int beyond 2**53 in a column that also holds floats")
+            if kind == "int" and abs(value) > _EXACT_FLOAT_INT:
+                raise PrecisionError(key, row, value, "is an int beyond 2**53 in a column that also holds floats")
+            if kind == "float" and (extent := self._int_extent(key)) > _EXACT_FLOAT_INT:
+                why = f"is a float, and the column holds an earlier int of magnitude {extent} beyond 2**53"
+                raise PrecisionError(key, row, value, why)
             known, value = "float", float(value)
         self._kinds[key] = known
         if column is None:

@@ -291,6 +291,8 @@ def _positive(text: str) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    if len(args.metric) > 1:
+        raise RayCmfError(f"plot draws one --metric; got {args.metric}: run it once per metric")
     path = _picked(args).plot_curves(
         args.metric[0], _output(args.output), color_by=args.color_by, top=args.top, mode=args.mode
     )
