@@ -24,6 +24,7 @@ from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import RayCmfError
+from ray_cmf.frames import sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, trial_id_of
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 from ray_cmf.store import Store
@@ -167,10 +168,14 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 def cmd_trials(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
-    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else "trial_id")
+    sort = args.sort or (f"{args.metric[0]}_best" if args.metric else None)
     if args.group_by:
         return _grouped_trials(args, sweep)
-    table = sweep.trials(args.metric or None, mode=args.mode, verify=args.verify, where=args.where, sort=sort)
+    table = sweep.trials(
+        args.metric or None, mode=args.mode, verify=args.verify, where=args.where, sort=sort or "trial_id"
+    )
+    if sort is None:
+        table = _ranked_first(sweep, table)
     if args.status:
         unknown = sorted(set(args.status) - STATUSES - set(table["status"]))
         if unknown:
@@ -184,6 +189,13 @@ def cmd_trials(args: argparse.Namespace) -> int:
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
     _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
+
+
+def _ranked_first(sweep: Any, table: Any) -> Any:
+    """The trial table best first by the metric the sweep's CmfRayLogger ranked by, where trials have it."""
+    modes = sweep.modes()
+    ranked = [f"{metric}_best" for metric in modes if f"{metric}_best" in table.columns]
+    return sort_trials(table, ranked[0], modes) if ranked else table
 
 
 def _grouped_trials(args: argparse.Namespace, sweep: Any) -> int:

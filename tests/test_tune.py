@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import signal
@@ -215,7 +216,9 @@ def test_result_row_filters_values() -> None:
     assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4}
 
 
-def test_a_sweep_ranked_by_max_is_read_back_by_max(ray_session: None, tmp_path: Path) -> None:
+def test_a_sweep_ranked_by_max_is_read_back_by_max(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """CmfRayLogger(mode="max") records its mode: reading the sweep back without a mode ranks by it, so that
     ``_best``, ``best()``, ``top_rank``, the CLI and the report agree (they took the lowest accuracy as best)."""
     from ray import tune
@@ -231,7 +234,7 @@ def test_a_sweep_ranked_by_max_is_read_back_by_max(ray_session: None, tmp_path: 
     logger = CmfRayLogger("ranked", metric="acc", mode="max", top_n=1, store=str(store))
     tune.Tuner(
         trainable,
-        param_space={"accs": tune.grid_search([[0.5, 0.9], [0.8, 0.6]])},
+        param_space={"accs": tune.grid_search([[0.8, 0.6], [0.5, 0.9]])},  # the best trial is the second
         run_config=tune.RunConfig(name="ranked", storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0),
     ).fit()
     sweep = Sweep(store)
@@ -242,6 +245,9 @@ def test_a_sweep_ranked_by_max_is_read_back_by_max(ray_session: None, tmp_path: 
     assert best["config/accs"] == "[0.5, 0.9]" and best["top_rank"] == 1
     assert sweep.best("acc", "min").iloc[0]["acc_best"] == 0.5  # a mode given still decides
     assert main(["compare", "--store", str(store), "--metric", "acc", "--top", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["trials", "--store", str(store), "--json"]) == 0  # no --metric: best first by the logger's
+    assert [row["config/accs"] for row in json.loads(capsys.readouterr().out)] == ["[0.5, 0.9]", "[0.8, 0.6]"]
     page = sweep.report(tmp_path / "r.html").read_text()
     assert '"mode": "max"' in page and page.index("[0.5, 0.9]") < page.index("[0.8, 0.6]")
 
