@@ -678,9 +678,12 @@ class Sweep:
         mode = self.mode_for(metric, mode)
         trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode={metric: mode})
         steps = self.steps([metric], trials=list(trials["trial_id"]))
-        column = steps[metric]  # all null (not NaN, which is logged) only in an Arrow-backed column
-        if not len(column) or (isinstance(column.dtype, pd.ArrowDtype) and column.isna().all()):
+        column = steps[metric]  # null (never logged; a NaN was logged) only in an Arrow-backed column
+        logged = set(steps.loc[column.notna() if isinstance(column.dtype, pd.ArrowDtype) else slice(None), "trial_id"])
+        if not logged:
             raise InvalidArgumentError(f"No trial of these {len(trials)} logged {metric!r}: there is no curve to plot")
+        steps = steps[steps["trial_id"].isin(logged)]  # a trial without the metric has no curve to count or list
+        trials = trials[trials["trial_id"].isin(logged)]
         return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
 
     def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str | None = None) -> Path:

@@ -363,3 +363,19 @@ def test_overflowing_values_plot_without_warnings(tmp_path: Path) -> None:
         warnings.simplefilter("error", RuntimeWarning)
         assert sweep.plot_curves("loss", tmp_path / "c.png", color_by="größe").stat().st_size > 0
         assert sweep.plot_params("loss", tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_plot_counts_and_draws_only_the_trials_that_logged_its_metric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metric only one trial has: its title said "3 trials" and its legend listed trials with no curve."""
+    from ray_cmf import plots
+
+    rows = [{"training_iteration": s, "loss": 1.0 / s, "special": float(s)} for s in (1, 2, 3)]
+    trials = [Trial("has", {"lr": 0.1}, {"": rows})]
+    trials += [Trial(f"lacks{i}", {"lr": 1.0}, {"": [{"training_iteration": 1, "loss": 0.5}]}) for i in range(2)]
+    drawn: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
+    Sweep(write_trials(tmp_path / "store", trials)).plot_curves("special", tmp_path / "s.png")
+    [ax] = drawn[0].axes
+    assert ax.get_title().endswith("(1 trials)") and [line.get_label() for line in ax.lines] == ["has"]
