@@ -122,15 +122,16 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     cols = min(3, len(keys))
     rows = -(-len(keys) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, layout="constrained")
-    norm = _norm(floats(trials[best]))
+    scores = floats(trials[best])
+    norm = _norm(scores)
     for ax, key in zip(axes.flat, keys, strict=True):
         values = floats(trials[key])
-        points = ax.scatter(values, trials[best], c=trials[best], cmap="viridis_r", norm=norm, s=18, edgecolors="none")
+        points = ax.scatter(values, scores, c=scores, cmap="viridis_r", norm=norm, s=18, edgecolors="none")
         if log_spread(values):
             ax.set_xscale("log")
         else:
             _fit(ax, "x", values)
-        _fit(ax, "y", floats(trials[best]))
+        _fit(ax, "y", scores)
         ax.set_xlabel(key[len("config/") :])
         ax.set_ylabel(f"best {metric}")
         ax.grid(alpha=0.3)

@@ -166,7 +166,8 @@ def _curves(
     steps: pd.DataFrame, trials: _Trials, metric: str, hover: dict[str, str], mode: str, max_points: int
 ) -> list[dict[str, Any]]:
     """One plotly trace per curve: the downsampled curve, the trial id and config on hover. Where a curve
-    holds non-finite values (it diverged), a second trace of its colour marks them at the plot's edge."""
+    holds values the plot cannot draw (it diverged: NaN, inf, beyond ±DRAWABLE_MAX), a second trace of its
+    colour marks them at the plot's edge, each with its value on hover."""
     x_all = floats(steps["step"])[trials.order]
     column = steps[metric]
     y_all = floats(column)[trials.order]
@@ -317,8 +318,8 @@ def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
 
 def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     """Parallel coordinates from every varying config key to the best ``metric`` (categories as ticks; a
-    log-spread key on a log10 axis). Trials without a finite best are left out, never drawn at an end of
-    the axis as if they ranked."""
+    log-spread key on a log10 axis). Trials without a best the axis can draw (finite, within ±DRAWABLE_MAX)
+    are left out and counted, never drawn at an end of the axis as if they ranked."""
     best = trials[f"{metric}_best"].astype(float)
     trials = trials[drawable(best.to_numpy())]
     if trials.empty:
