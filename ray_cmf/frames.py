@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +56,58 @@ def drawable(values: np.ndarray) -> np.ndarray:
     """Which values a plot's linear axis can hold: finite ones within ±:data:`DRAWABLE_MAX`."""
     with np.errstate(invalid="ignore"):
         return np.abs(values) <= DRAWABLE_MAX
+
+
+_BULK = (0.05, 0.95)  # the quantiles of a plot's values that count as its bulk
+_REACH = 20.0  # how many widths of the bulk beyond it a value may lie and still set the axis
+
+
+@dataclass(frozen=True)
+class Span:
+    """The values a curve plot's axis shows. Values outside it (NaN, inf, beyond :data:`DRAWABLE_MAX`, or
+    far outside the bulk of the values, as a diverged trial's climb is) are marked at its edge instead, so
+    that one trial cannot flatten every other curve."""
+
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Span:
+        """The span of a plot's values: the drawable ones within :data:`_REACH` widths of their bulk (their
+        5% to 95% quantiles), so a spike or a divergence is marked and the learning curves stay readable."""
+        shown = values[drawable(values)]
+        if not shown.size:
+            return cls(0.0, 1.0)
+        low, high = np.quantile(shown, _BULK)
+        width = (high - low) or max(abs(low), abs(high), 1.0)
+        within = shown[(shown >= low - _REACH * width) & (shown <= high + _REACH * width)]
+        return cls(float(within.min()), float(within.max()))
+
+    def holds(self, values: np.ndarray) -> np.ndarray:
+        """Which values the axis shows (NaN never)."""
+        with np.errstate(invalid="ignore"):
+            return (values >= self.low) & (values <= self.high)
+
+    def side(self, value: float) -> str:
+        """Where a value outside the span is marked: ``"NaN"``, above it (``"Infinity"``) or below it
+        (``"-Infinity"``), named as JSON's non-finite values are."""
+        return "NaN" if math.isnan(value) else "Infinity" if value > self.high else "-Infinity"
+
+    def edges(self) -> dict[str, float]:
+        """Where each side's marks go: just outside the span (NaN with the values above it)."""
+        width = (self.high - self.low) or max(abs(self.low), abs(self.high)) or 1.0
+        pad = max(width * 0.05, max(abs(self.low), abs(self.high)) * 1e-6, 1e-300)  # never lost in rounding
+        return {"Infinity": self.high + pad, "NaN": self.high + pad, "-Infinity": self.low - pad}
+
+    def marks(self, y: np.ndarray, most: int) -> np.ndarray:
+        """Indices of a curve's values outside the span worth marking: where each run of them of one side
+        starts (at most ``most`` runs), and the last one."""
+        odd = np.flatnonzero(~self.holds(y))
+        if not len(odd):
+            return odd
+        side = np.where(np.isnan(y[odd]), 0, np.where(y[odd] > self.high, 1, -1))  # a new side: a new run
+        starts = odd[np.r_[True, (np.diff(odd) > 1) | (np.diff(side) != 0)]]
+        return np.unique(np.r_[starts[:most], odd[-1]])
 
 
 def floats(series: pd.Series) -> np.ndarray:
@@ -136,12 +189,17 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
 
 
 def exact_ints(values: pd.Series) -> pd.Series:
-    """A summary column of ints as Python ints, NaN where a trial has none: a column that a trial without the
-    metric joins keeps them (int64 would become float64, which rounds ints beyond 2**53)."""
+    """A summary column that holds ints, as Python ints (a float another trial logged as a float), NaN where
+    a trial has none: a column that a trial without the metric joins keeps them (int64 would become
+    float64, which rounds ints beyond 2**53)."""
     import pandas as pd
 
-    exact = [math.nan if pd.isna(v) else int(v) for v in values]
-    return pd.Series(exact, index=values.index, dtype=object, name=values.name)
+    def exact(value: Any) -> int | float:
+        if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+            return int(value)
+        return math.nan if pd.isna(value) else float(value)
+
+    return pd.Series([exact(v) for v in values], index=values.index, dtype=object, name=values.name)
 
 
 def exact_summary(rows: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:

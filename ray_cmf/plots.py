@@ -13,13 +13,16 @@ import numpy as np
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
-from ray_cmf.frames import blank, drawable, floats, log_spread, numeric
+from ray_cmf.frames import Span, blank, drawable, floats, log_spread, numeric
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _LEGEND_MAX = 12
 _NO_VALUE = "grey"  # the colour of a trial whose config lacks the key a plot is coloured by
+_MARKERS = {"Infinity": "^", "NaN": "x", "-Infinity": "v"}  # the report's symbols for values off the plot
+_MARKS_NOTE = "▲ ▼ off the plot (inf, or far beyond the other values)   x NaN"
+_MAX_MARKS = 200  # per curve, as the report's points
 
 
 def _finite(values: np.ndarray) -> np.ndarray:
@@ -48,6 +51,25 @@ def _fit(ax: matplotlib.axes.Axes, axis: str, values: np.ndarray) -> None:
     if _overflows(finite):
         getattr(ax, f"set_{axis}scale")("symlog")
         getattr(ax, f"set_{axis}lim")(min(finite.min(), 0.0), max(finite.max(), 0.0))
+
+
+def _mark_off_plot(ax: matplotlib.axes.Axes, span: Span, x: np.ndarray, y: np.ndarray, colour: object) -> bool:
+    """Mark a curve's values outside ``span`` at the plot's edge in its colour, as the report does (each run
+    of them where it starts, and the last one); whether there were any."""
+    odd = span.marks(y, _MAX_MARKS)
+    sides = np.array([span.side(float(v)) for v in y[odd]])
+    for side, edge in span.edges().items():
+        at = odd[sides == side]
+        if len(at):
+            ax.plot(x[at], np.full(len(at), edge), linestyle="None", marker=_MARKERS[side], color=colour, ms=7)
+    return bool(len(odd))
+
+
+def _limits(span: Span) -> tuple[float, float]:
+    """The y limits of a curve plot: its span and the edges its marks sit on, with a margin."""
+    edges = span.edges()
+    pad = (edges["Infinity"] - span.high) / 2
+    return edges["-Infinity"] - pad, edges["Infinity"] + pad
 
 
 # Drawing values near the float limit on a symmetric-log axis overflows inside matplotlib's own numpy
@@ -89,18 +111,25 @@ def curves(
             title=color_by,
             fontsize="small",
         )
-    _fit(ax, "y", floats(steps[metric]))
+    span = Span.of(floats(steps[metric]))
+    marked = False
     for trial_id, frame in steps.groupby("trial_id", sort=False):
-        y = floats(frame[metric])  # a step without the metric is a gap
-        ax.plot(
-            floats(frame["step"]),
-            y,
-            marker="o" if np.isfinite(y).sum() < 2 else None,  # one point: a dot, never an invisible line
+        logged = ~frame[metric].isna().to_numpy()  # a step without the metric is a gap, not a divergence
+        x, y = floats(frame["step"])[logged], floats(frame[metric])[logged]
+        shown = np.where(span.holds(y), y, np.nan)
+        [line] = ax.plot(
+            x,
+            shown,
+            marker="o" if np.isfinite(shown).sum() < 2 else None,  # one point: a dot, never an invisible line
             color=colour_of.get(trial_id),
             alpha=0.35 if many else 0.9,
             linewidth=0.8 if many else 1.5,
             label=None if (many or key) else trial_id,
         )
+        marked |= _mark_off_plot(ax, span, x, y, line.get_color())
+    ax.set_ylim(*_limits(span))
+    if marked:
+        ax.annotate(_MARKS_NOTE, (0.995, 0.005), xycoords="axes fraction", ha="right", fontsize="x-small", color="grey")
     if not many and key is None:
         ax.legend(title="trial", fontsize="small")
     ax.set_xlabel("step")

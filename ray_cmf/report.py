@@ -36,6 +36,7 @@ from ray_cmf.frames import (
     RANK_COLUMN,
     SERIES_COLUMN,
     TRIAL_COLUMN,
+    Span,
     drawable,
     floats,
     group_keys,
@@ -68,7 +69,7 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int, mode: str = "min")
     of ``(max_points - 3) // 2`` equal buckets, plus the first, the last and the best point (``mode``).
 
     Values a plot cannot draw (non-finite, or beyond :data:`DRAWABLE_MAX`) are left out: the page marks them
-    apart (see :func:`_divergences`). Returns sorted indices into ``x`` / ``y``.
+    apart (see :meth:`Span.marks`). Returns sorted indices into ``x`` / ``y``.
     """
     finite = np.flatnonzero(drawable(y))
     n = len(finite)
@@ -166,20 +167,19 @@ def _curves(
     steps: pd.DataFrame, trials: _Trials, metric: str, hover: dict[str, str], mode: str, max_points: int
 ) -> list[dict[str, Any]]:
     """One plotly trace per curve: the downsampled curve, the trial id and config on hover. Where a curve
-    holds values the plot cannot draw (it diverged: NaN, inf, beyond ±DRAWABLE_MAX), a second trace of its
-    colour marks them at the plot's edge, each with its value on hover."""
+    holds values outside the plot's :class:`~ray_cmf.frames.Span` (it diverged: NaN, inf, a climb far above
+    the other values), a second trace of its colour marks them at the plot's edge, each with its value on
+    hover."""
     x_all = floats(steps["step"])[trials.order]
     column = steps[metric]
     y_all = floats(column)[trials.order]
     logged = ~column.isna().to_numpy()[trials.order]  # a null is a row without this metric, not a divergence
-    finite = y_all[drawable(y_all)]
-    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    pad = (high - low) * 0.05 or 1.0
-    edges = {"Infinity": high + pad, "NaN": high + pad, "-Infinity": low - pad}
+    span = Span.of(y_all)
+    edges = span.edges()
     traces = []
     for number, (label, trial_id, rows) in enumerate(trials.spans):
         x, y = x_all[rows][logged[rows]], y_all[rows][logged[rows]]
-        keep = downsample(x, y, max_points, mode)
+        keep = downsample(x, np.where(span.holds(y), y, np.nan), max_points, mode)
         colour = PALETTE[number % len(PALETTE)]
         name = html.escape(label)
         if len(keep):
@@ -197,14 +197,14 @@ def _curves(
                     f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
                 }
             )
-        odd = _divergences(y, max_points)
+        odd = span.marks(y, max_points)
         if len(odd):
-            kinds = [_off_plot(float(v)) for v in y[odd]]
+            kinds = [span.side(float(v)) for v in y[odd]]
             traces.append(
                 {
                     "type": "scatter",
                     "mode": "markers",
-                    "name": f"{label} (off the plot)",  # NaN, inf, or beyond DRAWABLE_MAX
+                    "name": f"{label} (off the plot)",  # NaN, inf, or outside the span
                     "legendgroup": label,
                     "meta": trial_id,
                     "x": x[odd].tolist(),
@@ -300,22 +300,6 @@ def _translucent(colour: str, alpha: float = 0.18) -> str:
     return f"rgba({red},{green},{blue},{alpha})"
 
 
-def _off_plot(value: float) -> str:
-    """Where a value the plot cannot draw is marked: NaN, above it (inf, or beyond +DRAWABLE_MAX), below it."""
-    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-
-
-def _divergences(y: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices of the values a plot cannot draw that are worth marking: where each run of them (of one
-    kind: NaN, above the plot, below it) starts, and the last one."""
-    odd = np.flatnonzero(~drawable(y))
-    if not len(odd):
-        return odd
-    kind = np.where(np.isnan(y[odd]), 0, np.sign(y[odd]))  # NaN, +inf, -inf: a new kind starts a new run
-    starts = odd[np.r_[True, (np.diff(odd) > 1) | (np.diff(kind) != 0)]]
-    return np.unique(np.r_[starts[:max_points], odd[-1]])
-
-
 def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     """Parallel coordinates from every varying config key to the best ``metric`` (categories as ticks; a
     log-spread key on a log10 axis). Trials without a best the axis can draw (finite, within ±DRAWABLE_MAX)
@@ -330,8 +314,10 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
         if values.nunique(dropna=True) < 2:
             continue
         if numeric(values):
-            if log_spread(floats(values)):
-                dims.append({"label": f"log10({key})", "values": _floats(np.log10(values.astype(float)))})
+            numbers = floats(values)
+            if log_spread(numbers):
+                with np.errstate(invalid="ignore"):  # a non-finite value is left out (None) either way
+                    dims.append({"label": f"log10({key})", "values": _floats(np.log10(numbers))})
             else:
                 dims.append({"label": key, "values": _floats(values)})
         else:

@@ -64,6 +64,7 @@ def test_every_rank_of_a_run_is_read_back(tmp_path: Path, capsys: pytest.Capture
     assert "run (rank0)" in page and "run (rank1)" in page
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # log10 of its -inf config warned at the user
 def test_a_diverged_trial_is_shown_never_best_and_written_as_strict_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -337,6 +338,28 @@ def test_int_summaries_stay_exact_beside_trials_without_the_metric(tmp_path: Pat
     assert [int(v) for v in exact] == [2**53 + 1, 2**62 + 1, 2**62 + 1] and math.isnan(table.loc["none", "big_best"])
 
 
+@pytest.mark.parametrize("ranks", [1, 2], ids=["from the footers", "from a scan"])
+def test_a_metric_logged_as_ints_by_one_trial_and_floats_by_another_keeps_each_value(
+    tmp_path: Path, ranks: int
+) -> None:
+    """Trial "ints" logs the metric as ints, "floats" as floats ending in -inf: the summary turned every value
+    into an int, so -1.5 read back as -1, and -inf raised OverflowError out of ``Sweep.trials()``."""
+    big = 2**53 + 1 if ranks == 1 else 7  # a scan merges int with float as float64, as Arrow does (see unify)
+    rows = {
+        "ints": [{"training_iteration": 1, "m": 4}, {"training_iteration": 2, "m": big}],
+        "floats": [{"training_iteration": 1, "m": -1.5}, {"training_iteration": 2, "m": -math.inf}],
+    }
+
+    def series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        return {"": rows} if ranks == 1 else {f"rank{r}": [{**row, "rank": r} for row in rows] for r in range(2)}
+
+    store = write_trials(tmp_path / "store", [Trial(t, series=series(r)) for t, r in rows.items()])
+    table = Sweep(store).trials(["m"]).set_index("trial_id")
+    assert table.loc["ints", "m_best"] == 4 and table.loc["ints", "m_final"] == big
+    assert ranks == 2 or isinstance(table.loc["ints", "m_final"], int | np.integer)  # a float64 rounds 2**53 + 1
+    assert table.loc["floats", "m_best"] == -1.5 and table.loc["floats", "m_final"] == -math.inf
+
+
 def _drawn_pixels(png: Path) -> int:
     """Coloured pixels in a plot without legend or colour bar: what its curves drew (axes, text and grid are
     grey)."""
@@ -363,6 +386,29 @@ def test_overflowing_values_plot_without_warnings(tmp_path: Path) -> None:
         warnings.simplefilter("error", RuntimeWarning)
         assert sweep.plot_curves("loss", tmp_path / "c.png", color_by="größe").stat().st_size > 0
         assert sweep.plot_params("loss", tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_diverged_trial_leaves_the_other_curves_readable_in_a_png(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PNG's axis stretched to a float32-diverged trial's 3e38 (beyond 1e300: a symmetric-log axis), and
+    every learning curve lay flat at 0; its inf was a gap with no mark. The axis now spans the bulk of the
+    values, and what lies beyond is marked at its edge in the trial's colour (as the report does)."""
+    from ray_cmf import plots
+    from tests.test_report import _diverged_sweep
+
+    drawn: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
+    _diverged_sweep(tmp_path / "store").plot_curves("loss", tmp_path / "c.png")
+    [ax] = drawn[0].axes
+    low, high = ax.get_ylim()
+    assert ax.get_yscale() == "linear" and low < 0.3 and 2.3 < high < 20.0
+    lines = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
+    assert np.isfinite(lines["a"].get_ydata()).sum() == np.isfinite(lines["b"].get_ydata()).sum() == 50
+    marks = [line for line in ax.lines if line.get_label().startswith("_") and line.get_linestyle() == "None"]
+    [mark] = marks
+    assert mark.get_color() == lines["d"].get_color() and len(mark.get_ydata()) == 2  # left the plot; ended
+    assert all(10.0 < y < high for y in mark.get_ydata())
 
 
 def test_a_plot_counts_and_draws_only_the_trials_that_logged_its_metric(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -13,12 +14,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ray_cmf import Cmf, Sweep
 from ray_cmf.cli import main
+from ray_cmf.frames import Span, drawable
 from ray_cmf.report import ReportServer, downsample, importance
 from tests._browser import open_report, screenshot
 from tests._sweeps import run_grid
+from tests._values import floats
 
 LRS = [0.001, 0.01, 0.1, 0.3]  # spread over 2+ decades: a log axis
 ITERATIONS = 12
@@ -242,6 +247,58 @@ def test_a_clean_sweep_reads_as_a_dashboard_in_chromium(tmp_path: Path, browser:
     assert "picked" in (page.locator("#trials tbody tr").nth(1).get_attribute("class") or "")
     screenshot(page, "report-clean-sweep.png")
     assert errors == []
+
+
+@given(st.lists(floats, max_size=60))
+def test_a_plots_span_shows_its_bulk_and_marks_the_rest_on_the_right_side(values: list[float]) -> None:
+    """Whatever a sweep logged: the axis span is finite and drawable, the values between the 5% and 95%
+    quantiles are always on the plot, and each value off it is marked on its side, every run of them seen."""
+    y = np.array(values, dtype=float)
+    span = Span.of(y)
+    assert math.isfinite(span.low) and span.low <= span.high and abs(span.low) <= 1e300 >= abs(span.high)
+    shown = y[drawable(y)]
+    if shown.size:
+        low, high = np.quantile(shown, (0.05, 0.95))
+        assert span.holds(shown[(shown >= low) & (shown <= high)]).all()
+    marks = span.marks(y, 200)
+    off = np.flatnonzero(~span.holds(y))
+    assert set(marks) <= set(off) and (not len(off) or off[-1] in marks)
+    edges, previous = span.edges(), None
+    for i in off:
+        side = span.side(float(y[i]))
+        assert side == ("NaN" if math.isnan(y[i]) else "Infinity" if y[i] > span.high else "-Infinity")
+        assert not span.holds(np.array([edges[side]])).any()  # the mark sits outside what is drawn
+        if previous != (i - 1, side):
+            assert i in marks  # where a run of one side starts
+        previous = (i, side)
+
+
+def _diverged_sweep(store: Path) -> Any:
+    """Two trials that learn and one that diverges in float32: its loss climbs to 3e38, then inf."""
+    from tests._stores import Trial, write_trials
+
+    def losses(values: list[float]) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    curves = {"a": 0.1, "b": 0.2}
+    learning = [Trial(t, {"lr": lr}, losses([2.3 / (1 + lr * s) for s in range(50)])) for t, lr in curves.items()]
+    diverged = Trial("d", {"lr": 9.0}, losses([1.0, 10.0, 1e5, 1e20, 3e38, math.inf, math.inf]))
+    return Sweep(write_trials(store, [*learning, diverged]))
+
+
+def test_a_diverged_trial_leaves_the_other_curves_readable(tmp_path: Path) -> None:
+    """A trial whose float32 loss climbed to 3e38 stretched the axis so far that every other curve was a flat
+    line at 0. Values far outside the bulk of the sweep's values are now marked at the plot's edge, each with
+    its value on hover, and the axis spans the rest: the learning curves are whole and readable."""
+    data = _data(_diverged_sweep(tmp_path / "store").report(tmp_path / "r.html").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    lines = {t["meta"]: t["y"] for t in section["traces"] if not t["name"].endswith("(off the plot)")}
+    assert len(lines["a"]) == len(lines["b"]) == 50  # every point of the learning curves drawn
+    assert lines["d"] == [1.0, 10.0]  # the diverged trial up to where it left the plot
+    marked = {t["meta"]: (t["text"], t["y"]) for t in section["traces"] if t["name"].endswith("(off the plot)")}
+    texts, ys = marked["d"]
+    assert texts[0] == 1e5 and texts[-1] == "Infinity"  # where it left the plot, and where it ended
+    assert min(ys) > 10.0 and max(ys) < 20.0  # at the edge, just above the highest value drawn
 
 
 def test_values_beyond_what_a_plot_can_draw_are_marked_at_its_edge(tmp_path: Path) -> None:
