@@ -21,12 +21,12 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ray_cmf._json import dumps
 from ray_cmf._names import check_name
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.client import WriterClient, WriterSink
 from ray_cmf.constants import (
+    CONFIG_JSON,
     DATASET_TYPE,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
@@ -40,7 +40,7 @@ from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidNameError, MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, outcome, track
 from ray_cmf.frames import exact_frame
-from ray_cmf.lineage import RUNNING, Artifact, Context, Execution
+from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_json
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
 from ray_cmf.writer import Joined, StoreWriter
@@ -169,8 +169,8 @@ class Cmf:
             "Pipeline_Type": self.pipeline_name,
             **(custom_properties or {}),
         }
-        if custom_properties and "config_json" not in custom_properties:  # what Sweep shows as config/<key>
-            props["config_json"] = dumps(dict(custom_properties))
+        if custom_properties and CONFIG_JSON not in custom_properties:  # what Sweep shows as config/<key>
+            props[CONFIG_JSON] = config_json(custom_properties)
         self.close()  # the previous execution ended: its series' rows go to it
         self.metrics, self._sinks = {}, {}
         self._binding, self.execution = self._writer.call(
@@ -182,15 +182,15 @@ class Cmf:
             props=props,
             store=self.store,
         )
+        if self.execution.last_known_state == RUNNING:  # one this Cmf runs (not a finished one reopened)
+            self._running = self._binding
+            track(self)  # from now on, however the process ends, the execution says so
         self._writer.call(
             StoreWriter.record_environment,
             execution_id=self.execution.id,
             environment=capture(),
             store=self.store,
         )
-        if self.execution.last_known_state == RUNNING:  # one this Cmf runs (not a finished one reopened)
-            self._running = self._binding
-            track(self)
         return self.execution
 
     def log_seeds(self, **seeds: int) -> None:
@@ -205,9 +205,14 @@ class Cmf:
         )
 
     def update_execution(self, execution_id: int, custom_properties: Mapping[str, Any] | None = None) -> Execution:
-        """Merge custom properties into an execution (cmflib's signature)."""
+        """Merge custom properties into an execution (cmflib's signature), and into the config that
+        ``Sweep.trials()`` shows as ``config/<key>`` columns."""
         updated = self._writer.call(
-            StoreWriter.update_execution, execution_id=execution_id, props=custom_properties, store=self.store
+            StoreWriter.update_execution,
+            execution_id=execution_id,
+            props=custom_properties,
+            store=self.store,
+            config=True,
         )
         if self.execution is not None and self.execution.id == execution_id:
             self.execution = updated

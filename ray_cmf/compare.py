@@ -23,6 +23,7 @@ import pyarrow.dataset as pads
 from ray_cmf._names import check_limit, check_mode
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
+    CONFIG_JSON,
     DELETED_PROPERTY,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
@@ -738,7 +739,7 @@ def _status(execution: Execution, props: Mapping[str, Any]) -> str:
 
 
 def _config(props: Mapping[str, Any]) -> dict[str, Any]:
-    raw = props.get("config_json")
+    raw = props.get(CONFIG_JSON)
     if not isinstance(raw, str):
         return {}
     from ray_cmf.lineage import flatten_config

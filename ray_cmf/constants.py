@@ -46,3 +46,4 @@ NOTE_PROPERTY = RESERVED_PREFIX + "note"
 DELETED_PROPERTY = RESERVED_PREFIX + "deleted_at"  # when it was deleted (UTC ISO 8601); absent: it is not
 
 GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints
+CONFIG_JSON = "config_json"  # an execution property: its config as JSON, what Sweep shows as config/<key>

@@ -21,7 +21,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, float_of
 from ray_cmf.connection import connection_config, explain, is_url
-from ray_cmf.constants import PIPELINE_CONTEXT_TYPE, RESERVED_PREFIX, STAGE_CONTEXT_TYPE
+from ray_cmf.constants import CONFIG_JSON, PIPELINE_CONTEXT_TYPE, RESERVED_PREFIX, STAGE_CONTEXT_TYPE
 from ray_cmf.errors import StoreError
 
 T = TypeVar("T")
@@ -53,16 +53,37 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
             flat.update(flatten_config(value, name + "."))
         elif value is None or isinstance(value, bool | int | float | str):
             flat[name] = value
+        elif _scalar(value):
+            flat[name] = value.item()
         else:
-            flat[name] = json.dumps(value, default=repr)
+            flat[name] = json.dumps(value, default=_plain)
     return flat
+
+
+def _scalar(value: Any) -> bool:
+    """Whether a value is a NumPy scalar or a 0-d array or tensor (``np.float32(0.5)``, a grid of
+    ``np.arange`` values): recorded as the Python number it holds."""
+    return hasattr(value, "item") and getattr(value, "ndim", None) == 0
+
+
+def _plain(value: Any) -> Any:
+    """What JSON records for a value it has no type for: a scalar's number, an array's list, else its repr."""
+    if _scalar(value):
+        return value.item()
+    return value.tolist() if hasattr(value, "tolist") else repr(value)
+
+
+def config_json(config: Mapping[str, Any]) -> str:
+    """A config as the execution's ``config_json``: what ``Sweep`` reads back as ``config/<key>`` columns.
+    NaN and inf are kept as numbers (JSON's lenient ``NaN`` and ``Infinity``, which ``json.loads`` reads)."""
+    return json.dumps(config, default=_plain, sort_keys=True)
 
 
 def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
     """Execution properties for a config: its flattened scalars plus the whole config as JSON (a key under
     ray_cmf's reserved prefix stays in the JSON only, so it cannot pose as a tag or a deletion mark)."""
     flat = {k: v for k, v in flatten_config(config).items() if not k.startswith(RESERVED_PREFIX)}
-    return {**flat, "config_json": json.dumps(config, default=repr, sort_keys=True)}
+    return {**flat, CONFIG_JSON: config_json(config)}
 
 
 def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
@@ -71,6 +92,8 @@ def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
     An int wider than the database's int column (``int_bits``: 64 in SQLite, 32 in ML-Metadata's
     PostgreSQL and MySQL schemas) is kept exactly, as its decimal string.
     """
+    if _scalar(value):
+        value = value.item()
     if isinstance(value, bool):
         return mlpb.Value(bool_value=value)
     if isinstance(value, int):
@@ -82,7 +105,7 @@ def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
         return mlpb.Value(double_value=float(value))
     if isinstance(value, str):
         return mlpb.Value(string_value=value)
-    return mlpb.Value(string_value=json.dumps(value, default=repr))
+    return mlpb.Value(string_value=json.dumps(value, default=_plain))
 
 
 def python_value(value: mlpb.Value) -> Any:
@@ -250,12 +273,22 @@ class Lineage:
         return _created_or_found(create, lambda: self.store.get_execution_by_type_and_name(type_name, name))
 
     def update_execution(
-        self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
+        self,
+        execution_id: int,
+        props: Mapping[str, Any] | None = None,
+        state: str | None = None,
+        *,
+        config: bool = False,
     ) -> Execution:
-        """Merge ``props`` into an execution's custom properties and optionally set its state."""
+        """Merge ``props`` into an execution's custom properties (``config``: into its config too) and
+        optionally set its state."""
         [execution] = self.store.get_executions_by_id([execution_id])
         if not props and state is None:
             return execution  # nothing to change: no write
+        if config and props:
+            recorded = execution.custom_properties.get(CONFIG_JSON)
+            before = json.loads(recorded.string_value) if recorded is not None else {}
+            props = {**props, CONFIG_JSON: config_json({**before, **props})}
         _set(execution.custom_properties, props, self._int_bits)
         if state is not None:
             execution.last_known_state = _STATES[state]

@@ -258,15 +258,21 @@ class Store:
             return self.lineage.execution(ctx, type_name, name, {**(props or {}), **holder()})
 
     def update_execution(
-        self, execution_id: int, props: Mapping[str, Any] | None = None, state: str | None = None
+        self,
+        execution_id: int,
+        props: Mapping[str, Any] | None = None,
+        state: str | None = None,
+        *,
+        config: bool = False,
     ) -> Execution:
-        """Merge properties into an execution and optionally set RUNNING/COMPLETE/FAILED/CANCELED.
+        """Merge properties into an execution (``config``: into its config too, see
+        :meth:`Lineage.update_execution`) and optionally set RUNNING/COMPLETE/FAILED/CANCELED.
 
         Marking it RUNNING records this process as its holder (see ``exits.abandoned``)."""
         if state == "RUNNING":
             props = {**(props or {}), **holder()}
         with self._lock:
-            return self.lineage.update_execution(execution_id, props, state)
+            return self.lineage.update_execution(execution_id, props, state, config=config)
 
     def patch_executions(
         self, execution_ids: Sequence[int], props: Mapping[str, Any], remove: Iterable[str] = ()

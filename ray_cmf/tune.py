@@ -559,13 +559,15 @@ class CmfRayLogger(tune.Callback):
 
     @_never_raises
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
-        """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain."""
+        """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain.
+
+        A trial that Tune did not report complete or failed was still running when the experiment ended
+        (Ctrl-C, ``time_budget_s``, a stopper's ``stop_all``): Tune stops it as TERMINATED, and it is
+        recorded CANCELED, since it never finished.
+        """
         for trial in trials:
             if trial.trial_id in self._trials and not self._trials[trial.trial_id].committed:
-                self._end(
-                    trial,
-                    "FAILED" if trial.status == "ERROR" else "COMPLETE" if trial.status == "TERMINATED" else "CANCELED",
-                )
+                self._end(trial, "FAILED" if trial.status == "ERROR" else "CANCELED")
         for future in self._rt.futures:
             try:
                 future.result()

@@ -97,6 +97,8 @@ class DvcRepo:
             finally:
                 dvc_log.setLevel(level)
         except Exception as exc:  # dvc raises its own hierarchy
+            if (self.root / ".dvc").is_dir():  # another process started on this new store at the same time
+                return
             raise StoreError(f"Cannot initialise a DVC repo at {self.root}: {exc}") from exc
 
     def cache_path(self, md5: str) -> Path:

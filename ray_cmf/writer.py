@@ -276,9 +276,10 @@ class StoreWriter:
         props: Mapping[str, Any] | None = None,
         state: str | None = None,
         store: Store | None = None,
+        config: bool = False,
     ) -> Execution:
-        """Merge properties into an execution and optionally set its state."""
-        return self._open(store).update_execution(execution_id, props, state)
+        """Merge properties into an execution (``config``: into its config too) and optionally set its state."""
+        return self._open(store).update_execution(execution_id, props, state, config=config)
 
     def patch_execution(
         self,

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
-from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, Store, StoreError
+from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, Store, StoreError, Sweep
 from ray_cmf.constants import ENV_STORE, ENVIRONMENT_TYPE, PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE, STEP_METRICS_TYPE
 from ray_cmf.lineage import properties
 
@@ -82,6 +84,45 @@ def test_update_execution_merges_properties(store_dir: Path) -> None:
     cmf.update_execution(execution.id, {"b": "two", "best": float("nan")})
     props = properties(cmf.store.lineage.get_execution(execution.id))
     assert props["a"] == 1 and props["b"] == "two" and props["best"] != props["best"]
+
+
+def test_the_config_a_sweep_shows_is_what_the_execution_holds(store_dir: Path) -> None:
+    """cmflib's custom properties are the config ``Sweep.trials()`` shows: ``update_execution``'s changes did
+    not show (the config stayed as created), NaN and inf read back as the strings "NaN" and "Infinity", and
+    numpy scalars were recorded in MLMD as their repr ("np.float32(0.5)")."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    config = {"a": 1, "nan": math.nan, "inf": math.inf, "f32": np.float32(0.5), "i64": np.int64(3)}
+    execution = cmf.create_execution("Train", config)
+    cmf.log_metric("steps", {"step": 0, "loss": 1.0})
+    cmf.commit_metrics("steps")
+    cmf.update_execution(execution.id, {"a": 3, "b": 2.5})
+    [row] = Sweep(store_dir, metrics_name="steps").trials().to_dict("records")
+    assert (row["config/a"], row["config/b"], row["config/inf"], row["config/f32"]) == (3, 2.5, math.inf, 0.5)
+    assert math.isnan(row["config/nan"]) and row["config/i64"] == 3 and type(row["config/i64"]) is not str
+    assert Sweep(store_dir, metrics_name="steps").trials(where="config/inf > 1")["config/a"].tolist() == [3]
+    props = properties(cmf.store.lineage.get_execution(execution.id))
+    assert (props["f32"], props["i64"], props["a"], props["b"]) == (0.5, 3, 3, 2.5)
+
+
+def test_scripts_that_start_on_one_new_store_at_once_all_run(tmp_path: Path) -> None:
+    """Two scripts started together on a store that did not exist yet: one died initialising DVC ("'.dvc'
+    exists"), and its execution was left RUNNING (then shown as CRASHED, not FAILED)."""
+    store, go = tmp_path / "store", tmp_path / "go"
+    script = (
+        "import sys, time\nfrom pathlib import Path\nfrom ray_cmf import Cmf\n"
+        "while not Path(sys.argv[2]).exists(): time.sleep(0.001)\n"
+        "cmf = Cmf(pipeline_name='race', store=sys.argv[1])\ncmf.create_execution('Train')\n"
+        "cmf.log_metric('m', {'x': 1.0})\nassert cmf.commit_metrics('m') is not None\n"
+    )
+    children = [
+        subprocess.Popen([sys.executable, "-c", script, str(store), str(go)], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    go.touch()
+    errors = [child.communicate(timeout=120)[1] for child in children]
+    assert [child.returncode for child in children] == [0] * 4, "\n".join(errors)[-3000:]
+    states = [e.last_known_state for e in Store(store).lineage.store.get_executions()]
+    assert states == [mlpb.Execution.COMPLETE] * 4
 
 
 def test_commit_again_creates_a_new_version(store_dir: Path) -> None:

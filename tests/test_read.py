@@ -360,6 +360,21 @@ def test_a_metric_logged_as_ints_by_one_trial_and_floats_by_another_keeps_each_v
     assert table.loc["floats", "m_best"] == -1.5 and table.loc["floats", "m_final"] == -math.inf
 
 
+def test_numpy_config_values_read_back_as_numbers(tmp_path: Path) -> None:
+    """A grid over ``np.arange`` values gives trials np.int64 and np.float32 config values: they were recorded
+    as their repr ("np.int64(3)"), so the config column was text and ``--where 'config/n > 0'`` matched none."""
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    trials = [
+        Trial(f"t{i}", {"n": np.int64(i), "lr": np.float32(0.5) * i, "x": {"deep": np.float64(i)}}, rows)
+        for i in (0, 1)
+    ]
+    sweep = Sweep(write_trials(tmp_path / "store", trials))
+    table = sweep.trials().set_index("trial_id")
+    assert table["config/n"].tolist() == [0, 1] and table["config/lr"].tolist() == [0.0, 0.5]
+    assert table["config/x.deep"].tolist() == [0.0, 1.0]
+    assert sweep.trials(where="config/n > 0").index.size == 1
+
+
 def _drawn_pixels(png: Path) -> int:
     """Coloured pixels in a plot without legend or colour bar: what its curves drew (axes, text and grid are
     grey)."""

@@ -338,6 +338,9 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
     else:
         first.send_signal(signal.SIGINT)  # the driver only, as a terminal's Ctrl-C reaches Tune
         first.wait(timeout=120)
+        interrupted = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+        statuses = {properties(e)["lr"]: properties(e)["status"] for e in interrupted}
+        assert statuses == {0.05: "COMPLETE", 0.1: "CANCELED", 0.2: "CANCELED"}  # they were COMPLETE
     second = subprocess.run(
         [sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "restore"],
         env=env,
@@ -410,6 +413,52 @@ def test_a_trial_that_tune_stops_hands_over_every_row(ray_session: None, tmp_pat
         assert properties(fine)["at_end"] is True
         rows = pq.read_table(store / properties(fine)["url"]).to_pandas()
         assert rows[["it", "sub"]].values.tolist() == [[i, s] for i in range(3) for s in range(5)]
+
+
+def _runs_long(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    for it in range(200):
+        time.sleep(0.05)
+        tune.report({"loss": config["lr"] / (it + 1)})
+
+
+def test_a_trial_the_experiments_end_stops_is_canceled_not_complete(ray_session: None, tmp_path: Path) -> None:
+    """Tune stops every running trial when the experiment ends early (Ctrl-C, ``time_budget_s``, a stopper's
+    ``stop_all``), marks it TERMINATED and calls no ``on_trial_complete``: such trials were recorded
+    COMPLETE (and so passed ``--where 'status == "COMPLETE"'``), though they never finished."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    class StopAllAfter(tune.stopper.Stopper):
+        def __init__(self) -> None:
+            self.results = 0
+
+        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+            self.results += 1
+            return False
+
+        def stop_all(self) -> bool:
+            return self.results >= 6
+
+    store = tmp_path / "store"
+    tune.Tuner(
+        _runs_long,
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        run_config=tune.RunConfig(
+            name="cut",
+            storage_path=str(tmp_path / "results"),
+            callbacks=[CmfRayLogger("cut", metric="loss", mode="min", store=str(store))],
+            stop=StopAllAfter(),
+            verbose=0,
+        ),
+    ).fit()
+    executions = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert [properties(e)["status"] for e in executions] == ["CANCELED", "CANCELED"]
+    assert [e.last_known_state for e in executions] == [mlpb.Execution.CANCELED] * 2
+    statuses = Sweep(store, pipeline="cut").trials()["status"].tolist()
+    assert statuses == ["CANCELED", "CANCELED"]
 
 
 def test_a_diverged_result_never_becomes_a_trials_best(tmp_path: Path) -> None:
