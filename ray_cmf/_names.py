@@ -9,16 +9,23 @@ from ray_cmf.errors import InvalidArgumentError, InvalidNameError
 MODES = ("min", "max")
 
 _UNSAFE = re.compile(r"[/\\\x00]|\.\.|^\.$|^[A-Za-z]:")  # separators, NUL, "..", ".", a drive letter
+# A name becomes a file name with a content hash, suffixes and a temporary file's prefix around it (about 90
+# bytes), and file systems cap a file name at 255 bytes.
+NAME_MAX_BYTES = 128
 
 
 def check_name(what: str, name: object) -> str:
     """Return ``name`` if it is safe as one path component inside the store, else raise InvalidNameError.
 
     Refused: non-strings, the empty string, "." and anything with "..", a path separator, a NUL byte or
-    a leading drive letter, so no name can reach outside the store's directory.
+    a leading drive letter, so no name can reach outside the store's directory; and names longer than
+    :data:`NAME_MAX_BYTES` in UTF-8, which would fail only when a file is written.
     """
     if not isinstance(name, str) or not name or _UNSAFE.search(name):
         raise InvalidNameError(what, name)
+    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
+        why = f"names are at most {NAME_MAX_BYTES} bytes in UTF-8 (they become file names), and this one has"
+        raise InvalidNameError(what, name, f"{why} {len(name.encode('utf-8', 'surrogatepass'))}")
     return name
 
 

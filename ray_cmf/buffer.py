@@ -251,7 +251,10 @@ class MetricBuffer:
     def append(self, row: Mapping[str, Any]) -> int:
         """Append one row of name -> scalar and return its SequenceNumber. O(1) amortized, no I/O."""
         if self._closed:
-            raise RayCmfError("MetricBuffer is closed; create a new one to log more rows")
+            raise RayCmfError(
+                "This series is closed (its Cmf or logger was closed, or its execution ended): to log more rows, "
+                "start another execution (Cmf.create_execution) or a new Cmf"
+            )
         n = self._n
         columns = self._columns
         try:
@@ -285,7 +288,7 @@ class MetricBuffer:
         if self._owner is None:
             self._owner = threading.get_ident()
         if not isinstance(key, str):
-            raise InvalidValueError(repr(key), key, "Metric names must be strings.")
+            raise InvalidNameError("metric name", key, "metric names (the keys of a row) must be strings")
         column = self._columns.get(key)
         if value is None:
             if column is not None:

@@ -37,7 +37,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
-from ray_cmf.errors import InvalidNameError, MetricsNotFoundError, StoreError
+from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, outcome, track
 from ray_cmf.frames import exact_frame
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_json
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 log = logging.getLogger(__name__)
+ENDED_STATES = ("COMPLETE", "FAILED", "CANCELED")  # what close(state=...) takes
 _TRIAL_SERIES = {RESULTS_METRICS_NAME: "Tune results", SYSTEM_METRICS_NAME: "system metrics"}  # a trial's own
 
 
@@ -161,8 +162,10 @@ class Cmf:
         if self._stage is None:
             self.create_context(execution_type)
         assert self._stage is not None
+        check_name("execution_type", execution_type)
         if execution_name is None:
             execution_name = f"{execution_type}-{uuid.uuid4().hex[:12]}" if create_new_execution else execution_type
+        check_name("execution_name", execution_name)  # before the current execution ends
         props = {
             "Execution": cmd if cmd is not None else redact_command(sys.argv),
             "Context_Type": self._stage,
@@ -376,7 +379,13 @@ class Cmf:
         """Hand every buffer's rows to the writer's spill (uncommitted rows stay there for
         :func:`ray_cmf.recover`) and end the execution this Cmf started: ``state`` (default: how the process
         is ending: ``COMPLETE``, or ``FAILED`` after an uncaught exception, ``CANCELED`` on SIGTERM or
-        Ctrl-C). Called at exit too; a Tune trial's Cmf leaves the trial's state to CmfRayLogger."""
+        Ctrl-C). Called at exit too; a Tune trial's Cmf leaves the trial's state to CmfRayLogger.
+
+        Raises:
+            InvalidArgumentError: ``state`` is not one of :data:`ENDED_STATES`.
+        """
+        if state is not None and state not in ENDED_STATES:
+            raise InvalidArgumentError(f"close(state={state!r}): an execution ends as one of {ENDED_STATES}")
         for buffer in self.metrics.values():
             buffer.close()
         binding, self._running = self._running, None

@@ -41,7 +41,14 @@ RUNNING = mlpb.Execution.RUNNING
 _STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 _PROPERTY_TYPES = {str: mlpb.STRING, int: mlpb.INT, float: mlpb.DOUBLE}
 _SCHEMA_RACE_PAUSES = (0.2, 0.5, 1.0, 2.0, 4.0)  # seconds between tries while another process makes the schema
-_CREATION_RACES = ("schema_version", "already exists", "duplicate key", "subset of tables", "retry the connection")
+_CREATION_RACES = (  # what ML-Metadata says when another process creates the same database at once
+    "schema_version",
+    "already exists",
+    "duplicate key",
+    "subset of tables",
+    "retry the connection",
+    "database is locked",
+)
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -169,7 +176,7 @@ class Lineage:
         self._type_ids: dict[tuple[str, str], int] = {}
 
     def _connect(self, readonly: bool) -> metadata_store.MetadataStore:
-        """Open the database; retry ML-Metadata's first-connection races on a server (two processes
+        """Open the database; retry ML-Metadata's first-connection races (two processes
         creating the database, or its schema, at once: "already exists", "MLMDEnv table exists but no
         schema_version", "There are a subset of tables in MLMD instance ... Please retry the connection")."""
         config = connection_config(self.target, readonly=readonly)

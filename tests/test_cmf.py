@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
-from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, Store, StoreError, Sweep
+from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, RayCmfError, Store, StoreError, Sweep
 from ray_cmf.constants import ENV_STORE, ENVIRONMENT_TYPE, PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE, STEP_METRICS_TYPE
 from ray_cmf.lineage import properties
 
@@ -196,6 +196,44 @@ def test_bad_names_are_rejected(store_dir: Path, name: str) -> None:
         cmf.log_metric(name, {"x": 1})
     with pytest.raises(InvalidNameError):
         Cmf(pipeline_name=name, store=store_dir)
+
+
+def test_a_name_too_long_for_a_file_name_is_refused_when_it_is_given(store_dir: Path) -> None:
+    """A 200-character metrics_name (or a 300-character pipeline name) passed every check and failed only at
+    commit ("File name too long"): the commit returned None, its warning advised a retry that could never
+    succeed, and the rows were dropped at exit. Such a name is refused where it is given."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    with pytest.raises(InvalidNameError, match=r"metrics_name 'mmm.*128 bytes"):
+        cmf.log_metric("m" * 200, {"x": 1})
+    with pytest.raises(InvalidNameError, match="pipeline_name"):
+        Cmf(pipeline_name="p" * 300, store=store_dir)
+    with pytest.raises(InvalidNameError, match="execution_name"):
+        cmf.create_execution("Train", execution_name="e" * 300)
+    longest = "ü" * 64  # 128 bytes in UTF-8: the longest name taken
+    cmf = Cmf(pipeline_name=longest, store=store_dir)
+    cmf.create_context(longest)
+    cmf.create_execution(longest, execution_name=longest)
+    cmf.log_metric(longest, {"x": 1})
+    assert cmf.commit_metrics(longest) is not None and cmf.read_metrics(longest)["x"].tolist() == [1]
+
+
+def test_misuses_of_a_cmf_get_errors_that_say_what_to_do(store_dir: Path) -> None:
+    """A typo in close()'s state was a warning, and left the execution RUNNING (then CRASHED); logging after
+    close() blamed a "MetricBuffer" the user never made; a non-string key was called an unsupported value."""
+    from ray_cmf import InvalidArgumentError
+
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    execution = cmf.create_execution("Train")
+    with pytest.raises(InvalidArgumentError, match=r"state='BOGUS'.*'COMPLETE', 'FAILED', 'CANCELED'"):
+        cmf.close(state="BOGUS")
+    with pytest.raises(InvalidNameError, match=r"metric name 1: .*keys of a row.*strings"):
+        cmf.log_metric("m", {1: 2})  # type: ignore[dict-item]
+    cmf.log_metric("m", {"x": 1})
+    cmf.close(state="CANCELED")
+    assert cmf.store.lineage.get_execution(execution.id).last_known_state == mlpb.Execution.CANCELED
+    with pytest.raises(RayCmfError, match=r"closed.*create_execution") as closed:
+        cmf.log_metric("m", {"x": 2})
+    assert "MetricBuffer" not in str(closed.value)
 
 
 def test_commit_without_logging_names_the_metric(store_dir: Path) -> None:
