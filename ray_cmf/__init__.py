@@ -25,6 +25,7 @@ from ray_cmf.errors import (
     MetricsNotFoundError,
     PrecisionError,
     RayCmfError,
+    RecoveryError,
     SchemaError,
     StoreError,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "MetricsNotFoundError",
     "PrecisionError",
     "RayCmfError",
+    "RecoveryError",
     "SchemaError",
     "StepLogger",
     "Store",

@@ -23,7 +23,7 @@ from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
-from ray_cmf.errors import RayCmfError
+from ray_cmf.errors import RayCmfError, RecoveryError
 from ray_cmf.frames import sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, trial_id_of
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
@@ -384,12 +384,15 @@ def cmd_recover(args: argparse.Namespace) -> int:
     from ray_cmf.recovery import commit_spills, mark_crashed
 
     store = Store(args.store)
-    artifacts = commit_spills(store, force=args.force)  # then mark the crashed ones: recover()'s two halves
+    artifacts, failed = commit_spills(store, force=args.force)  # then mark the crashed ones: recover()'s halves
     crashed = [{"execution": e.name, "status": "CRASHED"} for e in mark_crashed(store)]
     rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in artifacts]
     _emit(args, rows, "recovered metrics")
     if crashed and not args.json:  # (their status is in `trials --json`)
         _emit(args, crashed, "executions whose process is gone, now marked")
+    if failed:
+        print(f"ray-cmf: {RecoveryError(failed, artifacts)}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -75,3 +76,17 @@ class MetricsNotFoundError(RayCmfError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
         return str(self.args[0])
+
+
+class RecoveryError(RayCmfError):
+    """Some dangling spills could not be committed: every other one was (``recovered``), and each that failed
+    (``failed``: its directory and why) is left as it was, to be fixed and recovered again."""
+
+    def __init__(self, failed: dict[Path, Exception], recovered: list[Any]) -> None:
+        lines = "".join(f"\n  {directory}: {type(exc).__name__}: {exc}" for directory, exc in failed.items())
+        super().__init__(
+            f"{len(failed)} spilled series could not be committed; they are kept as they were, so recover again "
+            f"once the cause is fixed ({len(recovered)} other series were committed):{lines}"
+        )
+        self.failed = failed
+        self.recovered = recovered

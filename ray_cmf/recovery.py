@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from pathlib import Path
 
 from ray_cmf._progress import track
 from ray_cmf.constants import SPILL_DIR, SPILL_MANIFEST
+from ray_cmf.errors import RayCmfError, RecoveryError
 from ray_cmf.exits import CRASHED, RECOVERED, abandoned, process_alive
 from ray_cmf.lineage import Artifact, Execution, properties, state_name
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest, discard_spill
@@ -53,28 +55,50 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
 
     Returns:
         The Step_Metrics artifacts created, each with the custom property ``recovered=True``.
+
+    Raises:
+        RecoveryError: Some spills could not be committed (each is named, with why, and left as it was); every
+            other spill was committed and the crashed executions marked all the same.
     """
     store = store if isinstance(store, Store) else Store(store)
-    recovered = commit_spills(store, force=force)
+    recovered, failed = commit_spills(store, force=force)
     mark_crashed(store)
+    if failed:
+        raise RecoveryError(failed, recovered)
     return recovered
 
 
-def commit_spills(store: Store, *, force: bool = False) -> list[Artifact]:
+def commit_spills(store: Store, *, force: bool = False) -> tuple[list[Artifact], dict[Path, Exception]]:
     """The first half of :func:`recover`: commit every dangling spill (those of live processes only with
-    ``force``) and return the artifacts made."""
+    ``force``). Returns the artifacts made, and the spills that could not be committed with why: one such
+    spill does not stop the others."""
     recovered: list[Artifact] = []
+    failed: dict[Path, Exception] = {}
     manifests = sorted((store.root / SPILL_DIR).glob(f"*/{SPILL_MANIFEST}"))
     for manifest_path in track(manifests, "recovering spilled series", len(manifests)):
-        manifest = SpillManifest.read(manifest_path.parent)
-        if not force and _alive(manifest):
-            log.info("ray_cmf.recover: skipping %s, its writer (pid %s) is alive", manifest_path.parent, manifest.pid)
+        try:
+            artifact = _commit_spill(store, manifest_path.parent, force)
+        except Exception as exc:  # reported, all together, once every other spill is committed
+            failed[manifest_path.parent] = exc
             continue
-        spill = Spill(manifest_path.parent, manifest)
-        if not spill.pending:
-            discard_spill(spill.directory)
-            continue
-        artifact = spill.finish(manifest.dest, functools.partial(_register, store, manifest))
-        log.info("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
-        recovered.append(artifact)
-    return recovered
+        if artifact is not None:
+            recovered.append(artifact)
+    return recovered, failed
+
+
+def _commit_spill(store: Store, directory: Path, force: bool) -> Artifact | None:
+    """Commit one dangling spill; None when it is skipped (its writer is alive) or held no rows (discarded)."""
+    try:
+        manifest = SpillManifest.read(directory)
+    except (OSError, ValueError, TypeError) as exc:
+        raise RayCmfError(f"its {SPILL_MANIFEST} cannot be read ({exc})") from exc
+    if not force and _alive(manifest):
+        log.info("ray_cmf.recover: skipping %s, its writer (pid %s) is alive", directory, manifest.pid)
+        return None
+    spill = Spill(directory, manifest)
+    if not spill.pending:
+        discard_spill(spill.directory)
+        return None
+    artifact = spill.finish(manifest.dest, functools.partial(_register, store, manifest))
+    log.info("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
+    return artifact

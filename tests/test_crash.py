@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from ray_cmf import Store, recover
 from ray_cmf.lineage import properties
@@ -115,3 +117,29 @@ def test_a_killed_run_shows_crashed_and_recover_marks_it_recovered(store_dir: Pa
     assert len(crashed) == 1 and bool(crashed["recovered"].iloc[0]) and crashed["steps"].iloc[0] == 20_000
     assert set(table["status"]) == {"CRASHED", "RUNNING"}
     live.close()
+
+
+def test_a_spill_that_cannot_be_committed_does_not_stop_the_others(store_dir: Path) -> None:
+    """Two runs are killed; one's manifest is then unreadable (a disk that filled). recover() commits the other,
+    marks both crashed, keeps the bad spill as it was, and raises an error that names it; so does the CLI."""
+    from ray_cmf import RecoveryError, Sweep
+
+    _run_and_kill(store_dir, 3000, 0.0, kill_on="ready")
+    _run_and_kill(store_dir, 2000, 0.0, kill_on="ready")
+    spills = sorted(p.parent for p in (store_dir / "spill").glob("*/manifest.json"))
+    assert len(spills) == 2
+    bad = spills[0]
+    (bad / "manifest.json").write_text('{"metrics_name": "tr')
+    cli = subprocess.run(
+        [sys.executable, "-m", "ray_cmf.cli", "recover", "--store", str(store_dir)], capture_output=True, text=True
+    )
+    assert cli.returncode == 1, cli.stderr
+    assert str(bad) in cli.stderr and "manifest.json" in cli.stderr
+    assert "train" in cli.stdout  # the other series was committed and listed
+    assert sorted(p.parent for p in (store_dir / "spill").glob("*/manifest.json")) == [bad]  # kept, untouched
+    with pytest.raises(RecoveryError, match=re.escape(str(bad))) as caught:
+        recover(store_dir)
+    assert caught.value.recovered == [] and list(caught.value.failed) == [bad]
+    table = Sweep(store_dir, "crash", metrics_name="train").trials()
+    assert sorted(table["steps"].tolist()) in ([0, 2000], [0, 3000])  # the good spill's rows were committed
+    assert set(table["status"]) == {"CRASHED"}
