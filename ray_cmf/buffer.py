@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, SEQUENCE_COLUMN
+from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, EXACT_FLOAT_INT, SEQUENCE_COLUMN
 from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, RayCmfError, SchemaError
 from ray_cmf.exits import track
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest
@@ -35,7 +35,6 @@ T = TypeVar("T")
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_EXACT_FLOAT_INT = 2**53  # float64 holds every integer up to here, and not all beyond
 
 # kind -> (python type on the fast path, array typecode or None for a list, placeholder, arrow type)
 _KINDS: dict[str, tuple[type, str | None, Any, pa.DataType]] = {
@@ -309,9 +308,9 @@ class MetricBuffer:
         if known != kind:
             if {known, kind} != {"int", "float"}:
                 raise SchemaError(key, row, known, kind)
-            if kind == "int" and abs(value) > _EXACT_FLOAT_INT:
+            if kind == "int" and abs(value) > EXACT_FLOAT_INT:
                 raise PrecisionError(key, row, value, "is an int beyond 2**53 in a column that also holds floats")
-            if kind == "float" and (extent := self._int_extent(key)) > _EXACT_FLOAT_INT:
+            if kind == "float" and (extent := self._int_extent(key)) > EXACT_FLOAT_INT:
                 why = f"is a float, and the column holds an earlier int of magnitude {extent} beyond 2**53"
                 raise PrecisionError(key, row, value, why)
             known, value = "float", float(value)

@@ -25,6 +25,7 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
     DELETED_PROPERTY,
+    EXACT_FLOAT_INT,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
     RESULTS_METRICS_NAME,
@@ -74,7 +75,7 @@ from ray_cmf.lineage import (
     trial_id_of,
 )
 from ray_cmf.query import Query, parse
-from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, read_segments, unify
+from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, int_magnitude, read_segments, unify
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
 
@@ -360,7 +361,7 @@ class Sweep:
         files = [f for f in mine if f.path in footers]
         if not files:
             return pa.table({})
-        schema = self._schema(files)
+        schema = unify([schema for schema, _ in footers.values()], _big_ints(footers))
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
         table = _scan_with_trials(dataset, _columns(schema, metrics), files, series=self._several())
         return _keyed(table)
@@ -843,7 +844,13 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     """Tables of one sweep as one, whatever types their columns have (see :func:`unify`)."""
     if len(tables) == 1:
         return tables[0]
-    schema = unify([t.schema for t in tables])
+    big = {
+        f.name
+        for t in tables
+        for f in t.schema
+        if pa.types.is_integer(f.type) and int_magnitude(t.column(f.name)) > EXACT_FLOAT_INT
+    }
+    schema = unify([t.schema for t in tables], big)
     return pa.concat_tables([conform(t, schema) for t in tables])
 
 
@@ -858,6 +865,32 @@ def _labels(file_codes: np.ndarray, label_of_file: list[str]) -> pa.DictionaryAr
     code_of_name = {name: i for i, name in enumerate(names)}
     label_codes = np.asarray([code_of_name[label] for label in label_of_file], dtype=np.int32)
     return pa.DictionaryArray.from_arrays(pa.array(label_codes[file_codes]), pa.array(names, pa.string()))
+
+
+def _big_ints(footers: Mapping[Path, tuple[pa.Schema, dict[str, Any] | None]]) -> set[str]:
+    """The int columns of these files that hold a value beyond 2**53 somewhere (see :func:`unify`): known from
+    their summaries, or from the Parquet statistics of a file without one (no statistics: counted as beyond)."""
+    import pyarrow.parquet as pq
+
+    big: set[str] = set()
+    for path, (schema, summary) in footers.items():
+        ints = [f.name for f in schema if pa.types.is_integer(f.type) and f.name not in big]
+        if not ints:
+            continue
+        if summary is not None:
+            extents = {name: summary["columns"].get(name, {}) for name in ints}
+            big |= {n for n, s in extents.items() if max(abs(s.get("min", 0)), abs(s.get("max", 0))) > EXACT_FLOAT_INT}
+            continue
+        meta = pq.read_metadata(path)
+        for group in (meta.row_group(i) for i in range(meta.num_row_groups)):
+            for j in range(group.num_columns):
+                column = group.column(j)
+                stats = column.statistics
+                if column.path_in_schema in ints and (
+                    stats is None or not stats.has_min_max or max(abs(stats.min), abs(stats.max)) > EXACT_FLOAT_INT
+                ):
+                    big.add(column.path_in_schema)
+    return big
 
 
 def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None]:

@@ -47,3 +47,4 @@ DELETED_PROPERTY = RESERVED_PREFIX + "deleted_at"  # when it was deleted (UTC IS
 
 GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints
 CONFIG_JSON = "config_json"  # an execution property: its config as JSON, what Sweep shows as config/<key>
+EXACT_FLOAT_INT = 2**53  # float64 holds every integer up to here, and not all beyond

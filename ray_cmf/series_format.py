@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -266,9 +266,12 @@ class SeriesSummary:
         return summary
 
 
-def unify(schemas: list[pa.Schema]) -> pa.Schema:
+def unify(schemas: list[pa.Schema], big_ints: Collection[str] = ()) -> pa.Schema:
     """One schema for the tables of one series or of many: types merged as Arrow merges them (int with float
-    is float), and a column whose types cannot merge (a number in one trial, text in another) as text."""
+    is float), and a column whose types cannot merge (a number in one trial, text in another) as text.
+
+    ``big_ints`` names the columns that hold an int beyond 2**53 somewhere: beside floats they are text too,
+    since float64 would round them (the buffer refuses that mix within one series; trials can differ)."""
     fields: dict[str, pa.DataType] = {}
     for schema in schemas:
         for field in schema:
@@ -283,7 +286,15 @@ def unify(schemas: list[pa.Schema]) -> pa.Schema:
                 fields[field.name] = merged.field(field.name).type
             except (pa.ArrowTypeError, pa.ArrowInvalid):
                 fields[field.name] = pa.string()
+            if field.name in big_ints and pa.types.is_floating(fields[field.name]):
+                fields[field.name] = pa.string()
     return pa.schema(list(fields.items()))
+
+
+def int_magnitude(column: pa.ChunkedArray | pa.Array) -> int:
+    """The largest magnitude in an int column (0 when it holds none), to tell whether float64 holds it."""
+    low, high = (v.as_py() for v in pc.min_max(column).values())
+    return max(abs(low), abs(high)) if low is not None else 0
 
 
 def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:

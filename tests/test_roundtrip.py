@@ -13,7 +13,7 @@ import tempfile
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import Cmf, InvalidNameError, InvalidValueError, PrecisionError, SchemaError, Sweep
@@ -110,5 +110,56 @@ def test_a_sweep_reads_back_every_value_exactly_by_default(rows: list[dict[str, 
         for name in {key for row in kept for key in row}:
             expected, read = expected_column(kept, name), column_of(frame, name, len(kept))
             assert all(same(e, r) for e, r in zip(expected, read, strict=True)), (name, expected, read)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _as_logged(logged: Any, read: Any) -> Any:
+    """A value read back from a column that became text (its types differ across trials) parsed as its type."""
+    if not isinstance(read, str) or isinstance(logged, str) or logged is None:
+        return read
+    if isinstance(logged, bool):
+        return {"true": True, "false": False}.get(read, read)
+    return int(read) if isinstance(logged, int) else float(read)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    trials=st.lists(
+        st.lists(st.dictionaries(st.sampled_from(["a", "b"]), values, max_size=2), min_size=1, max_size=6),
+        min_size=2,
+        max_size=3,
+    )
+)
+@example(trials=[[{"a": 2**60 + 1}], [{"a": 0.5}]])  # an int beyond 2**53 in one trial, floats in another
+def test_a_sweep_reads_back_every_trials_values_whatever_the_others_logged(trials: list[list[dict[str, Any]]]) -> None:
+    """Across trials a metric may be ints in one, floats or bools in another: each trial's values come back
+    exactly, as numbers where one type holds them all, else as text that parses back to each value."""
+    store = tempfile.mkdtemp()
+    try:
+        logged: dict[str, list[dict[str, Any]]] = {}
+        for index, rows in enumerate(trials):
+            cmf = Cmf(pipeline_name="prop", store=store)
+            cmf.create_execution(f"t{index}")
+            kept = logged[f"t{index}"] = []
+            for row in rows:
+                try:
+                    cmf.log_metric("series", row)
+                    kept.append(row)
+                except REFUSALS:
+                    pass
+            if kept:
+                cmf.commit_metrics("series")
+            cmf.close()
+        if not any(logged.values()):
+            return
+        frame = Sweep(store, pipeline="prop", metrics_name="series").steps()
+        for trial_id, rows in frame.groupby("trial_id", observed=True):
+            kept = logged[str(trial_id).split("-")[0]]
+            assert rows["step"].tolist() == list(range(1, len(kept) + 1))
+            for name in {key for row in kept for key in row}:
+                expected, read = expected_column(kept, name), column_of(rows, name, len(kept))
+                read = [_as_logged(e, r) for e, r in zip(expected, read, strict=True)]
+                assert all(same(e, r) for e, r in zip(expected, read, strict=True)), (trial_id, name, expected, read)
     finally:
         shutil.rmtree(store, ignore_errors=True)
