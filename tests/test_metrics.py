@@ -133,6 +133,16 @@ def test_histogram_quantiles_and_out_of_range() -> None:
         Histogram(bins=4, low=1.0, high=1.0)
 
 
+@pytest.mark.parametrize("quantiles", [(0.9,), (0.0, 0.25, 0.999, 1.0), (0.5, 0.9), ()])
+def test_a_histograms_value_is_its_median_whatever_quantiles_it_reports(quantiles: tuple[float, ...]) -> None:
+    metrics = MetricCollection({"h": Histogram(100, 0.0, 1.0, quantiles=quantiles)})
+    metrics.update(h=torch.linspace(0, 0.99, 100, dtype=torch.float64))
+    row = metrics.to_row(metrics.sync().wait())
+    assert row["h"] == pytest.approx(0.5, abs=0.011)
+    assert sorted(k for k in row if k.startswith("h_p")) == sorted(f"h_p{q * 100:g}" for q in quantiles)
+    assert row.get("h_p90", 0.9) == pytest.approx(0.9, abs=0.011)
+
+
 def test_sync_without_process_group_is_local_and_resets() -> None:
     metrics = MetricCollection({"loss": Mean(), "n": Sum(cumulative=True)})
     metrics["loss"].update(torch.tensor([1.0, 3.0]))
@@ -303,6 +313,12 @@ def test_joint_update_errors_and_synced_values() -> None:
         metrics.update(lost=torch.tensor(1.0))
     with pytest.raises(ValueError, match=r"scores of shape \(3, 4\) do not match targets of shape \(2,\)"):
         metrics.update(loss=torch.tensor(1.0), acc=(torch.randn(3, 4), torch.tensor([0, 1])))
+    for bad in ({"top": "oops"}, {"acc": (torch.randn(2, 4), [0, 1])}):  # neither tensors nor numbers
+        name = next(iter(bad))
+        with pytest.raises(TypeError, match=rf"metric '{name}' .*(str|list).* a tensor or a number"):
+            metrics.update(loss=torch.tensor(3.0), **bad)
+        with pytest.raises(TypeError, match=rf"metric '{name}' .*(str|list).* a tensor or a number"):
+            metrics[name].update(*(bad[name] if isinstance(bad[name], tuple) else (bad[name],)))
     metrics.update(loss=torch.tensor(2.0), top=torch.tensor(5.0))
     assert metrics["loss"].compute()["value"].item() == 2.0  # a member sees the collection's staged updates
     assert metrics.sync().wait()["loss"].item() == 2.0

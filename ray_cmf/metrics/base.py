@@ -13,7 +13,7 @@ import torch
 from ray_cmf.errors import RayCmfError
 from ray_cmf.metrics.groups import MetricGroups
 from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, REDUCTIONS, STATE_DTYPE, SyncHandle
-from ray_cmf.metrics.staging import Stager
+from ray_cmf.metrics.staging import Stager, bad_input, input_type_error
 
 NAN_POLICIES = ("exclude", "propagate")
 
@@ -111,9 +111,22 @@ class Metric(ABC):
     def _stage(self, *inputs: Any) -> None:
         """Record one update's inputs; ``_apply`` runs on them as part of a block (see staging.py)."""
         groups = self._groups or self._solo()
+        try:
+            self._stager.push(self._member, inputs, groups.device)  # type: ignore[union-attr]
+        except TypeError as exc:
+            if (bad := bad_input(inputs)) is None:
+                raise
+            raise input_type_error(self._label(), *bad) from exc
         self._updated_in = groups.interval
         groups.updated = True
-        self._stager.push(self._member, inputs, groups.device)  # type: ignore[union-attr]
+
+    def _label(self) -> str:
+        """How errors name this metric: ``metric 'loss' (Mean)`` in a collection, else its class."""
+        groups = self._groups
+        if groups is None or not groups.prefixed:
+            return type(self).__name__
+        name = next(name for name, metric in groups.named if metric is self)
+        return f"metric {name!r} ({type(self).__name__})"
 
     def _check_update(self, args: tuple[Any, ...]) -> None:
         """Raise as ``update(*args)`` would on bad inputs, staging nothing (a joint update checks first)."""
@@ -124,6 +137,10 @@ class Metric(ABC):
         self._stage = lambda *inputs: stager.check(inputs)  # type: ignore[method-assign]
         try:
             self.update(*args)
+        except TypeError as exc:
+            if (bad := bad_input(args)) is None:
+                raise
+            raise input_type_error(self._label(), *bad) from exc
         finally:
             del self._stage
 

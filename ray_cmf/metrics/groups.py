@@ -24,7 +24,7 @@ from ray_cmf.metrics.packing import (
     rank,
     world_size,
 )
-from ray_cmf.metrics.staging import Stager
+from ray_cmf.metrics.staging import Stager, bad_input, input_type_error
 
 if TYPE_CHECKING:
     from ray_cmf.metrics.base import Metric
@@ -128,6 +128,11 @@ class _Joint:
         for metric, part in zip(self.metrics, self.parts, strict=True):
             metric._check(*inputs[part])
 
+    def member_of(self, index: int) -> tuple[Metric, int]:
+        """The metric whose inputs hold the call's ``index``-th input, and its position among them."""
+        metric, part = next((m, p) for m, p in zip(self.metrics, self.parts, strict=True) if p.start <= index < p.stop)
+        return metric, index - part.start
+
 
 class MetricGroups:
     """Named metrics packed by kind: updates, local and synced values, reset and checkpoints.
@@ -164,10 +169,16 @@ class MetricGroups:
                 self._flush_joint()
                 self._joint.clear()
             joint = self._joint[pattern] = _Joint(self, metrics, pattern[1])
+        try:
+            joint.stager.push(0, inputs, self.device)
+        except TypeError as exc:
+            if (bad := bad_input(inputs)) is None:
+                raise
+            metric, position = joint.member_of(bad[0])
+            raise input_type_error(metric._label(), position, bad[1]) from exc
         for metric in metrics:
             metric._updated_in = self.interval
         self.updated = True
-        joint.stager.push(0, inputs, self.device)
 
     def _flush_joint(self) -> None:
         for joint in self._joint.values():

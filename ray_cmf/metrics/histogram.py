@@ -17,7 +17,7 @@ class Histogram(Metric):
 
     ``compute()`` returns ``counts`` (``bins + 2`` entries: underflow, bins, overflow), ``count`` and
     one ``p<q>`` output per quantile, interpolated linearly inside its bin (under/overflow clamp to
-    ``low``/``high``). The ``value`` output is the median.
+    ``low``/``high``). The ``value`` output is the median, whichever quantiles are reported.
 
     Example:
         >>> h = Histogram(bins=10, low=0.0, high=1.0)
@@ -40,6 +40,7 @@ class Histogram(Metric):
             raise ValueError(f"quantiles must lie in [0, 1], got {list(quantiles)!r}")
         self.bins, self.low, self.high = bins, float(low), float(high)
         self.quantiles = tuple(quantiles)
+        self._estimated = tuple(dict.fromkeys((*self.quantiles, 0.5)))  # the median is the value, asked for or not
         self.add_state("counts", torch.zeros(bins + 2), "sum")
 
     def _config(self) -> tuple[Any, ...]:
@@ -74,17 +75,16 @@ class Histogram(Metric):
         )
         lower = torch.cat([edges[:1], edges[:-1], edges[-1:]]).expand_as(counts)
         upper = torch.cat([edges[:1], edges[1:], edges[-1:]]).expand_as(counts)
-        out: dict[str, torch.Tensor] = {}
-        if self.quantiles:
-            targets = torch.stack([total * q for q in self.quantiles], dim=1)
-            i = torch.searchsorted(cumulative, targets).clamp(max=self.bins + 1)
-            before = torch.where(i > 0, cumulative.gather(1, (i - 1).clamp(min=0)), 0.0)
-            inside = counts.gather(1, i)
-            frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
-            start = lower.gather(1, i)
-            estimates = torch.where(total[:, None] > 0, start + frac * (upper.gather(1, i) - start), math.nan)
-            out = {f"p{q * 100:g}": estimates[:, j] for j, q in enumerate(self.quantiles)}
-        out = {"value": out.get("p50", next(iter(out.values()), total)), **out, "count": total, "counts": counts}
+        targets = torch.stack([total * q for q in self._estimated], dim=1)
+        i = torch.searchsorted(cumulative, targets).clamp(max=self.bins + 1)
+        before = torch.where(i > 0, cumulative.gather(1, (i - 1).clamp(min=0)), 0.0)
+        inside = counts.gather(1, i)
+        frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
+        start = lower.gather(1, i)
+        estimates = torch.where(total[:, None] > 0, start + frac * (upper.gather(1, i) - start), math.nan)
+        out = {"value": estimates[:, self._estimated.index(0.5)]}
+        out.update({f"p{q * 100:g}": estimates[:, j] for j, q in enumerate(self.quantiles)})
+        out.update(count=total, counts=counts)
         if "nonfinite" in states:
             out["nonfinite"] = states["nonfinite"]
         return out

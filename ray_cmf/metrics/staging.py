@@ -12,6 +12,7 @@ On a CPU device, scalars are read on the host instead of copied: reading host me
 
 from __future__ import annotations
 
+import numbers
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,19 @@ ApplyOne = Callable[[int, list[torch.Tensor]], None]  # (member, its inputs as o
 def signature(inputs: Sequence[Any]) -> Signature:
     """Shapes and dtypes of one update's inputs (Python numbers count as float64 scalars)."""
     return tuple([(v.shape, v.dtype) if isinstance(v, torch.Tensor) else _NUMBER for v in inputs])
+
+
+def bad_input(inputs: Sequence[Any]) -> tuple[int, Any] | None:
+    """The first input (its position and value) that is neither a tensor nor a real number; None if all are."""
+    return next(
+        ((i, v) for i, v in enumerate(inputs) if not isinstance(v, torch.Tensor | numbers.Real)),
+        None,
+    )
+
+
+def input_type_error(what: str, position: int, value: Any) -> TypeError:
+    """The error for an update input that is neither a tensor nor a number, naming the metric and the input."""
+    return TypeError(f"{what}: input {position} is a {type(value).__name__} ({value!r:.40}), not a tensor or a number")
 
 
 def one_row(value: Any, device: torch.device) -> torch.Tensor:
@@ -182,7 +196,7 @@ class Stager:
         sig = signature(inputs)
         block = self._blocks.get(sig)
         if block is None:
-            self._check(*inputs)
+            self.check(inputs)
             rows = min(STAGE_ROWS, STAGE_BYTES // max(1, self._members * _nbytes(sig)))
             if rows < 2:
                 return None
@@ -198,9 +212,13 @@ class Stager:
         return self._last is not None and self._last.fits(inputs)
 
     def check(self, inputs: Sequence[Any]) -> None:
-        """Raise as ``push`` would on these inputs, staging nothing (a joint update checks all inputs first)."""
-        if signature(inputs) not in self._blocks:
-            self._check(*inputs)
+        """Raise as ``push`` would on these inputs, staging nothing (a joint update checks all inputs first): a
+        TypeError for one that is neither a tensor nor a number, the metric's own error for bad shapes."""
+        if signature(inputs) in self._blocks:
+            return
+        if (bad := bad_input(inputs)) is not None:
+            raise TypeError(f"input {bad[0]} is a {type(bad[1]).__name__}")
+        self._check(*inputs)
 
     def flush(self) -> None:
         """Apply every staged update (before the states are read, reduced or saved)."""
