@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from ray_cmf._names import check_limit, check_mode
@@ -745,7 +746,7 @@ def _config(props: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     from ray_cmf.lineage import flatten_config
 
-    return {k: v for k, v in flatten_config(json.loads(raw)).items() if v is not None}
+    return flatten_config(json.loads(raw))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -780,20 +781,31 @@ def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
 
 
 def _columns(schema: pa.Schema, metrics: list[str] | None) -> list[str]:
-    """The step column, the metric columns (all by default), and the rank and attempt columns, to read."""
+    """The step columns (see :func:`_keyed`), the metric columns (all by default), and the rank and attempt
+    columns, to read."""
     names = schema.names
     step = next((c for c in STEP_CANDIDATES if c in names), None)
     if step is None:
         raise RayCmfError(f"The series has no step column (one of {list(STEP_CANDIDATES)}); it has {names}")
+    steps = [step, "step"] if step == STEP_COLUMN and "step" in names else [step]  # Tune results: both
     chosen = [m for m in metrics if m in names] if metrics is not None else _metric_columns(schema)
     keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN) if c in names]
-    return list(dict.fromkeys([step, *chosen, *keys]))
+    return list(dict.fromkeys([*steps, *chosen, *keys]))
 
 
 def _keyed(table: pa.Table) -> pa.Table:
-    """A scanned table with its step column named ``step`` (Tune results, Train steps and plain series alike)."""
-    step = next(c for c in STEP_CANDIDATES if c in table.column_names)
-    return table.rename_columns(["step" if name == step else name for name in table.column_names])
+    """A scanned table with its step column named ``step`` (Tune results, Train steps and plain series alike).
+
+    Tune results are keyed by ``training_iteration``, except where the trainable reported a ``step`` of its own:
+    that is the step the user counts in (a row without one keeps its iteration)."""
+    names = table.column_names
+    if STEP_COLUMN in names and "step" in names:
+        reported, iteration = table.column("step"), table.column(STEP_COLUMN)
+        if pa.types.is_integer(reported.type) or pa.types.is_floating(reported.type):
+            table = table.set_column(names.index("step"), "step", pc.coalesce(reported, iteration.cast(reported.type)))
+        return table.drop_columns([STEP_COLUMN])
+    step = next(c for c in STEP_CANDIDATES if c in names)
+    return table.rename_columns(["step" if name == step else name for name in names])
 
 
 def _tidy(frame: pd.DataFrame, metrics: list[str] | None, *, overlap: bool = False) -> pd.DataFrame:

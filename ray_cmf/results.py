@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ray_cmf.errors import PrecisionError, SchemaError
+
+if TYPE_CHECKING:
+    from ray_cmf.buffer import MetricBuffer
+
+log = logging.getLogger(__name__)
 
 # Tune bookkeeping that is not a training metric (strings are dropped anyway).
 _DROPPED = frozenset(
@@ -54,8 +62,34 @@ def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
                 continue
             if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
                 value = value.item()  # numpy / torch scalars
-            if value is None or isinstance(value, bool | int | float):
-                row[name] = value
+            if not isinstance(value, bool | int | float) and value is not None:
+                continue
+            if name in row:  # {"val/acc": ..., "val": {"acc": ...}}: one name for two values
+                _warn_once(name)
+                continue
+            row[name] = value
 
     visit("", result)
     return row
+
+
+_COLLIDED: set[str] = set()
+
+
+def _warn_once(name: str) -> None:
+    """Say, once per process and name, that a result held two values under one flattened name."""
+    if name not in _COLLIDED:
+        _COLLIDED.add(name)
+        log.warning("ray_cmf: a result holds two values that flatten to %r; the first is kept", name)
+
+
+def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> None:
+    """Append a result's row, dropping with a warning each value that its column cannot hold (a type change,
+    an int beyond 2**53 among floats): the rest of the result is kept. ``source`` says whose result it is."""
+    while True:
+        try:
+            buffer.append(row)
+            return
+        except (SchemaError, PrecisionError) as exc:
+            log.warning("ray_cmf: %s: %s; dropping that value", source, exc)
+            row.pop(exc.key)

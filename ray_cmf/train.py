@@ -43,7 +43,7 @@ from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.node_sampler import Bound, Watch, handed_over, watch_process
-from ray_cmf.results import result_row
+from ray_cmf.results import append_result, result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
@@ -478,9 +478,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         for rank, reported in enumerate(metrics):
             row = result_row(reported)
             group = {"worker_group": self._worker_groups}  # which start of the workers (Ray restarts them)
-            rt.buffer.append(
-                {"report": rt.reports, "rank": rank, **group, **row, "checkpointed": checkpoint is not None}
-            )
+            row = {"report": rt.reports, "rank": rank, **group, **row, "checkpointed": checkpoint is not None}
+            append_result(rt.buffer, row, f"Train report {rt.reports}, rank {rank}")
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 

@@ -40,11 +40,11 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.environment import Environment, capture
-from ray_cmf.errors import RayCmfError, SchemaError
+from ray_cmf.errors import RayCmfError
 from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties
 from ray_cmf.node_sampler import Watch, handed_over, start_samplers, wait_for_samplers, watch
-from ray_cmf.results import result_row
+from ray_cmf.results import append_result, result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
@@ -472,13 +472,7 @@ class CmfRayLogger(tune.Callback):
     ) -> None:
         state = self._state(trial)
         row = result_row(result)
-        while True:
-            try:
-                state.buffer.append(row)  # type: ignore[union-attr]
-                break
-            except SchemaError as exc:
-                log.warning("ray_cmf: trial %s: %s; dropping that value", trial.trial_id, exc)
-                row.pop(exc.key)
+        append_result(state.buffer, row, f"trial {trial.trial_id}")  # type: ignore[arg-type]
         state.keys.update(row)
         self._track_best(state, row.get(self.metric) if self.metric else None)
         self._record_host(state, result)

@@ -670,3 +670,39 @@ def test_a_process_that_tune_reuses_for_many_trials_wraps_its_session_once(ray_s
     ).fit()
     assert len({r.metrics["process"] for r in grid}) < len(grid)  # Tune did reuse a process
     assert {r.metrics["wrappers"] for r in grid} == {1}
+
+
+def _reports_like_a_user(config: dict[str, Any]) -> None:
+    """Results as real trainables report them: their own ``step``, a value ray_cmf must refuse (an int beyond
+    2**53 after floats), and a flat key that a nested one flattens onto."""
+    from ray import tune
+
+    for i in range(4):
+        big = 2**53 + 1 if i == 2 else 0.5
+        tune.report({"loss": config["lr"] / (i + 1), "step": 100 * i, "big": big, "val/acc": 1.0, "val": {"acc": 2.0}})
+
+
+def test_results_are_read_back_as_the_trainable_reported_them(
+    ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainable's own ``step`` is the step read back (it was replaced by Tune's iteration, and reading it
+    raised 'Field "step" exists 2 times'); a refused value drops that value, not the whole result; a config
+    value of None is a config column; two keys that flatten to one name keep the first and say so."""
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    logger = CmfRayLogger("as_reported", metric="loss", store=str(tmp_path / "store"))
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        run_grid(_reports_like_a_user, {"lr": [0.1, 0.2], "clip": [None]}, tmp_path / "results", logger)
+    sweep = Sweep(tmp_path / "store")
+    steps = sweep.steps()
+    for _, rows in steps.groupby("trial_id", observed=True):
+        assert rows["step"].tolist() == [0, 100, 200, 300]
+        assert rows["loss"].notna().all() and rows["big"].isna().tolist() == [False, False, True, False]
+        assert rows["val/acc"].tolist() == [1.0] * 4
+    assert sweep.steps(["step", "loss"])["step"].tolist() == [0, 100, 200, 300] * 2
+    table = sweep.trials()
+    assert table["steps"].tolist() == [4, 4] and "config/clip" in table.columns
+    assert len(sweep.trials(where="config/clip == null")) == 2
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "'big'" in messages and "'val/acc'" in messages
