@@ -259,10 +259,11 @@ def group_label(values: Sequence[object], keys: Sequence[str]) -> str:
 
 
 def _present(value: object) -> object:
-    """A recorded value, or None where there is none (pandas' NaN or NA in a column of text)."""
+    """A recorded value, or None where there is none (pandas' NA). A NaN is a value: the trial table keeps its
+    recorded columns as objects with None where a trial lacks one (see ``Sweep.trials``)."""
     import pandas as pd
 
-    return None if value is None or (not isinstance(value, str) and bool(pd.isna(value))) else value
+    return None if value is None or value is pd.NA else value
 
 
 def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:

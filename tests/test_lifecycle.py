@@ -457,6 +457,23 @@ def test_group_by_gives_each_groups_mean_and_std_of_every_summary(
     assert "group_by 'opt' is not a column" in capsys.readouterr().err
 
 
+def test_a_nan_config_value_is_a_group_of_its_own_apart_from_trials_without_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN is a value (``--where 'config/eps == nan'`` finds it), not a missing one: grouping kept it with the
+    trials that lack the key, under ``eps=`` and null."""
+    from tests._stores import Trial, write_trials
+
+    rows = [{"training_iteration": 1, "loss": 1.0}]
+    configs = [{"eps": math.nan}, {"eps": math.nan}, {}, {"eps": 0.1}]
+    store = write_trials(tmp_path / "store", [Trial(f"t{i}", c, {"": rows}) for i, c in enumerate(configs)])
+    groups = Sweep(store).trials(group_by="config/eps").set_index("group")
+    assert groups["trials"].to_dict() == {"eps=nan": 2, "eps=": 1, "eps=0.1": 1}
+    assert math.isnan(groups.loc["eps=nan", "config/eps"]) and groups.loc["eps=", "config/eps"] is None
+    code, out = _cli(capsys, "trials", "--store", str(store.root), "--group-by", "config/eps")
+    assert code == 0 and {r["group"]: r["config/eps"] for r in out} == {"eps=nan": "NaN", "eps=": None, "eps=0.1": 0.1}
+
+
 def test_the_grouped_report_draws_means_with_a_band_and_smooths_on_the_page(tmp_path: Path, browser: Any) -> None:
     from tests._browser import open_report, screenshot
 
