@@ -384,14 +384,20 @@ def cmd_recover(args: argparse.Namespace) -> int:
     from ray_cmf.recovery import commit_spills, mark_crashed
 
     store = Store(args.store)
-    artifacts, failed = commit_spills(store, force=args.force)  # then mark the crashed ones: recover()'s halves
+    spills = commit_spills(store, force=args.force)  # then mark the crashed ones: recover()'s two halves
     crashed = [{"execution": e.name, "status": "CRASHED"} for e in mark_crashed(store)]
-    rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in artifacts]
+    rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in spills.committed]
     _emit(args, rows, "recovered metrics")
     if crashed and not args.json:  # (their status is in `trials --json`)
         _emit(args, crashed, "executions whose process is gone, now marked")
-    if failed:
-        print(f"ray-cmf: {RecoveryError(failed, artifacts)}", file=sys.stderr)
+    if spills.skipped:
+        alive = "".join(f"\n  {directory} (pid {pid})" for directory, pid in spills.skipped.items())
+        print(
+            f"ray-cmf: skipped {len(spills.skipped)} spills whose writer still runs (--force commits them):{alive}",
+            file=sys.stderr,
+        )
+    if spills.failed:
+        print(f"ray-cmf: {RecoveryError(spills.failed, spills.committed)}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 

@@ -139,7 +139,20 @@ def process_alive(host: str, pid: int) -> bool | None:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits only to be reaped (a killed driver's writer, for a while): it will
+    never run again, though signalling it still succeeds."""
+    import psutil  # here: every process that logs imports this module, few ever ask this
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
 
 
 def running_holder(state: str, props: Mapping[str, Any]) -> tuple[str, int] | None:

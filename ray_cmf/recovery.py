@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray_cmf._progress import track
@@ -61,44 +62,48 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
             other spill was committed and the crashed executions marked all the same.
     """
     store = store if isinstance(store, Store) else Store(store)
-    recovered, failed = commit_spills(store, force=force)
+    spills = commit_spills(store, force=force)
     mark_crashed(store)
-    if failed:
-        raise RecoveryError(failed, recovered)
-    return recovered
+    if spills.failed:
+        raise RecoveryError(spills.failed, spills.committed)
+    return spills.committed
 
 
-def commit_spills(store: Store, *, force: bool = False) -> tuple[list[Artifact], dict[Path, Exception]]:
+@dataclass
+class Spills:
+    """What :func:`commit_spills` did with a store's dangling spills, by spill directory."""
+
+    committed: list[Artifact] = field(default_factory=list)  # the artifacts made
+    failed: dict[Path, Exception] = field(default_factory=dict)  # could not be committed, and why
+    skipped: dict[Path, int] = field(default_factory=dict)  # the pid of a writer still alive (without force)
+
+
+def commit_spills(store: Store, *, force: bool = False) -> Spills:
     """The first half of :func:`recover`: commit every dangling spill (those of live processes only with
-    ``force``). Returns the artifacts made, and the spills that could not be committed with why: one such
-    spill does not stop the others."""
-    recovered: list[Artifact] = []
-    failed: dict[Path, Exception] = {}
+    ``force``). A spill that cannot be committed does not stop the others."""
+    spills = Spills()
     manifests = sorted((store.root / SPILL_DIR).glob(f"*/{SPILL_MANIFEST}"))
     for manifest_path in track(manifests, "recovering spilled series", len(manifests)):
         try:
-            artifact = _commit_spill(store, manifest_path.parent, force)
+            _commit_spill(store, manifest_path.parent, force, spills)
         except Exception as exc:  # reported, all together, once every other spill is committed
-            failed[manifest_path.parent] = exc
-            continue
-        if artifact is not None:
-            recovered.append(artifact)
-    return recovered, failed
+            spills.failed[manifest_path.parent] = exc
+    return spills
 
 
-def _commit_spill(store: Store, directory: Path, force: bool) -> Artifact | None:
-    """Commit one dangling spill; None when it is skipped (its writer is alive) or held no rows (discarded)."""
+def _commit_spill(store: Store, directory: Path, force: bool, spills: Spills) -> None:
+    """Commit one dangling spill into ``spills`` (skipped while its writer is alive; discarded if empty)."""
     try:
         manifest = SpillManifest.read(directory)
     except (OSError, ValueError, TypeError) as exc:
         raise RayCmfError(f"its {SPILL_MANIFEST} cannot be read ({exc})") from exc
     if not force and _alive(manifest):
         log.info("ray_cmf.recover: skipping %s, its writer (pid %s) is alive", directory, manifest.pid)
-        return None
+        spills.skipped[directory] = manifest.pid
+        return
     spill = Spill(directory, manifest)
     if not spill.pending:
         discard_spill(spill.directory)
-        return None
-    artifact = spill.finish(manifest.dest, functools.partial(_register, store, manifest))
+        return
+    spills.committed.append(spill.finish(manifest.dest, functools.partial(_register, store, manifest)))
     log.info("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)
-    return artifact

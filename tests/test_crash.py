@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -92,6 +93,10 @@ def test_recover_skips_live_writers_and_is_idempotent(store_dir: Path) -> None:
             break
     store = Store(store_dir)
     assert recover(store) == []  # its writer is alive
+    cli = subprocess.run(
+        [sys.executable, "-m", "ray_cmf.cli", "recover", "--store", str(store_dir)], capture_output=True, text=True
+    )
+    assert cli.returncode == 0 and f"(pid {child.pid})" in cli.stderr and "--force" in cli.stderr  # said, not silent
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert len(recover(store)) == 1
@@ -143,3 +148,27 @@ def test_a_spill_that_cannot_be_committed_does_not_stop_the_others(store_dir: Pa
     table = Sweep(store_dir, "crash", metrics_name="train").trials()
     assert sorted(table["steps"].tolist()) in ([0, 2000], [0, 3000])  # the good spill's rows were committed
     assert set(table["status"]) == {"CRASHED"}
+
+
+def test_a_killed_run_not_yet_reaped_is_recovered(store_dir: Path) -> None:
+    """A process that was killed but is not reaped yet (a zombie: a driver's writer, seconds after the driver
+    died) is gone: its spill is recovered and its execution marked crashed (it was skipped as alive)."""
+    from ray_cmf import Sweep
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(store_dir), "2000", "0"], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("ready"):
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    while Path(f"/proc/{child.pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
+        time.sleep(0.01)  # dead, and not reaped: nothing has waited for it
+    try:
+        [artifact] = recover(store_dir)
+        assert properties(artifact)["rows"] == 2000
+        [trial] = Sweep(store_dir, "crash", metrics_name="train").trials().to_dict("records")
+        assert trial["status"] == "CRASHED" and trial["recovered"] is True
+    finally:
+        child.wait()
