@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from ray_cmf.constants import (
     DATASET_TYPE,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
+    FLUSH_TIMEOUT_S,
     MODEL_TYPE,
     RESULTS_METRICS_NAME,
     SEQUENCE_COLUMN,
@@ -375,6 +377,19 @@ class Cmf:
         return self._log_file(MODEL_TYPE, path, event, props)
 
     # -- lifecycle -----------------------------------------------------------------------------------
+    def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> None:
+        """Hand every series' rows logged so far to the store, and wait up to ``timeout`` seconds until it
+        holds them: from here on they survive this process's crash (uncommitted: :func:`ray_cmf.recover`
+        commits them). A store that does not take them in time is a warning; the rows are sent again later.
+        A Tune trial's Cmf flushes at each ``tune.report(..., checkpoint=...)``, so that a restore from that
+        checkpoint finds every row logged before it."""
+        deadline = time.monotonic() + timeout
+        try:
+            for handed in [buffer.sealed() for buffer in self.metrics.values()]:
+                handed.result(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception as exc:  # logging never kills training
+            log.warning("ray_cmf: the store did not take every row within %g s (%r); they are kept", timeout, exc)
+
     def close(self, state: str | None = None) -> None:
         """Hand every buffer's rows to the writer's spill (uncommitted rows stay there for
         :func:`ray_cmf.recover`) and end the execution this Cmf started: ``state`` (default: how the process

@@ -111,6 +111,12 @@ class _HandOver:
     done: bool = False
     finished: threading.Event = field(default_factory=threading.Event)
 
+    def flush(self) -> None:
+        """The trainable reports a checkpoint: every row it logged before must reach the store first, since a
+        restore from that checkpoint never logs them again (not even after the driver is killed)."""
+        if not self.done:
+            self.cmf.flush()
+
     def __call__(self) -> None:
         if self.done:
             return
@@ -127,7 +133,8 @@ class _HandOver:
 
 
 def _before_tune_stops(hand_over: _HandOver) -> None:
-    """Make the trial's hand-over finish before Tune can stop its process, however the trainable ends.
+    """Make the trial's hand-over finish before Tune can stop its process, however the trainable ends, and
+    its rows reach the store at each checkpoint it reports.
 
     Tune learns of a return from a last report that its wrapper makes on the trainable's thread: the
     hand-over runs at that report. A trial that Tune stops (a stop criterion, a scheduler) ends its thread
@@ -155,6 +162,8 @@ def _before_tune_stops(hand_over: _HandOver) -> None:
     def report_after_hand_over(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if RESULT_DUPLICATE in metrics:
             getattr(session, _HAND_OVER)()
+        elif (args[0] if args else kwargs.get("checkpoint")) is not None:  # a restore resumes from here
+            getattr(session, _HAND_OVER).flush()
         return report(metrics, *args, **kwargs)
 
     @functools.wraps(finish)

@@ -321,7 +321,8 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
     """Under Tune's default settings (its experiment checkpoint, and the callback state in it, may be older
     than what the store holds), the driver is stopped 12 results into two 30-result trials, then restored:
     killed with everything it started, or interrupted as Ctrl-C does (Tune stops its trials, and what they
-    logged is committed before the driver exits)."""
+    logged is committed before the driver exits). Under SIGKILL the get_cmf() series had a hole: the rows
+    logged before the checkpoint the restore resumed from had not left the trial's memory."""
     store, results = tmp_path / "store", tmp_path / "results"
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     first = subprocess.Popen(
@@ -372,8 +373,9 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
     for lr, rows in fine.groupby("lr"):
         steps = rows["step"].tolist()
         assert len(steps) == len(set(steps)), (lr, steps)  # re-logged steps resolved to the latest attempt
-        if interruption == "SIGINT" or lr == 0.05:  # nothing was lost: every row of every attempt is there
-            assert sorted(steps) == list(range(3 if lr == 0.05 else 30)), (lr, steps)
+        # nothing was lost: every row of every attempt is there, also under SIGKILL (a trial's get_cmf() rows
+        # reach the store at each checkpoint, and the restore re-logs what came after the one it resumes from)
+        assert sorted(steps) == list(range(3 if lr == 0.05 else 30)), (lr, steps)
 
 
 def _runs_until_stopped(config: dict[str, Any]) -> None:
@@ -706,3 +708,40 @@ def test_results_are_read_back_as_the_trainable_reported_them(
     assert len(sweep.trials(where="config/clip == null")) == 2
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "'big'" in messages and "'val/acc'" in messages
+
+
+def _checkpoints_after_logging(config: dict[str, Any]) -> None:
+    """Logs rows, reports a checkpoint, then reports how many of those rows the store's spill holds."""
+    import tempfile
+
+    from ray import tune
+    from ray.tune import Checkpoint
+
+    import ray_cmf.tune
+    from ray_cmf.series_format import read_segments
+
+    cmf = ray_cmf.tune.get_cmf()
+    for step in range(5):
+        cmf.log_metric("fine", {"step": step})
+    with tempfile.TemporaryDirectory() as d:
+        tune.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(d))
+    spills = Path(config["store"]).glob("spill/*-fine*")
+    tune.report({"loss": 0.5, "spilled": sum(b.num_rows for s in spills for b in read_segments(s))})
+
+
+def test_a_trials_rows_reach_the_store_when_it_reports_a_checkpoint(ray_session: None, tmp_path: Path) -> None:
+    """A restore resumes from the trial's checkpoint and never logs the rows before it again: they must have
+    left the trial's memory by then. After the driver was SIGKILLed and the sweep restored, a get_cmf()
+    series held only the rows logged after the checkpoint (found by a new user)."""
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    store = tmp_path / "store"
+    run_grid(
+        _checkpoints_after_logging,
+        {"store": [str(store)]},
+        tmp_path / "results",
+        CmfRayLogger("ckpt", store=str(store)),
+    )
+    [spilled] = Sweep(store).steps(["spilled"])["spilled"].dropna().tolist()
+    assert spilled == 5
