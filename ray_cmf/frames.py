@@ -100,13 +100,14 @@ class Span:
         return {"Infinity": self.high + pad, "NaN": self.high + pad, "-Infinity": self.low - pad}
 
     def marks(self, y: np.ndarray, most: int) -> np.ndarray:
-        """Indices of a curve's values outside the span worth marking: where each run of them of one side
-        starts (at most ``most`` runs), and the last one."""
+        """Indices of a curve's values outside the span worth marking: where each run of them of one kind
+        (NaN, inf, -inf, finite values above or below) starts (at most ``most`` runs), and the last one."""
         odd = np.flatnonzero(~self.holds(y))
         if not len(odd):
             return odd
-        side = np.where(np.isnan(y[odd]), 0, np.where(y[odd] > self.high, 1, -1))  # a new side: a new run
-        starts = odd[np.r_[True, (np.diff(odd) > 1) | (np.diff(side) != 0)]]
+        v = y[odd]
+        kind = np.where(np.isnan(v), 0, np.where(v > self.high, 1, -1) * np.where(np.isinf(v), 2, 1))
+        starts = odd[np.r_[True, (np.diff(odd) > 1) | (np.diff(kind) != 0)]]
         return np.unique(np.r_[starts[:most], odd[-1]])
 
 

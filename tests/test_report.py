@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ray_cmf import Cmf, Sweep
@@ -250,9 +250,12 @@ def test_a_clean_sweep_reads_as_a_dashboard_in_chromium(tmp_path: Path, browser:
 
 
 @given(st.lists(floats, max_size=60))
+@example([0.5 + i / 20 for i in range(30)] + [3e38, math.inf, math.nan])  # an inf right after a far-off value
 def test_a_plots_span_shows_its_bulk_and_marks_the_rest_on_the_right_side(values: list[float]) -> None:
     """Whatever a sweep logged: the axis span is finite and drawable, the values between the 5% and 95%
-    quantiles are always on the plot, and each value off it is marked on its side, every run of them seen."""
+    quantiles are always on the plot, and each value off it is marked on its side, every run of them seen:
+    a run of one kind (NaN, inf, -inf, or finite values beyond one side), so an inf that follows far-off finite
+    values is marked too (it was not)."""
     y = np.array(values, dtype=float)
     span = Span.of(y)
     assert math.isfinite(span.low) and span.low <= span.high and abs(span.low) <= 1e300 >= abs(span.high)
@@ -268,9 +271,10 @@ def test_a_plots_span_shows_its_bulk_and_marks_the_rest_on_the_right_side(values
         side = span.side(float(y[i]))
         assert side == ("NaN" if math.isnan(y[i]) else "Infinity" if y[i] > span.high else "-Infinity")
         assert not span.holds(np.array([edges[side]])).any()  # the mark sits outside what is drawn
-        if previous != (i - 1, side):
-            assert i in marks  # where a run of one side starts
-        previous = (i, side)
+        kind = (side, bool(np.isinf(y[i])))
+        if previous != (i - 1, kind):
+            assert i in marks  # where a run of one kind starts
+        previous = (i, kind)
 
 
 def _diverged_sweep(store: Path) -> Any:
