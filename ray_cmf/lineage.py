@@ -49,6 +49,8 @@ _CREATION_RACES = (  # what ML-Metadata says when another process creates the sa
     "retry the connection",
     "database is locked",
 )
+_DEADLOCKS = ("Deadlock found", "deadlock detected")  # MySQL's and PostgreSQL's: the transaction was rolled back
+_DEADLOCK_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)  # seconds between the tries of a call that a deadlock rolled back
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -148,6 +150,32 @@ def _created_or_found(create: Callable[[], T], find: Callable[[], T | None]) -> 
         return found
 
 
+class _Restarting:
+    """A database server's MetadataStore whose calls run again when the server rolled their transaction back
+    on a deadlock (two writers of one database at once, as a team's drivers are): what MySQL's "try
+    restarting transaction" asks of its clients. Each ML-Metadata call is one transaction."""
+
+    def __init__(self, store: metadata_store.MetadataStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._store, name)
+        if not callable(call):
+            return call
+
+        def restarting(*args: Any, **kwargs: Any) -> Any:
+            for pause in (*_DEADLOCK_PAUSES, None):
+                try:
+                    return call(*args, **kwargs)
+                except Exception as exc:
+                    if pause is None or not any(deadlock in str(exc) for deadlock in _DEADLOCKS):
+                        raise
+                    time.sleep(pause)
+            raise AssertionError("unreachable")
+
+        return restarting
+
+
 def _set(target: Any, props: Mapping[str, Any] | None, int_bits: int = 64) -> None:
     for key, value in (props or {}).items():
         if value is None:
@@ -171,7 +199,8 @@ class Lineage:
                 raise StoreError(f"No MLMD database at {path}; run a sweep or Cmf commit first")
             if not readonly:
                 path.parent.mkdir(parents=True, exist_ok=True)
-        self.store = self._connect(readonly)
+        connected = self._connect(readonly)
+        self.store: metadata_store.MetadataStore = _Restarting(connected) if is_url(self.target) else connected
         self._int_bits = 32 if is_url(self.target) else 64  # ML-Metadata's server schemas hold 32-bit ints
         self._type_ids: dict[tuple[str, str], int] = {}
 
@@ -186,7 +215,7 @@ class Lineage:
                 store.get_context_types()  # fail here, not at first use, on a corrupt file
                 return store
             except Exception as exc:
-                if pause is None or not any(race in str(exc) for race in _CREATION_RACES):
+                if pause is None or not any(race in str(exc) for race in (*_CREATION_RACES, *_DEADLOCKS)):
                     raise StoreError(explain(self.target, exc)) from exc
                 time.sleep(pause)
         raise AssertionError("unreachable")
