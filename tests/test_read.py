@@ -422,7 +422,7 @@ def test_a_diverged_trial_leaves_the_other_curves_readable_in_a_png(
     assert np.isfinite(lines["a"].get_ydata()).sum() == np.isfinite(lines["b"].get_ydata()).sum() == 50
     marks = [line for line in ax.lines if line.get_label().startswith("_") and line.get_linestyle() == "None"]
     [mark] = marks
-    assert mark.get_color() == lines["d"].get_color() and len(mark.get_ydata()) == 2  # left the plot; ended
+    assert mark.get_color() == lines["d"].get_color() and len(mark.get_ydata()) == 3  # left; went inf; ended
     assert all(10.0 < y < high for y in mark.get_ydata())
 
 
