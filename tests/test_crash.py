@@ -40,14 +40,20 @@ CHILD = textwrap.dedent(
 )
 
 
-def _run_and_kill(store_dir: Path, total: int, pause: float, kill_on: str) -> None:
+def _started(store_dir: Path, total: int, pause: float = 0.0, until: str = "ready") -> subprocess.Popen[str]:
+    """The logging child, once it has printed a line that starts with ``until``."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(store_dir), str(total), str(pause)], stdout=subprocess.PIPE, text=True
     )
     assert child.stdout is not None
     for line in child.stdout:
-        if line.startswith(kill_on):
+        if line.startswith(until):
             break
+    return child
+
+
+def _run_and_kill(store_dir: Path, total: int, pause: float, kill_on: str) -> None:
+    child = _started(store_dir, total, pause, kill_on)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert child.returncode == -signal.SIGKILL
@@ -84,13 +90,7 @@ def test_sigkill_mid_run_keeps_a_complete_prefix(store_dir: Path) -> None:
 
 
 def test_recover_skips_live_writers_and_is_idempotent(store_dir: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(store_dir), "5000", "0"], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None
-    for line in child.stdout:
-        if line.startswith("ready"):
-            break
+    child = _started(store_dir, 5000)
     store = Store(store_dir)
     assert recover(store) == []  # its writer is alive
     cli = subprocess.run(
@@ -155,13 +155,7 @@ def test_a_killed_run_not_yet_reaped_is_recovered(store_dir: Path) -> None:
     died) is gone: its spill is recovered and its execution marked crashed (it was skipped as alive)."""
     from ray_cmf import Sweep
 
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(store_dir), "2000", "0"], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None
-    for line in child.stdout:
-        if line.startswith("ready"):
-            break
+    child = _started(store_dir, 2000)
     os.kill(child.pid, signal.SIGKILL)
     while Path(f"/proc/{child.pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
         time.sleep(0.01)  # dead, and not reaped: nothing has waited for it

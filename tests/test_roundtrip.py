@@ -94,13 +94,7 @@ def test_a_sweep_reads_back_every_value_exactly_by_default(rows: list[dict[str, 
     store = tempfile.mkdtemp()
     try:
         cmf = Cmf(pipeline_name="prop", store=store)
-        kept = []
-        for row in rows:
-            try:
-                cmf.log_metric("series", row)
-                kept.append(row)
-            except REFUSALS:
-                pass
+        kept = _log(cmf, rows)
         if not kept:
             return
         cmf.commit_metrics("series")
@@ -112,6 +106,18 @@ def test_a_sweep_reads_back_every_value_exactly_by_default(rows: list[dict[str, 
             assert all(same(e, r) for e, r in zip(expected, read, strict=True)), (name, expected, read)
     finally:
         shutil.rmtree(store, ignore_errors=True)
+
+
+def _log(cmf: Cmf, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Log each row into the series ``series``; returns the rows kept (the others were refused)."""
+    kept = []
+    for row in rows:
+        try:
+            cmf.log_metric("series", row)
+            kept.append(row)
+        except REFUSALS:
+            pass
+    return kept
 
 
 def _as_logged(logged: Any, read: Any) -> Any:
@@ -141,13 +147,7 @@ def test_a_sweep_reads_back_every_trials_values_whatever_the_others_logged(trial
         for index, rows in enumerate(trials):
             cmf = Cmf(pipeline_name="prop", store=store)
             cmf.create_execution(f"t{index}")
-            kept = logged[f"t{index}"] = []
-            for row in rows:
-                try:
-                    cmf.log_metric("series", row)
-                    kept.append(row)
-                except REFUSALS:
-                    pass
+            kept = logged[f"t{index}"] = _log(cmf, rows)
             if kept:
                 cmf.commit_metrics("series")
             cmf.close()
