@@ -13,7 +13,7 @@ import torch
 from ray_cmf.errors import RayCmfError
 from ray_cmf.metrics.groups import MetricGroups
 from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, REDUCTIONS, STATE_DTYPE, SyncHandle
-from ray_cmf.metrics.staging import Stager, bad_input, input_type_error
+from ray_cmf.metrics.staging import Stager, raise_naming_input
 
 NAN_POLICIES = ("exclude", "propagate")
 
@@ -114,9 +114,7 @@ class Metric(ABC):
         try:
             self._stager.push(self._member, inputs, groups.device)  # type: ignore[union-attr]
         except TypeError as exc:
-            if (bad := bad_input(inputs)) is None:
-                raise
-            raise input_type_error(self._label(), *bad) from exc
+            raise_naming_input(exc, inputs, lambda i: (self._label(), i))
         self._updated_in = groups.interval
         groups.updated = True
 
@@ -138,9 +136,7 @@ class Metric(ABC):
         try:
             self.update(*args)
         except TypeError as exc:
-            if (bad := bad_input(args)) is None:
-                raise
-            raise input_type_error(self._label(), *bad) from exc
+            raise_naming_input(exc, args, lambda i: (self._label(), i))
         finally:
             del self._stage
 

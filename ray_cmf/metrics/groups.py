@@ -24,7 +24,7 @@ from ray_cmf.metrics.packing import (
     rank,
     world_size,
 )
-from ray_cmf.metrics.staging import Stager, bad_input, input_type_error
+from ray_cmf.metrics.staging import Stager, raise_naming_input
 
 if TYPE_CHECKING:
     from ray_cmf.metrics.base import Metric
@@ -128,10 +128,10 @@ class _Joint:
         for metric, part in zip(self.metrics, self.parts, strict=True):
             metric._check(*inputs[part])
 
-    def member_of(self, index: int) -> tuple[Metric, int]:
-        """The metric whose inputs hold the call's ``index``-th input, and its position among them."""
+    def label_of(self, index: int) -> tuple[str, int]:
+        """How errors name the metric whose inputs hold the call's ``index``-th input, and its position among them."""
         metric, part = next((m, p) for m, p in zip(self.metrics, self.parts, strict=True) if p.start <= index < p.stop)
-        return metric, index - part.start
+        return metric._label(), index - part.start
 
 
 class MetricGroups:
@@ -172,10 +172,7 @@ class MetricGroups:
         try:
             joint.stager.push(0, inputs, self.device)
         except TypeError as exc:
-            if (bad := bad_input(inputs)) is None:
-                raise
-            metric, position = joint.member_of(bad[0])
-            raise input_type_error(metric._label(), position, bad[1]) from exc
+            raise_naming_input(exc, inputs, joint.label_of)
         for metric in metrics:
             metric._updated_in = self.interval
         self.updated = True

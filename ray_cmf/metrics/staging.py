@@ -15,7 +15,7 @@ from __future__ import annotations
 import numbers
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -35,7 +35,7 @@ def signature(inputs: Sequence[Any]) -> Signature:
     return tuple([(v.shape, v.dtype) if isinstance(v, torch.Tensor) else _NUMBER for v in inputs])
 
 
-def bad_input(inputs: Sequence[Any]) -> tuple[int, Any] | None:
+def _bad_input(inputs: Sequence[Any]) -> tuple[int, Any] | None:
     """The first input (its position and value) that is neither a tensor nor a real number; None if all are."""
     return next(
         ((i, v) for i, v in enumerate(inputs) if not isinstance(v, torch.Tensor | numbers.Real)),
@@ -43,9 +43,17 @@ def bad_input(inputs: Sequence[Any]) -> tuple[int, Any] | None:
     )
 
 
-def input_type_error(what: str, position: int, value: Any) -> TypeError:
-    """The error for an update input that is neither a tensor nor a number, naming the metric and the input."""
-    return TypeError(f"{what}: input {position} is a {type(value).__name__} ({value!r:.40}), not a tensor or a number")
+def raise_naming_input(exc: TypeError, inputs: Sequence[Any], label: Callable[[int], tuple[str, int]]) -> NoReturn:
+    """Raise, from ``exc``, the TypeError that names the metric and the input that is neither a tensor nor a
+    number (``label``: that input's index -> its metric's name and its position among that metric's inputs);
+    ``exc`` itself when every input is one."""
+    bad = _bad_input(inputs)
+    if bad is None:
+        raise exc
+    (what, position), value = label(bad[0]), bad[1]
+    raise TypeError(
+        f"{what}: input {position} is a {type(value).__name__} ({value!r:.40}), not a tensor or a number"
+    ) from exc
 
 
 def one_row(value: Any, device: torch.device) -> torch.Tensor:
@@ -216,7 +224,7 @@ class Stager:
         TypeError for one that is neither a tensor nor a number, the metric's own error for bad shapes."""
         if signature(inputs) in self._blocks:
             return
-        if (bad := bad_input(inputs)) is not None:
+        if (bad := _bad_input(inputs)) is not None:
             raise TypeError(f"input {bad[0]} is a {type(bad[1]).__name__}")
         self._check(*inputs)
 
