@@ -217,7 +217,8 @@ class MetricBuffer:
         self.flush_seconds = flush_seconds
         self._kinds: dict[str, str] = {}
         self._sealed_ints: dict[str, int] = {}  # per int column: the largest magnitude in sealed chunks
-        self._row_keys: list[tuple[int, str]] = []  # (row, key) of the columns that recent rows added
+        self._row_keys: list[tuple[int, str, str | None]] = []  # (row, key, kind before) of the columns that
+        # recent rows added (kind None) or widened from int to float: what a rejected row takes back
         self._skipped = 0  # keys of the current row that stored nothing
         self._columns: dict[str, _Column] = {}
         self._n = 0  # rows in the current chunk
@@ -303,7 +304,7 @@ class MetricBuffer:
         if known is None:
             if key == SEQUENCE_COLUMN:
                 raise InvalidNameError("metric name", key, "ray_cmf numbers the rows in that column itself")
-            self._row_keys.append((row, key))  # a column this row adds: a rejected row takes it back
+            self._row_keys.append((row, key, None))  # a column this row adds: a rejected row takes it back
             known = kind
         if known != kind:
             if {known, kind} != {"int", "float"}:
@@ -313,6 +314,8 @@ class MetricBuffer:
             if kind == "float" and (extent := self._int_extent(key)) > EXACT_FLOAT_INT:
                 why = f"is a float, and the column holds an earlier int of magnitude {extent} beyond 2**53"
                 raise PrecisionError(key, row, value, why)
+            if known == "int":
+                self._row_keys.append((row, key, known))  # a widening this row makes: a rejected row undoes it
             known, value = "float", float(value)
         self._kinds[key] = known
         if column is None:
@@ -330,10 +333,18 @@ class MetricBuffer:
     def _rollback(self, n: int) -> None:
         """Drop the partial row at chunk index ``n`` so a rejected row leaves no trace."""
         row = self._first_row + n
-        for added, key in self._row_keys:
-            if added == row:
+        for changed, key, before in self._row_keys:
+            if changed != row:
+                continue
+            if before is None:
                 self._kinds.pop(key, None)
                 self._columns.pop(key, None)
+            else:  # narrowed back: the ints it held were exact as floats (at most 2**53)
+                self._kinds[key] = before
+                column = self._columns.get(key)
+                if column is not None and column.kind != before:
+                    column.kind, column.pytype = before, int
+                    column.values = array.array("q", (int(v) for v in column.values[:n]))
         self._row_keys.clear()
         for column in self._columns.values():
             del column.values[n:]
