@@ -456,7 +456,7 @@ class Sweep:
             summary = self._summary_from_scan(metrics, mode, chosen)
         table = settle_ints(recorded.join(summary, on="trial_id"))
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
-        return table[query.mask(table)] if query is not None else table
+        return table[query.mask(table, nan_is_null=summary.columns)] if query is not None else table
 
     def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
         """A trial's row of the table as MLMD records it (no file read); ``file`` is its first series'."""

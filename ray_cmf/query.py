@@ -10,11 +10,14 @@
 A NAME is a trial-table column (``config/lr``, ``val_loss_best``, ``tag/team``, ``started_at``); one with
 other characters is written in backticks. Nothing is ever passed to ``eval``.
 
-Values compare as recorded: numbers with numbers, text with text. A comparison of a missing value (None
-or NaN, another missing value and ``nan`` included) or of values of different kinds (a number against
-text) is false, except ``!=`` and ``not in``, which are true: the rule pandas and IEEE 754 follow for NaN.
-``x == null`` (and ``x in [null]``) is what tests for a missing value. A column whose name
-ends in ``_at`` holds UTC times as ISO 8601 text; a date or time compared with it is read as UTC.
+Values compare as recorded: numbers with numbers, text with text. A comparison of a missing value (None,
+another missing value included) or of values of different kinds (a number against text) is false, except
+``!=`` and ``not in``, which are true: the rule pandas and IEEE 754 follow for NaN. ``x == null`` (and
+``x in [null]``) is what tests for a missing value. A NaN is a value (a config of NaN was recorded): it
+orders against nothing, and only ``nan`` (or another NaN) equals it, as PostgreSQL has it. A float summary
+column (``loss_final``) cannot tell a NaN from a trial without the metric, so there a NaN is also
+``null``. A column whose name ends in ``_at`` holds UTC times as ISO 8601 text; a date or time compared
+with it is read as UTC.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -52,6 +55,9 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
 }
 _MISSING = object()
+_NAN = object()  # a NaN as it compares: equal to NaN only, ordered against nothing
+_NULL = object()  # the literal null, which a missing value equals
+_NULL_NAN = object()  # a NaN where it may also stand for a missing value: a NaN that null equals too
 
 
 class QueryError(InvalidArgumentError):
@@ -259,12 +265,13 @@ class Query:
             if name.name not in known:
                 raise QueryError(self.text, name.at, f"no column {name.name!r}", f"; the trials have {sorted(known)}")
 
-    def mask(self, table: pd.DataFrame) -> pd.Series:
-        """Which rows of ``table`` the expression holds for (a boolean Series on its index)."""
+    def mask(self, table: pd.DataFrame, nan_is_null: Collection[str] = ()) -> pd.Series:
+        """Which rows of ``table`` the expression holds for (a boolean Series on its index); in the columns
+        ``nan_is_null`` (float summaries, where pandas writes a missing value as NaN) a NaN is also null."""
         import pandas as pd
 
         self.check(list(table.columns))
-        return pd.Series(_evaluate(self.root, table), index=table.index, dtype=bool)
+        return pd.Series(_evaluate(self.root, _Table(table, frozenset(nan_is_null))), index=table.index, dtype=bool)
 
 
 def parse(text: str) -> Query:
@@ -294,7 +301,13 @@ def _timed_literals(node: Node) -> list[tuple[Name, str]]:
     ]
 
 
-def _evaluate(node: Node, table: pd.DataFrame) -> list[bool]:
+@dataclass(frozen=True)
+class _Table:
+    frame: pd.DataFrame
+    nan_is_null: frozenset[str]
+
+
+def _evaluate(node: Node, table: _Table) -> list[bool]:
     if isinstance(node, Logic):
         parts = [_evaluate(part, table) for part in node.parts]
         if node.op == "not":
@@ -303,45 +316,55 @@ def _evaluate(node: Node, table: pd.DataFrame) -> list[bool]:
         return [combine(row) for row in zip(*parts, strict=True)]
     if isinstance(node, Member):
         values = _column(node.operand, table)
-        timed = _time(node.operand)
-        hits = [any(_holds("==", v, member, timed, member is None) for member in node.values) for v in values]
+        hits = [any(_holds("==", v, _literal(member, False)) for member in node.values) for v in values]
         return [not hit for hit in hits] if node.negated else hits
-    timed = _time(node.left) or _time(node.right)
-    null = any(isinstance(side, Literal) and side.value is None for side in (node.left, node.right))
-    left, right = _column(node.left, table), _column(node.right, table)
-    return [_holds(node.op, a, b, timed, null) for a, b in zip(left, right, strict=True)]
+    left, right = _column(node.left, table, _time(node.right)), _column(node.right, table, _time(node.left))
+    return [_holds(node.op, a, b) for a, b in zip(left, right, strict=True)]
 
 
 def _time(operand: Name | Literal) -> bool:
     return isinstance(operand, Name) and operand.name.endswith("_at")
 
 
-def _column(operand: Name | Literal, table: pd.DataFrame) -> list[Any]:
-    if isinstance(operand, Name):
-        return table[operand.name].tolist()
-    return [operand.value] * len(table)
+def _column(operand: Name | Literal, table: _Table, timed: bool = False) -> list[Any]:
+    """An operand's values as they compare (see :func:`_comparable`); a literal compared with a time column
+    is read as a time."""
+    if isinstance(operand, Literal):
+        return [_literal(operand.value, timed)] * len(table.frame)
+    values = table.frame[operand.name].tolist()
+    nan_is_null = operand.name in table.nan_is_null
+    return [_comparable(v, _time(operand), nan_is_null) for v in values]
 
 
-def _holds(op: str, a: Any, b: Any, timed: bool, null: bool = False) -> bool:
-    """One comparison: missing (None, NaN) or unlike values compare false, except under ``!=``; against the
-    ``null`` literal (``null``), ``==`` holds for a missing value and ``!=`` for a present one."""
-    a, b = _comparable(a, timed), _comparable(b, timed)
-    if null:
-        missing = a is _MISSING and b is _MISSING  # one side is the literal
+def _holds(op: str, a: Any, b: Any) -> bool:
+    """One comparison of two comparable values: a missing or unlike value compares false, except under
+    ``!=``; ``null`` equals a missing value only; a NaN equals a NaN only and orders against nothing."""
+    if a is _NULL or b is _NULL:
+        missing = all(side is _NULL or side is _MISSING or side is _NULL_NAN for side in (a, b))
         return missing if op == "==" else (not missing if op == "!=" else False)
+    a, b = (_NAN if side is _NULL_NAN else side for side in (a, b))
     if a is _MISSING or b is _MISSING:
         return op == "!="
+    if a is _NAN or b is _NAN:
+        return (a is b) == (op == "==") if op in ("==", "!=") else False
     if _kind(a) != _kind(b):
         return op == "!="
     return bool(_COMPARE[op](a, b))
 
 
-def _comparable(value: Any, timed: bool) -> Any:
-    """A value as it compares: a number (bools are numbers), text (a time as UTC ISO text), or missing."""
+def _literal(value: Any, timed: bool) -> Any:
+    """A literal as it compares: ``null`` as itself, any other as a recorded value would."""
+    return _NULL if value is None else _comparable(value, timed)
+
+
+def _comparable(value: Any, timed: bool, nan_is_null: bool = False) -> Any:
+    """A value as it compares: a number (bools are numbers), text (a time as UTC ISO text), NaN, or missing."""
     if hasattr(value, "item") and not isinstance(value, str):
         value = value.item()  # numpy scalars
-    if value is None or (isinstance(value, float) and math.isnan(value)) or _kind(value) in ("NAType", "NaTType"):
+    if value is None or _kind(value) in ("NAType", "NaTType"):
         return _MISSING
+    if isinstance(value, float) and math.isnan(value):
+        return _NULL_NAN if nan_is_null else _NAN
     if timed and isinstance(value, str):
         return _utc(value) or value
     return value

@@ -144,19 +144,25 @@ def test_a_config_key_under_the_reserved_prefix_cannot_pose_as_a_tag_or_a_deleti
     )
 )
 def test_a_missing_value_equals_nothing_not_even_itself_and_only_null_finds_it(values: list[Any]) -> None:
-    """As NaN does in pandas: a missing value (None or NaN) is unequal to everything, itself included, under
-    ``==`` and ``!=`` between columns or against a number (``nan`` too); ``== null`` is what finds it. (Two
-    missing values compared equal, so ``x != x`` found nothing and ``x == nan`` found the missing.)"""
+    """As NaN does in pandas: a missing value (None) is unequal to everything, itself included, under ``==``
+    and ``!=`` between columns or against a number (``nan`` too); ``== null`` is what finds it. (Two missing
+    values compared equal, so ``x != x`` found nothing and ``x == nan`` found the missing.) A NaN is a value
+    that only ``nan`` and another NaN equal; where a NaN may stand for a missing value, null equals it too."""
     table = pd.DataFrame({"x": pd.Series(values, dtype=object), "y": pd.Series(values, dtype=object)})
-    missing = [v is None or (isinstance(v, float) and math.isnan(v)) for v in values]
+    nan = [isinstance(v, float) and math.isnan(v) for v in values]
 
-    def holds(expression: str) -> list[bool]:
-        return parse(expression).mask(table).tolist()
+    def holds(expression: str, nan_is_null: bool = False) -> list[bool]:
+        return parse(expression).mask(table, nan_is_null=["x", "y"] if nan_is_null else []).tolist()
 
-    assert holds("x == null") == missing and holds("x != null") == [not m for m in missing]
-    assert holds("x in [null]") == missing and holds("x not in [null]") == [not m for m in missing]
-    assert holds("x != y") == missing and holds("x == y") == [not m for m in missing]
-    assert holds("x == nan") == [False] * len(values) and holds("x != nan") == [True] * len(values)
+    for nan_is_null in (False, True):
+        missing = [v is None or (nan_is_null and n) for v, n in zip(values, nan, strict=True)]
+        present = [not m for m in missing]
+        assert holds("x == null", nan_is_null) == missing and holds("x != null", nan_is_null) == present
+        assert holds("x in [null]", nan_is_null) == missing and holds("x not in [null]", nan_is_null) == present
+        unlike = [v is None for v in values]
+        assert holds("x != y", nan_is_null) == unlike and holds("x == y", nan_is_null) == [not u for u in unlike]
+        assert holds("x == nan", nan_is_null) == nan and holds("x != nan", nan_is_null) == [not n for n in nan]
+        assert holds("x < nan", nan_is_null) == [False] * len(values)
 
 
 def test_where_sort_and_limit_over_configs_of_mixed_types_tags_and_summaries(
@@ -187,6 +193,34 @@ def test_where_sort_and_limit_over_configs_of_mixed_types_tags_and_summaries(
     assert main(["export", "--store", str(store.root), "--where", 'config/opt == "adam"', "-o", str(out)]) == 0
     assert sorted(set(pd.read_csv(out)["trial_id"])) == ["a", "d"]
     capsys.readouterr()
+
+
+def test_a_nan_config_is_a_value_that_nan_finds_and_null_does_not(tmp_path: Path) -> None:
+    """A config of NaN is recorded (``trials`` shows it, ``group_by`` keeps it apart): ``== nan`` finds it and
+    ``== null`` does not, which finds the trials without a value. (Both used to treat NaN as missing, so
+    ``== null`` found it beside the missing ones and nothing found it alone.) A summary column cannot tell a
+    NaN logged last from a metric never logged, so there NaN holds for both."""
+    store = write_trials(
+        tmp_path / "store",
+        [
+            Trial("nan", {"eps": math.nan}, {"": [{"training_iteration": 1, "loss": math.nan}]}),
+            Trial("none", {"eps": None}, {"": _rows(1.0)}),
+            Trial("lacks", {}, {"": [{"training_iteration": 1, "acc": 0.5}]}),
+            Trial("small", {"eps": 0.1}, {"": _rows(2.0)}),
+        ],
+    )
+    sweep = Sweep(store)
+
+    def picked(where: str) -> list[str]:
+        return sorted(sweep.trials(where=where)["trial_id"])
+
+    assert picked("config/eps == nan") == ["nan"] and picked("config/eps in [nan, 0.1]") == ["nan", "small"]
+    assert picked("config/eps == null") == ["lacks", "none"]
+    assert picked("config/eps != null") == ["nan", "small"]
+    assert picked("config/eps != nan") == ["lacks", "none", "small"]
+    assert picked("config/eps < 1") == ["small"] and picked("config/eps >= 1") == []
+    assert picked("loss_final == nan") == ["lacks", "nan"] and picked("loss_final == null") == ["lacks", "nan"]
+    assert picked("loss_final != null") == ["none", "small"]
 
 
 @pytest.mark.parametrize(
