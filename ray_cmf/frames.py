@@ -136,6 +136,21 @@ def numeric(series: pd.Series) -> bool:
     return bool(len(present)) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
 
 
+def numbers_as_text(series: pd.Series) -> bool:
+    """Whether a text column holds only numbers written out (exact text is how an int beyond 2**53 in one trial
+    and a float in another read): it draws as floats."""
+    import pandas as pd
+
+    present = series.dropna()
+    if not len(present) or not all(isinstance(v, str) for v in present):
+        return False
+    try:
+        pd.Series(present, dtype=object).to_numpy(dtype=float)
+    except ValueError:
+        return False
+    return True
+
+
 def mode_of(mode: str | Mapping[str, str], metric: str) -> str:
     """Whether lower (``min``) or higher (``max``) is better for ``metric``: one mode, or one per metric."""
     return mode.get(metric, "min") if isinstance(mode, Mapping) else mode

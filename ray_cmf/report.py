@@ -16,7 +16,7 @@ import string
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +44,7 @@ from ray_cmf.frames import (
     group_summaries,
     log_spread,
     mode_of,
+    numbers_as_text,
     numeric,
     sort_trials,
     summarize,
@@ -402,18 +403,37 @@ def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
 
 
 def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
-    """The metrics to plot (from a trial table's ``_best`` columns, or a steps frame's numeric columns):
+    """The metrics to plot (from a trial table's ``_best`` columns, or a steps frame's columns of numbers):
     those asked for, else every one but Tune's own timing, step counters and clocks (axes, not metrics)."""
     if "step" in table.columns:
-        found = [c for c in table.columns if c not in ("trial_id", "step") and numeric(table[c])]
+        found = [c for c in _logged(table) if _drawable(table[c])]
     else:
         found = [c[: -len("_best")] for c in table.columns if c.endswith("_best")]
     if metrics is None:
-        return [m for m in found if m not in TUNE_BOOKKEEPING and m not in COUNTERS and m not in AXES]
+        return _shown(found)
     unknown = [m for m in metrics if m not in found]
     if unknown:
         raise RayCmfError(f"Unknown metric(s) {unknown}; the series has {found}")
     return list(metrics)
+
+
+def _logged(steps: pd.DataFrame) -> list[str]:
+    return [c for c in steps.columns if c not in ("trial_id", "step")]
+
+
+def _shown(metrics: Iterable[str]) -> list[str]:
+    """The metrics a report shows unless asked: all but Tune's timing, step counters and clocks."""
+    return [m for m in metrics if m not in TUNE_BOOKKEEPING and m not in COUNTERS and m not in AXES]
+
+
+def _drawable(values: pd.Series) -> bool:
+    """Whether a curve can be drawn of a column: numbers, or numbers held as exact text."""
+    return numeric(values) or numbers_as_text(values)
+
+
+def _not_drawn(name: str, steps: pd.DataFrame) -> list[str]:
+    """The metrics of a series that hold something other than numbers (words, bools): no curve, but named."""
+    return [f"{name}/{c}" for c in _shown(_logged(steps)) if not _drawable(steps[c]) and steps[c].notna().any()]
 
 
 def _with_summary(
@@ -428,21 +448,30 @@ def _with_summary(
     return table
 
 
-def _series_sections(sweep: Sweep, names: Sequence[str], plotter: _Plotter, live: bool) -> tuple[list[_Section], bool]:
+@dataclass
+class _Drawn:
+    """The curves of the other series, whether any was downsampled, and the metrics that had none."""
+
+    sections: list[_Section] = field(default_factory=list)
+    downsampled: bool = False
+    not_drawn: list[str] = field(default_factory=list)
+
+
+def _series_sections(sweep: Sweep, names: Sequence[str], plotter: _Plotter, live: bool) -> _Drawn:
     """Curves of every metric of the other series the trials logged (``names``): their Train runs' device
-    metrics, ``get_cmf()`` series, system metrics. Also whether any curve was downsampled."""
-    sections: list[_Section] = []
-    downsampled = False
+    metrics, ``get_cmf()`` series, system metrics."""
+    drawn = _Drawn()
     for name in names:
         other = sweep.of_series(name)
         if not other.files() and not live:
             continue
         steps = other.steps(live=live, exact=True)
         spans = _Trials.of(steps)
-        downsampled |= _longest(spans) > plotter.max_points
+        drawn.downsampled |= _longest(spans) > plotter.max_points
         for metric in _metrics(steps, None):
-            sections.append(_Section("", name, metric, plotter.traces(steps, spans, metric)))
-    return sections, downsampled
+            drawn.sections.append(_Section("", name, metric, plotter.traces(steps, spans, metric)))
+        drawn.not_drawn += _not_drawn(name, steps)
+    return drawn
 
 
 def _longest(trials: _Trials) -> int:
@@ -508,8 +537,9 @@ def content(
     spans = _Trials.of(steps)
     own = series is None or sweep.metrics_name in series
     sections = [_Section("", sweep.metrics_name, m, plotter.traces(steps, spans, m)) for m in (chosen if own else [])]
-    more, downsampled = _series_sections(sweep, others, plotter, live)
-    sections += more
+    drawn = _series_sections(sweep, others, plotter, live)
+    sections += drawn.sections
+    not_drawn = _not_drawn(sweep.metrics_name, steps) if own and live and metrics is None else []
     for number, section in enumerate(sections):
         section.key = f"curve-{number}"
     data: dict[str, Any] = {
@@ -527,12 +557,12 @@ def content(
         grouped = _best_first(grouped, f"{primary}_best_mean", mode) if primary else grouped
         data["status"] = dict(zip(grouped["group"], grouped["status"].astype(str), strict=True))
         table = _group_table(grouped, keys, chosen, mode)
-    downsampled |= own and _longest(spans) > max_points
+    downsampled = drawn.downsampled or (own and _longest(spans) > max_points)
     return {
         "data": data,
         "table": table,
         "title": f"{sweep.pipeline}: {len(trials)} trial{'' if len(trials) == 1 else 's'}",
-        "note": _curves_note(max_points, downsampled),
+        "note": _curves_note(max_points, downsampled, [*not_drawn, *drawn.not_drawn]),
         "importance_note": (
             f"Importance: |Spearman rank correlation| between the hyperparameter and each trial's best {primary}."
             if primary and len(data["params"]) > 1
@@ -542,14 +572,17 @@ def content(
     }
 
 
-def _curves_note(max_points: int, downsampled: bool) -> str:
-    """The caption of the curves: what they show of the data (a caption that matches it)."""
+def _curves_note(max_points: int, downsampled: bool, not_drawn: Sequence[str] = ()) -> str:
+    """The caption of the curves: what they show of the data (a caption that matches it), and the metrics
+    left without a curve."""
     note = (
         f"Curves longer than {max_points} points show the minimum and maximum of each of "
         f"{(max_points - 3) // 2} equal step buckets, plus the first, the last and the best point."
         if downsampled
         else "Every logged point is drawn."
     )
+    if not_drawn:
+        note += f" No curve for {', '.join(not_drawn)}: text or bools, not numbers."
     return note + " Click a trial in the table to pick out its curves everywhere; click it again to let go."
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from ray_cmf import Cmf, Sweep
 from ray_cmf.cli import main
 from ray_cmf.frames import Span, drawable
-from ray_cmf.report import ReportServer, downsample, importance
+from ray_cmf.report import ReportServer, build, downsample, importance
 from tests._browser import open_report, screenshot
 from tests._sweeps import run_grid
 from tests._values import floats
@@ -322,3 +322,28 @@ def test_values_beyond_what_a_plot_can_draw_are_marked_at_its_edge(tmp_path: Pat
     marked = {t["meta"]: t["text"] for t in section["traces"] if t["name"].endswith("(off the plot)")}
     assert marked == {"up": [1e308], "down": [-1e308]}
     assert data["parcoords"]["left_out"] == 1  # down's best, -1e308, has no place on the axis
+
+
+def test_a_series_whose_values_read_as_text_is_drawn_or_named(tmp_path: Path) -> None:
+    """A ``get_cmf()`` series whose metric is an int beyond 2**53 in one trial and a float in another reads
+    as exact text: the report left it out without a word, even with ``series`` naming it. Numbers held as
+    text are now drawn (a plot needs no 19 digits), and a metric of words is named in the caption."""
+    from tests._stores import Trial, write_trials
+
+    def rows(*xs: Any) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"step": i, "x": x, "phase": "warmup" if i == 0 else "main"} for i, x in enumerate(xs)]}
+
+    store = tmp_path / "store"
+    tune = [{"training_iteration": 1, "loss": 0.5}]
+    write_trials(store, [Trial("a", {"lr": 0.1}, {"": tune}), Trial("b", {"lr": 0.2}, {"": tune})])
+    mine = [Trial("a", {}, rows(2**60, 2**60 + 2)), Trial("b", {}, rows(0.5, math.nan))]
+    write_trials(store, mine, metrics_name="mine")
+    for options in ({}, {"series": ["mine"]}, {"live": True}):
+        page = build(Sweep(store), **options)  # live: the page `ray-cmf serve` sends
+        data = _data(page)
+        [section] = [s for s in data["sections"] if s["series"] == "mine"]
+        assert section["metric"] == "x"
+        lines = {t["meta"]: t["y"] for t in section["traces"] if not t["name"].endswith("(off the plot)")}
+        assert lines["a"] == [float(2**60), float(2**60 + 2)] and lines["b"][0] == 0.5, options
+        note = re.search(r'id="curves-note">([^<]*)<', page).group(1)  # type: ignore[union-attr]
+        assert "mine/phase" in note and "text" in note, note
