@@ -40,10 +40,8 @@ class SchemaError(RayCmfError, ValueError):
     """A column changed type in a way that cannot widen (e.g. number to str)."""
 
     def __init__(self, key: str, row: int, old: str, new: str) -> None:
-        super().__init__(
-            f"Metric {key!r} at row {row} changed type from {old} to {new}; only int -> float widens. "
-            "Log it under another name."
-        )
+        self.reason = f"changed type from {old} to {new}; only int -> float widens. Log it under another name."
+        super().__init__(f"Metric {key!r} at row {row} {self.reason}")
         self.key = key
         self.row = row
         self.old = old
@@ -54,10 +52,11 @@ class PrecisionError(RayCmfError, ValueError):
     """A number that its column cannot hold exactly (an int beyond int64, or beyond 2**53 among floats)."""
 
     def __init__(self, key: str, row: int, value: Any, why: str) -> None:
-        super().__init__(
-            f"Metric {key!r} at row {row}: {value!r} {why}, so it would not come back exactly. "
-            "Log float(value) yourself, or log it under another name."
+        self.reason = (
+            f"{value!r} {why}, so it would not come back exactly. Log float(value) yourself, or log it under "
+            "another name."
         )
+        super().__init__(f"Metric {key!r} at row {row}: {self.reason}")
         self.key = key
         self.row = row
         self.value = value

@@ -85,11 +85,12 @@ def _warn_once(name: str) -> None:
 
 def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> None:
     """Append a result's row, dropping with a warning each value that its column cannot hold (a type change,
-    an int beyond 2**53 among floats): the rest of the result is kept. ``source`` says whose result it is."""
+    an int beyond 2**53 among floats): the rest of the result is kept. ``source`` says whose result it is, and
+    at which step: the buffer's row number means nothing to the user."""
     while True:
         try:
             buffer.append(row)
             return
         except (SchemaError, PrecisionError) as exc:
-            log.warning("ray_cmf: %s: %s; dropping that value", source, exc)
+            log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.key, exc.reason)
             row.pop(exc.key)

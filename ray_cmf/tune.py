@@ -481,7 +481,8 @@ class CmfRayLogger(tune.Callback):
     ) -> None:
         state = self._state(trial)
         row = result_row(result)
-        append_result(state.buffer, row, f"trial {trial.trial_id}")  # type: ignore[arg-type]
+        step = row.get("step", row.get("training_iteration"))  # what the results are keyed by when read
+        append_result(state.buffer, row, f"trial {trial.trial_id}, result at step {step}")  # type: ignore[arg-type]
         state.keys.update(row)
         self._track_best(state, row.get(self.metric) if self.metric else None)
         self._record_host(state, result)
