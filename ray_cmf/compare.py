@@ -514,7 +514,8 @@ class Sweep:
         return exact_summary(rows) if rows else _no_summary(chosen)
 
     def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
-        """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all)."""
+        """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all); one asked
+        for that holds no numbers (bools, text) has neither, and is refused by name."""
         numeric = _numeric(schema)
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
@@ -523,7 +524,13 @@ class Sweep:
             if any(m not in whole.names for m in unknown):
                 raise self._unknown(unknown)
             numeric += _numeric(whole)
-        return [m for m in chosen if m in numeric]
+        other = [m for m in chosen if m not in numeric]
+        if other:
+            raise InvalidArgumentError(
+                f"Metric(s) {other} hold no numbers (bools or text), so they have no best or final; "
+                f"the numeric metrics are {list(dict.fromkeys(numeric))}"
+            )
+        return chosen
 
     def _unknown(self, unknown: list[str]) -> RayCmfError:
         """The error for metrics the series lacks; where none of its trials committed rows yet, it says where
@@ -574,9 +581,6 @@ class Sweep:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
         table = self.trials([metric], mode={metric: mode})
         column = f"{metric}_best"
-        if column not in table.columns:
-            numeric = self._summarised(self._schema(), None)
-            raise InvalidArgumentError(f"{metric!r} is not a number in this series; its numeric metrics are {numeric}")
         return table.sort_values(column, ascending=mode == "min", na_position="last").head(n).reset_index(drop=True)
 
     def environment(self, trial_id: str) -> dict[str, Any]:
@@ -679,7 +683,7 @@ class Sweep:
         from ray_cmf.plots import curves
 
         mode = self.mode_for(metric, mode)
-        trials = self.best(metric, mode, n=top) if top else self.trials([metric], mode={metric: mode})
+        trials = self.best(metric, mode, n=top) if top else self.trials([])  # a curve of bools needs no best
         steps = self.steps([metric], trials=list(trials["trial_id"]))
         column = steps[metric]  # null (never logged; a NaN was logged) only in an Arrow-backed column
         logged = set(steps.loc[column.notna() if isinstance(column.dtype, pd.ArrowDtype) else slice(None), "trial_id"])

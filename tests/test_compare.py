@@ -256,3 +256,25 @@ def test_a_metric_of_a_series_nobody_committed_yet_says_how_to_read_it(tmp_path:
     with pytest.raises(RayCmfError, match=r"live=True.*ray-cmf recover"):
         Sweep(tmp_path / "store", pipeline="crashed", metrics_name="steps").trials(["loss"])
     cmf.close()
+
+
+def test_a_metric_of_bools_or_words_asked_for_by_name_is_said_to_have_no_best(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trials --metric flag`` (a bool metric) said "sort 'flag_best' is not a column", ``report --metric flag``
+    said the series has no metrics at all, and ``Sweep.trials(["flag"])`` returned no column for it. Each now
+    says that 'flag' holds no numbers and names the metrics that do; its curve is still drawn."""
+    from tests._stores import Trial, write_trials
+
+    def rows(flag: bool) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": 1.0 / (i + 1), "flag": flag} for i in range(3)]}
+
+    trials = [Trial("a", {"lr": 0.1}, rows(True)), Trial("b", {"lr": 0.2}, rows(False))]
+    store = write_trials(tmp_path / "store", trials)
+    root = str(store.root)
+    with pytest.raises(RayCmfError, match=r"\['flag'\] hold no numbers.*\['loss'\]"):
+        Sweep(root).trials(["flag", "loss"])
+    for argv in (["trials", "--metric", "flag"], ["report", "--metric", "flag", "-o", str(tmp_path / "r.html")]):
+        code, _, err = _cli(capsys, *argv, "--store", root)
+        assert code == 2 and "['flag'] hold no numbers" in err and "['loss']" in err, err
+    assert Sweep(root).plot_curves("flag", tmp_path / "flag.png").stat().st_size > 0
