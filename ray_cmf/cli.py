@@ -700,9 +700,26 @@ def _verbose(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
+_LISTS = {"tag": "tags", "delete": "trials", "undelete": "trials"}  # a command's list positional
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line's arguments. Words after an option join the command's list (``tag a --store S
+    team=x``), which argparse would refuse: it ends a list positional at the first option."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    listed = _LISTS.get(args.command)
+    if not extra:
+        return args
+    if listed is None or any(word.startswith("-") for word in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    getattr(args, listed).extend(extra)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ray-cmf``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     if args.verbose:
         _verbose(sys.argv[1:] if argv is None else list(argv))
     try:

@@ -624,3 +624,18 @@ def test_what_a_new_user_ran_into_says_what_happened(tmp_path: Path, capsys: pyt
         main(["plot", "--store", root, "--metric", "loss", "--color-by", "config/lr", "-o", str(tmp_path / "p.png")])
         == 0
     )
+
+
+def test_options_may_come_between_the_trial_and_its_tags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ray-cmf tag a --store S team=x`` exited 2 ("unrecognized arguments: team=x"): argparse ends a list
+    positional at the first option. The words after an option now join the list, for ``tag`` and ``delete``;
+    an unknown option is still refused."""
+    root = str(_sweep(tmp_path / "store").root)
+    assert main(["tag", "a", "--store", root, "team=x", "prio=1"]) == 0
+    assert main(["delete", "b", "--store", root, "c", "--yes"]) == 0
+    table = Sweep(root).everyone().trials().set_index("trial_id")
+    assert table.loc["a", "tag/team"] == "x" and table.loc["a", "tag/prio"] == "1"
+    assert sorted(Sweep(root).trials()["trial_id"]) == ["a", "d"]
+    with pytest.raises(SystemExit) as exited:
+        main(["tag", "a", "--store", root, "team=y", "--colour", "red"])
+    assert exited.value.code == 2 and "--colour" in capsys.readouterr().err
