@@ -191,6 +191,11 @@ def cmd_trials(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _python(value: Any) -> Any:
+    """A table cell as the Python value it holds (NumPy scalars unboxed), for ``repr``: nan, not 'NaN'."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
+
+
 def _ranked_first(sweep: Any, table: Any) -> Any:
     """The trial table best first by the metric the sweep's CmfRayLogger ranked by, where trials have it."""
     modes = sweep.modes()
@@ -259,7 +264,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     status = f"{payload['status']}{' (recovered)' if payload['recovered'] else ''}"
     status += f"  DELETED at {payload['deleted_at']}" if payload["deleted_at"] else ""
     console.print(f"[bold]{args.trial}[/bold]  status={status}  stage={stage}  execution={execution.id}")
-    console.print("config:", jsonable(payload["config"]))
+    config = "  ".join(f"{k}={_python(v)!r}" for k, v in payload["config"].items())
+    console.print(f"config: {config}", markup=False, highlight=False, soft_wrap=True)
     if payload["tags"]:
         console.print("tags:", payload["tags"])
     if payload["note"]:

@@ -440,3 +440,14 @@ def test_a_plot_counts_and_draws_only_the_trials_that_logged_its_metric(
     Sweep(write_trials(tmp_path / "store", trials)).plot_curves("special", tmp_path / "s.png")
     [ax] = drawn[0].axes
     assert ax.get_title().endswith("(1 trials)") and [line.get_label() for line in ax.lines] == ["has"]
+
+
+def test_show_prints_a_config_value_as_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``show`` printed a NaN config as the text ``'NaN'`` (and inf as ``'Infinity'``): the JSON spelling,
+    which reads as a config of words. The terminal view now writes each value as Python does."""
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    config = {"eps": math.nan, "lr": math.inf, "opt": "NaN", "layers": 3}
+    store = write_trials(tmp_path / "store", [Trial("a", config, rows)])
+    assert main(["show", "a", "--store", str(store.root)]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("config:")]
+    assert line == "config: eps=nan  layers=3  lr=inf  opt='NaN'", line
