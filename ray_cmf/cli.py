@@ -247,7 +247,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "recovered": bool(row["recovered"]),
         "stage": stage,
         "execution_id": execution.id,
-        "config": {c[len("config/") :]: row[c] for c in table.columns if c.startswith("config/")},
+        "config": sweep.config(args.trial),
         "tags": {c[len(TAG_COLUMN) :]: v for c, v in _tags(row).items()},
         "note": row.get(NOTE_COLUMN),
         "deleted_at": row.get(DELETED_COLUMN),

@@ -585,14 +585,22 @@ class Sweep:
 
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
+        props = self._properties(trial_id)
+        return {
+            f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
+            for k, v in sorted(props.items())
+            if k.startswith((ENV_PREFIX, SEED_PREFIX))
+        }
+
+    def config(self, trial_id: str) -> dict[str, Any]:
+        """The config a trial recorded, its nested keys flattened with ``/``: only its own keys, where the
+        trial table gives every trial each key of the sweep (None where it has none)."""
+        return dict(sorted(_config(self._properties(trial_id)).items()))
+
+    def _properties(self, trial_id: str) -> dict[str, Any]:
         for execution, _ in self.executions():
             if trial_id_of(execution) == trial_id:
-                props = properties(execution)
-                return {
-                    f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
-                    for k, v in sorted(props.items())
-                    if k.startswith((ENV_PREFIX, SEED_PREFIX))
-                }
+                return properties(execution)
         raise RayCmfError(f"Unknown trial {trial_id!r}; the sweep has {[trial_id_of(e) for e, _ in self.executions()]}")
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:

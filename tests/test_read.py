@@ -444,10 +444,13 @@ def test_a_plot_counts_and_draws_only_the_trials_that_logged_its_metric(
 
 def test_show_prints_a_config_value_as_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``show`` printed a NaN config as the text ``'NaN'`` (and inf as ``'Infinity'``): the JSON spelling,
-    which reads as a config of words. The terminal view now writes each value as Python does."""
+    which reads as a config of words, and gave a trial every key of the sweep (None for the ones it lacks).
+    It now shows the trial's own config, each value as Python writes it."""
     rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
-    config = {"eps": math.nan, "lr": math.inf, "opt": "NaN", "layers": 3}
-    store = write_trials(tmp_path / "store", [Trial("a", config, rows)])
+    config = {"eps": math.nan, "lr": math.inf, "opt": "NaN", "layers": 3, "clip": None}
+    store = write_trials(tmp_path / "store", [Trial("a", config, rows), Trial("b", {"wd": 0.1}, rows)])
     assert main(["show", "a", "--store", str(store.root)]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("config:")]
-    assert line == "config: eps=nan  layers=3  lr=inf  opt='NaN'", line
+    assert line == "config: clip=None  eps=nan  layers=3  lr=inf  opt='NaN'", line  # not b's wd
+    code, shown = _cli(capsys, "show", "b", "--store", str(store.root))
+    assert code == 0 and shown["config"] == {"wd": 0.1}  # a key only another trial has is not b's (it was None)
