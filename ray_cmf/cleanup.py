@@ -87,7 +87,7 @@ def collect(
         )
     pushed = store.require_remote() if remote else None
     executions = lineage.store.get_executions()
-    dead = _dead(executions, older_than)
+    dead = _dead(lineage, executions, older_than)
     out = Collected()
     doomed, out.kept_shared = _doomed(lineage, executions, dead)
     out.files = [str(properties(a).get("url", a.uri)) for a in doomed]
@@ -128,13 +128,21 @@ def _trials_of(lineage: Lineage, executions: list[Execution], doomed: list[Artif
     return sorted({str(property_of(by_id[i], TRIAL_PROPERTY) or trial_id_of(by_id[i])) for i in ids if i in by_id})
 
 
-def _dead(executions: list[Execution], older_than: timedelta | None) -> set[int]:
-    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial."""
+def _dead(lineage: Lineage, executions: list[Execution], older_than: timedelta | None) -> set[int]:
+    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial (in its
+    stage: a trial of the same id in another stage is another trial)."""
     cutoff = datetime.now(timezone.utc) - (older_than or timedelta(0))
     marks = {e.id: deleted_at(property_of(e, DELETED_PROPERTY)) for e in executions}
     dead = {i for i, when in marks.items() if when is not None and when <= cutoff}
-    trials = {trial_id_of(e) for e in executions if e.id in dead}
-    return dead | {e.id for e in executions if property_of(e, TRIAL_PROPERTY) in trials}
+    inside = {
+        run.id
+        for trial in executions
+        if trial.id in dead
+        for stage in lineage.contexts_of(trial.id)
+        for run in lineage.store.get_executions_by_context(stage.id)
+        if property_of(run, TRIAL_PROPERTY) == trial_id_of(trial)
+    }
+    return dead | inside
 
 
 def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], int]:

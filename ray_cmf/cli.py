@@ -25,7 +25,7 @@ from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import RayCmfError, RecoveryError
 from ray_cmf.frames import sort_trials
-from ray_cmf.lineage import Lineage, properties, property_of, trial_id_of
+from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_keys
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 from ray_cmf.store import Store
 
@@ -102,7 +102,11 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
     if len(pipelines) <= 1:
         return None  # the only one (or none, which Sweep reports)
     if trials:
-        holding = [p.name for p in pipelines if set(trials) <= {trial_id_of(e) for e in lineage.executions_of(p)}]
+        holding = [
+            p.name
+            for p in pipelines
+            if set(trials) <= set(trial_keys(shown_executions(lineage, lineage.stages(p))).values())
+        ]
         if len(holding) == 1:
             return holding[0]
         if not holding:
@@ -238,7 +242,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         hint = "; it is deleted: pass --include-deleted to show it" if deleted else ""
         raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}{hint}; known: {list(table['trial_id'])}")
     row = match.iloc[0]
-    [(execution, stage)] = [(e, s) for e, s in sweep.executions() if trial_id_of(e) == args.trial]
+    [(execution, stage)] = [(e, s) for e, s in sweep.executions() if sweep.key(e) == args.trial]
     files = sweep.lineage.files_of([execution.id]).get(execution.id, [])
     last = sweep.steps(trials=[args.trial]).tail(args.rows)
     payload = {

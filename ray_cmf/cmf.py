@@ -186,6 +186,7 @@ class Cmf:
             name=execution_name,
             props=props,
             store=self.store,
+            in_stage=False,  # cmflib's: an execution name is the database's
         )
         if self.execution.last_known_state == RUNNING:  # one this Cmf runs (not a finished one reopened)
             self._running = self._binding

@@ -34,8 +34,6 @@ from ray_cmf.constants import (
     SPILL_DIR,
     STEP_METRICS_TYPE,
     SUMMARY_KEY,
-    TRIAL_EXECUTION_TYPE,
-    TRIAL_PROPERTY,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -72,8 +70,9 @@ from ray_cmf.lineage import (
     collected,
     properties,
     property_of,
+    shown_executions,
     state_name,
-    trial_id_of,
+    trial_keys,
 )
 from ray_cmf.query import Query, parse
 from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, int_magnitude, read_segments, unify
@@ -169,6 +168,7 @@ class Sweep:
         self._files: list[TrialFile] | None = None
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
+        self._keys: dict[int, str] = {}  # execution id -> trial id in the tables (see ``key``)
         self._artifacts: list[Artifact] | None = None
         self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
         self._modes: dict[str, str] | None = None  # see ``modes``
@@ -186,7 +186,7 @@ class Sweep:
     def of_series(self, metrics_name: str) -> Sweep:
         """The same trials' series of another name (their Train runs' ``train_steps``, say)."""
         other = Sweep(self.store, self.pipeline, self.stage, metrics_name, include_deleted=self.include_deleted)
-        other._executions = self._executions
+        other._executions, other._keys = self._executions, self._keys
         return other
 
     def everyone(self) -> Sweep:
@@ -198,7 +198,8 @@ class Sweep:
         steps, plots and report hold those trials only."""
         keep = set(trial_ids)
         view = Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=self.include_deleted)
-        view._executions = [(e, s) for e, s in self.executions() if trial_id_of(e) in keep]
+        view._executions = [(e, s) for e, s in self.executions() if self.key(e) in keep]
+        view._keys = self._keys
         view._whole = self._whole
         return view
 
@@ -240,17 +241,17 @@ class Sweep:
         return self._executions
 
     def _find_executions(self) -> list[tuple[Execution, str]]:
-        out: list[tuple[Execution, str]] = []
-        for ctx in self.stages:
-            stage = properties(ctx).get("stage", ctx.name)
-            out.extend((e, stage) for e in self.lineage.store.get_executions_by_context(ctx.id))
-        trial_type = self.lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
-        trials = {trial_id_of(e) for e, _ in out if e.type_id == trial_type}
-        # a run inside a trial shows as its trial
-        out = [(e, s) for e, s in out if property_of(e, TRIAL_PROPERTY) not in trials]
+        found = shown_executions(self.lineage, self.stages)
+        self._keys = trial_keys(found)  # over the deleted too: a trial keeps its key in every view
         if not self.include_deleted:
-            out = [(e, s) for e, s in out if property_of(e, DELETED_PROPERTY) is None]
-        return sorted(out, key=lambda pair: pair[0].id)
+            found = [(e, s) for e, s in found if property_of(e, DELETED_PROPERTY) is None]
+        return found
+
+    def key(self, execution: Execution) -> str:
+        """An execution's trial id in this sweep's tables: its Tune trial id, or ``<stage>/<trial id>`` where
+        several stages of the sweep hold that id (see :func:`~ray_cmf.lineage.trial_keys`)."""
+        self.executions()
+        return self._keys[execution.id]
 
     def files(self) -> list[TrialFile]:
         """The latest committed version of every ``metrics_name`` series of every execution (a trial may hold
@@ -279,7 +280,7 @@ class Sweep:
             return None
         if not path.exists():  # committed elsewhere: the same content by its md5, cached or fetched
             path = self.store.fetch(props["Commit"]) or path
-        return TrialFile(trial_id_of(execution), execution, stage, path, props["Commit"], props["url"], instance)
+        return TrialFile(self.key(execution), execution, stage, path, props["Commit"], props["url"], instance)
 
     def _several(self) -> bool:
         """Whether some trial holds more than one series of this name (then rows carry a ``series`` key)."""
@@ -369,7 +370,7 @@ class Sweep:
 
     def _spilled(self, metrics: list[str] | None) -> list[tuple[str, pa.Table]]:
         """The uncommitted rows of this sweep's series, one table per spill directory, with its trial."""
-        ids = {e.id: trial_id_of(e) for e, _ in self.executions()}
+        ids = {e.id: self.key(e) for e, _ in self.executions()}
         several = self._several()
         tables = []
         for directory, manifest in self._manifests():
@@ -441,7 +442,7 @@ class Sweep:
 
         first = {f.trial_id: f for f in reversed(self.files())}  # a trial's first series names its file
         recorded = _recorded_columns(
-            [self._recorded(e, stage, first.get(trial_id_of(e))) for e, stage in self.executions()]
+            [self._recorded(e, stage, first.get(self.key(e))) for e, stage in self.executions()]
         )
         if "trial_id" not in recorded.columns:  # no trial at all: the columns every trial's row has
             base = ["trial_id", "status", "recovered", "stage", "note", "started_at"]
@@ -460,7 +461,7 @@ class Sweep:
 
     def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
         """A trial's row of the table as MLMD records it (no file read); ``file`` is its first series'."""
-        trial_id = trial_id_of(execution)
+        trial_id = self.key(execution)
         props = properties(execution)
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
         return {
@@ -599,9 +600,9 @@ class Sweep:
 
     def _properties(self, trial_id: str) -> dict[str, Any]:
         for execution, _ in self.executions():
-            if trial_id_of(execution) == trial_id:
+            if self.key(execution) == trial_id:
                 return properties(execution)
-        raise RayCmfError(f"Unknown trial {trial_id!r}; the sweep has {[trial_id_of(e) for e, _ in self.executions()]}")
+        raise RayCmfError(f"Unknown trial {trial_id!r}; the sweep has {[self.key(e) for e, _ in self.executions()]}")
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
         """Config, environment, seed and metric values that differ between two trials (rows: field;
@@ -643,7 +644,8 @@ class Sweep:
 
     def _patch(self, trial_ids: str | Iterable[str], props: Mapping[str, Any], remove: Sequence[str]) -> list[str]:
         """Set and drop properties of the named trials (one id, or several; deleted or not); returns the ids."""
-        by_id = {trial_id_of(e): e for e, _ in self.everyone().executions()}
+        everyone = self.everyone()
+        by_id = {everyone.key(e): e for e, _ in everyone.executions()}
         trial_ids = [trial_ids] if isinstance(trial_ids, str) else list(trial_ids)
         unknown = [t for t in trial_ids if t not in by_id]
         if unknown:

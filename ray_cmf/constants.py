@@ -45,6 +45,9 @@ RESERVED_PREFIX = "ray_cmf:"
 TAG_PREFIX = RESERVED_PREFIX + "tag:"  # one property per tag: ray_cmf:tag:<key>
 NOTE_PROPERTY = RESERVED_PREFIX + "note"
 DELETED_PROPERTY = RESERVED_PREFIX + "deleted_at"  # when it was deleted (UTC ISO 8601); absent: it is not
+# An execution's own name where MLMD records it under "<pipeline>/<stage>/<name>": another stage of the
+# database holds one of that name (see Lineage.execution)
+NAME_PROPERTY = RESERVED_PREFIX + "name"
 
 GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints
 CONFIG_JSON = "config_json"  # an execution property: its config as JSON, what Sweep shows as config/<key>

@@ -10,6 +10,7 @@ import math
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,15 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, float_of
 from ray_cmf.connection import connection_config, explain, is_url
-from ray_cmf.constants import CONFIG_JSON, PIPELINE_CONTEXT_TYPE, RESERVED_PREFIX, STAGE_CONTEXT_TYPE
+from ray_cmf.constants import (
+    CONFIG_JSON,
+    NAME_PROPERTY,
+    PIPELINE_CONTEXT_TYPE,
+    RESERVED_PREFIX,
+    STAGE_CONTEXT_TYPE,
+    TRIAL_EXECUTION_TYPE,
+    TRIAL_PROPERTY,
+)
 from ray_cmf.errors import StoreError
 
 T = TypeVar("T")
@@ -293,20 +302,50 @@ class Lineage:
         return self.store.get_context_by_type_and_name(PIPELINE_CONTEXT_TYPE, name)
 
     # -- executions ----------------------------------------------------------------------------------
-    def execution(self, stage: Context, type_name: str, name: str, props: Mapping[str, Any] | None = None) -> Execution:
-        """The execution ``name`` of ``type_name`` in ``stage``: reused if it exists (restores), else created."""
+    def execution(
+        self,
+        stage: Context,
+        type_name: str,
+        name: str,
+        props: Mapping[str, Any] | None = None,
+        *,
+        in_stage: bool = True,
+    ) -> Execution:
+        """The execution ``name`` of ``type_name`` in ``stage``: reused if the stage holds it (restores), else
+        created.
+
+        ``in_stage``: the name is the stage's own, not the database's: Tune's trial ids (``<5 hex digits of
+        the clock>_<n>``) and Train's run names recur across the sweeps of one store. MLMD names are unique
+        per type, so where another stage holds ``name`` this stage's is recorded as
+        ``<pipeline>/<stage>/<name>`` (its own name in the ``ray_cmf:name`` property). False: the
+        database's, as cmflib names executions (reopened by name from any stage).
+        """
         type_id = self.type_id("execution", type_name)
-        existing = self.store.get_execution_by_type_and_name(type_name, name)
+        for recorded in (name, f"{stage.name}/{name}") if in_stage else (name,):
+            execution = self._named_execution(stage, type_id, type_name, recorded, props, name)
+            if not in_stage or any(c.id == stage.id for c in self.contexts_of(execution.id)):
+                return execution
+        raise StoreError(
+            f"MLMD holds executions {name!r} and {recorded!r} of type {type_name!r}, both in stages other than "
+            f"{stage.name!r}"
+        )
+
+    def _named_execution(
+        self, stage: Context, type_id: int, type_name: str, recorded: str, props: Mapping[str, Any] | None, name: str
+    ) -> Execution:
+        """The execution MLMD records as ``recorded``, created in ``stage`` where there is none."""
+        existing = self.store.get_execution_by_type_and_name(type_name, recorded)
         if existing is not None:
             return existing
-        execution = mlpb.Execution(type_id=type_id, name=name, last_known_state=mlpb.Execution.RUNNING)
-        _set(execution.custom_properties, props, self._int_bits)
+        execution = mlpb.Execution(type_id=type_id, name=recorded, last_known_state=mlpb.Execution.RUNNING)
+        own = {NAME_PROPERTY: name} if recorded != name else {}
+        _set(execution.custom_properties, {**(props or {}), **own}, self._int_bits)
 
         def create() -> Execution:
             execution.id, _, _ = self.store.put_execution(execution, [], [stage], reuse_context_if_already_exist=True)
             return execution
 
-        return _created_or_found(create, lambda: self.store.get_execution_by_type_and_name(type_name, name))
+        return _created_or_found(create, lambda: self.store.get_execution_by_type_and_name(type_name, recorded))
 
     def update_execution(
         self,
@@ -493,7 +532,34 @@ def property_of(node: Artifact | Execution | Context, key: str) -> Any:
 def trial_id_of(execution: Execution) -> str:
     """The trial id of an execution (its name for executions that are not Tune trials)."""
     trial_id = property_of(execution, "trial_id")
+    if trial_id is None:
+        trial_id = property_of(execution, NAME_PROPERTY)
     return str(trial_id) if trial_id is not None else str(execution.name)
+
+
+def shown_executions(lineage: Lineage, stages: Iterable[Context]) -> list[tuple[Execution, str]]:
+    """The executions of ``stages`` that a table of trials shows, with their stage, oldest first: all but the
+    Train runs inside a Tune trial of their stage (each shows as its trial)."""
+    found = [
+        (execution, str(properties(ctx).get("stage", ctx.name)))
+        for ctx in stages
+        for execution in lineage.store.get_executions_by_context(ctx.id)
+    ]
+    trial_type = lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
+    trials = {(stage, trial_id_of(e)) for e, stage in found if e.type_id == trial_type}
+    shown = [(e, stage) for e, stage in found if (stage, property_of(e, TRIAL_PROPERTY)) not in trials]
+    return sorted(shown, key=lambda pair: pair[0].id)
+
+
+def trial_keys(executions: Sequence[tuple[Execution, str]]) -> dict[int, str]:
+    """Each execution's key in a table of ``executions`` (with their stages): its trial id, unless others hold
+    that id too (Tune's trial ids recur across sweeps), then ``<stage>/<trial id>``, and where that is still
+    another's key (one stage holds the id twice), ``#<execution id>`` after it."""
+    held = Counter(trial_id_of(e) for e, _ in executions)
+    lone = {e.id: trial_id_of(e) for e, _ in executions if held[trial_id_of(e)] == 1}
+    staged = {e.id: f"{stage}/{trial_id_of(e)}" for e, stage in executions if e.id not in lone}
+    taken = Counter([*lone.values(), *staged.values()])
+    return {**lone, **{i: key if taken[key] == 1 else f"{key}#{i}" for i, key in staged.items()}}
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,6 @@ from ray_cmf.frames import (
     sort_trials,
     summarize,
 )
-from ray_cmf.lineage import trial_id_of
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 
 if TYPE_CHECKING:
@@ -399,7 +398,7 @@ def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
     """Per trial: every artifact of its execution (inputs and outputs, every version) with its md5."""
     executions = {e.id: e for e, _ in sweep.executions()}
     files = sweep.lineage.files_of(list(executions))
-    return {trial_id_of(executions[e]): rows for e, rows in files.items()}
+    return {sweep.key(executions[e]): rows for e, rows in files.items()}
 
 
 def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:

@@ -248,14 +248,22 @@ class Store:
             return self.lineage.stage(parent, check_name("stage", stage), props)
 
     def execution(
-        self, pipeline: str, stage: str, type_name: str, name: str, props: Mapping[str, Any] | None = None
+        self,
+        pipeline: str,
+        stage: str,
+        type_name: str,
+        name: str,
+        props: Mapping[str, Any] | None = None,
+        *,
+        in_stage: bool = True,
     ) -> Execution:
-        """Get (on restore) or create the execution ``name`` in the stage context."""
+        """Get (on restore) or create the execution ``name`` in the stage context (``in_stage``: see
+        :meth:`Lineage.execution`)."""
         check_name("execution name", name)
         with self._lock:
             ctx = self.stage(pipeline, stage)
             type_name = check_name("execution type", type_name)
-            return self.lineage.execution(ctx, type_name, name, {**(props or {}), **holder()})
+            return self.lineage.execution(ctx, type_name, name, {**(props or {}), **holder()}, in_stage=in_stage)
 
     def update_execution(
         self,

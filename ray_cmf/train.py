@@ -22,7 +22,7 @@ from ray.train.v2._internal.execution.callback import ControllerCallback, Report
 
 from ray_cmf._names import check_name
 from ray_cmf.actor import connect, ray_driver, start_writer
-from ray_cmf.binding import SeriesKey
+from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.client import Reply, WriterClient
 from ray_cmf.constants import (
@@ -84,6 +84,36 @@ def _store_name(store: str | os.PathLike[str] | None) -> Store | None:
                 "driver (CmfTrainCallback(store=...)) and leave store out here"
             )
     return Store(store)
+
+
+def registered_run(run_name: str, trial_id: str | None) -> str:
+    """The writer's and MLMD's name of a Train run: inside a Tune trial, the trial's own (the trials of a sweep
+    that start in one second get one default run name from Ray Train)."""
+    return f"{run_name}@{trial_id}" if trial_id is not None else run_name
+
+
+def _trial_binding(writer: WriterClient, trial_id: str, timeout: float) -> Binding:
+    """The binding of the Tune trial that runs a Train run (the driver's writer may register it a moment
+    after the trial started); a trial that is never registered is an error that says what to pass."""
+    trial = writer.wait_binding("trial", trial_id, timeout)
+    if trial is None:
+        raise RayCmfError(
+            f"trial_id={trial_id!r} is not a trial of a sweep running CmfRayLogger (none was registered in "
+            f"{timeout:g} s); pass the id of the trial that runs this loop"
+        )
+    return trial
+
+
+def _enclosing_trial() -> str | None:
+    """The id of the Tune trial this process runs, or None outside Tune (asked quietly: Tune warns)."""
+    import warnings
+
+    from ray import tune
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trial_id = tune.get_context().get_trial_id()
+    return str(trial_id) if trial_id is not None else None
 
 
 class StepLogger:
@@ -152,6 +182,7 @@ class StepLogger:
         self.run_name = run_name or (
             self._context.get_experiment_name() if self._context else f"local-{uuid.uuid4().hex[:8]}"
         )
+        self._registered_as = registered_run(self.run_name, trial_id)
         self.rank = dist_rank(group)
         self.steps_done = 0
         self._syncs = 0
@@ -177,7 +208,7 @@ class StepLogger:
 
     def _system_key(self) -> SeriesKey:
         """This worker's ``system_metrics`` series (one per rank), once rank 0 has registered the run."""
-        run = self._writer.wait_binding("run", self.run_name, timeout=self._registration_timeout)
+        run = self._writer.wait_binding("run", self._registered_as, timeout=self._registration_timeout)
         if run is None:
             raise RayCmfError(
                 f"Train run {self.run_name!r} was not registered by rank 0 in {self._registration_timeout:g} s"
@@ -197,7 +228,7 @@ class StepLogger:
     def log_seeds(self, **seeds: int) -> None:
         """Rank 0: record the run's seeds (``seed_<name>`` properties; ints) and torch's initial seed."""
         if self.rank == 0:
-            run = self._writer.wait_binding("run", self.run_name, timeout=self._registration_timeout)
+            run = self._writer.wait_binding("run", self._registered_as, timeout=self._registration_timeout)
             assert run is not None  # rank 0 registered it
             props = torch_seed() | seed_props(seeds)
             self._writer.call(StoreWriter.update_execution, execution_id=run.execution_id, props=props, store=run.store)
@@ -209,12 +240,7 @@ class StepLogger:
         failure is warned about there and at ``finish``.
         """
         if self.trial_id is not None:  # the driver's writer may register the trial a moment after it started
-            trial = self._writer.wait_binding("trial", self.trial_id, self._registration_timeout)
-            if trial is None:
-                raise RayCmfError(
-                    f"trial_id={self.trial_id!r} is not a trial of a sweep running CmfRayLogger (none was "
-                    f"registered in {self._registration_timeout:g} s); pass the id of the trial that runs this loop"
-                )
+            trial = _trial_binding(self._writer, self.trial_id, self._registration_timeout)
             pipeline, stage, store = trial.pipeline, trial.stage, trial.store
         props = {
             "run_name": self.run_name,
@@ -225,7 +251,7 @@ class StepLogger:
         return self._writer.send(
             StoreWriter.bind,
             kind="run",
-            name=self.run_name,
+            name=self._registered_as,
             pipeline=check_name("pipeline_name", pipeline),
             stage=check_name("pipeline_stage", stage or self.run_name),
             type_name=RUN_EXECUTION_TYPE,
@@ -376,6 +402,9 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
             background thread (what the job's end cuts short, ``ray-cmf push`` sends later).
         system_metrics: Sample every worker's process every this many seconds (densely in its first
             second); None switches it off (then each :class:`StepLogger` samples its own process).
+        trial_id: The Tune trial that runs this TorchTrainer (default: the trial the callback is built in,
+            if any): the run is then recorded in the trial's pipeline and stage, as one run with its
+            ``StepLogger(trial_id=...)``.
     """
 
     def __init__(
@@ -387,8 +416,10 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         file_path: str | os.PathLike[str] | None = None,
         push: bool = False,
         system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
+        trial_id: str | None = None,
     ) -> None:
         self.pipeline_name = check_name("pipeline_name", pipeline_name)
+        self.trial_id = trial_id if trial_id is not None else _enclosing_trial()
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.store = Store(store, mlmd=file_path) if file_path is not None else _store_name(store)
@@ -414,24 +445,36 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         return {**self.__dict__, "_runtime": None}
 
     def _rt(self) -> _CallbackRuntime:
-        """Bind the run on first use: fire-and-forget, so the controller never waits."""
+        """Bind the run on first use: fire-and-forget, so the controller never waits (but, inside a Tune
+        trial, for the trial's registration, which the driver makes as the trial starts)."""
         if self._runtime is None:
             run_name = self._run_context.get_run_config().name
             writer = connect()
+            pipeline, stage, store = self._place(writer, run_name)
             binding = writer.send(
                 StoreWriter.bind,
                 kind="run",
-                name=run_name,
-                pipeline=self.pipeline_name,
-                stage=self.pipeline_stage or run_name,
+                name=registered_run(run_name, self.trial_id),
+                pipeline=pipeline,
+                stage=stage,
                 type_name=RUN_EXECUTION_TYPE,
-                props={"run_name": run_name},
-                store=self.store,
+                props={"run_name": run_name, **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {})},
+                store=store,
                 environment=self._environment,
             )
             sink = writer.sink(lambda: SeriesKey(binding.result(), self.metrics_name))
             self._runtime = _CallbackRuntime(writer, run_name, binding, MetricBuffer(sink=sink))
         return self._runtime
+
+    def _place(self, writer: WriterClient, run_name: str) -> tuple[str, str, Store | None]:
+        """The pipeline, stage and store of the run: its trial's inside a Tune trial, else the callback's."""
+        if self.trial_id is not None:
+            try:
+                trial = _trial_binding(writer, self.trial_id, _BIND_TIMEOUT_S)
+                return trial.pipeline, trial.stage, trial.store
+            except RayCmfError as exc:  # logging never kills training
+                log.warning("ray_cmf: run %r is recorded in pipeline %r: %s", run_name, self.pipeline_name, exc)
+        return self.pipeline_name, self.pipeline_stage or run_name, self.store
 
     def after_controller_start(self, train_run_context: Any) -> None:
         self._run_context = train_run_context
@@ -453,7 +496,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                         meta.pid,
                         meta.node_id,
                         f"{run}/rank{rank}{group}",
-                        Bound("run", run),
+                        Bound("run", registered_run(run, self.trial_id)),
                         self.system_metrics,
                         instance=f"rank{rank}{group}",
                         extra={"rank": rank},

@@ -259,10 +259,12 @@ class StoreWriter:
         name: str,
         props: Mapping[str, Any] | None = None,
         store: Store | None = None,
+        in_stage: bool = True,
     ) -> tuple[Binding, Execution]:
-        """Get or create an execution; returns its binding and its MLMD record."""
+        """Get or create an execution (``in_stage``: see :meth:`Lineage.execution`); returns its binding and
+        its MLMD record."""
         live = self._open(store)
-        execution = live.execution(pipeline, stage, type_name, name, props)
+        execution = live.execution(pipeline, stage, type_name, name, props, in_stage=in_stage)
         return Binding(live, pipeline, stage, name, execution.id), execution
 
     def update_binding(self, *, binding: Binding, props: Mapping[str, Any]) -> Execution:

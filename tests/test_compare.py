@@ -6,11 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as pads
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep
 from ray_cmf.cli import main
@@ -278,3 +281,24 @@ def test_a_metric_of_bools_or_words_asked_for_by_name_is_said_to_have_no_best(
         code, _, err = _cli(capsys, *argv, "--store", root)
         assert code == 2 and "['flag'] hold no numbers" in err and "['loss']" in err, err
     assert Sweep(root).plot_curves("flag", tmp_path / "flag.png").stat().st_size > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a_00000", "a_00001", "first/a_00000"]), st.sampled_from(["first", "x"]))))
+def test_every_trial_gets_a_key_of_its_own_and_a_lone_id_is_its_key(trials: list[tuple[str, str]]) -> None:
+    """Keys of the trials of several stages, some sharing an id (even one stage holding an id twice, or an
+    id that reads like another's ``<stage>/<id>``): all differ, and an id held once is its own key."""
+    from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+    from ray_cmf.lineage import trial_keys
+
+    executions = []
+    for i, (trial_id, stage) in enumerate(trials, start=1):
+        execution = mlpb.Execution(id=i, name=f"{stage}/{trial_id}")
+        execution.custom_properties["trial_id"].string_value = trial_id
+        executions.append((execution, stage))
+    keys = trial_keys(executions)
+    assert sorted(keys) == list(range(1, len(trials) + 1)) and len(set(keys.values())) == len(trials)
+    held = Counter(trial_id for trial_id, _ in trials)
+    for i, (trial_id, stage) in enumerate(trials, start=1):
+        assert keys[i] == trial_id if held[trial_id] == 1 else keys[i].startswith(f"{stage}/{trial_id}")

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import Cmf, InvalidArgumentError, RayCmfError, Store, StoreError, Sweep
+from ray_cmf import Cmf, InvalidArgumentError, MetricBuffer, RayCmfError, Store, StoreError, Sweep
 from ray_cmf.cleanup import collect
 from ray_cmf.cli import main
 from ray_cmf.query import QueryError, parse
@@ -401,6 +401,44 @@ def test_gc_frees_only_what_deleted_trials_alone_hold(tmp_path: Path, capsys: py
     assert code == 0 and again["files"] == 0
     lineage = Sweep(root, include_deleted=True).trials()
     assert set(lineage["trial_id"]) == {"a", "twin", "b"}  # the metadata stays: lineage is explainable
+
+
+def test_gc_of_a_deleted_trial_leaves_the_train_run_of_its_namesake_in_another_stage(tmp_path: Path) -> None:
+    """Two stages hold a trial ``t`` (Tune's ids recur across sweeps), each running a Train run; deleting
+    the first's and collecting frees its run's file only: gc matched runs to their trial by id alone."""
+    from ray_cmf.binding import SeriesKey
+    from ray_cmf.client import WriterClient
+    from ray_cmf.constants import RUN_EXECUTION_TYPE, TRIAL_PROPERTY
+    from ray_cmf.lineage import properties
+    from ray_cmf.writer import StoreWriter
+
+    runs = {}
+    for stage, scale in (("first", 1.0), ("second", 2.0)):
+        store = write_trials(tmp_path / "store", [Trial("t", {"lr": scale}, {"": _rows(scale)})], stage=stage)
+        client = WriterClient(StoreWriter(store))
+        binding = client.call(
+            StoreWriter.bind,
+            kind="run",
+            name="train",
+            pipeline="sweep",
+            stage=stage,
+            type_name=RUN_EXECUTION_TYPE,
+            props={TRIAL_PROPERTY: "t"},
+        )
+        key = SeriesKey(binding, "train_steps")
+        buffer = MetricBuffer(sink=client.sink(key))
+        for row in _rows(10 * scale):
+            buffer.append(row)
+        buffer.close()
+        runs[stage] = store.resolve(properties(client.call(StoreWriter.commit, key=key))["url"])
+        client.call(StoreWriter.end, binding=binding, props={}, state="COMPLETE")
+    sweep = Sweep(store.root)
+    assert list(sweep.trials()["trial_id"]) == ["first/t", "second/t"]
+    assert sweep.delete(["first/t"]) == ["first/t"]
+    freed = collect(store)
+    assert len(freed.files) == 2  # the first trial's results and its run's steps
+    assert not runs["first"].exists() and runs["second"].exists()
+    assert Sweep(store.root).steps()["loss"].tolist() == [2.0 / (i + 1) for i in range(5)]
 
 
 def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -184,9 +184,11 @@ SWEEP_DRIVER = textwrap.dedent(
     url, store, results, name = sys.argv[1:5]
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
 
+    scale = {"first": 1.0, "second": 10.0}[name]
+
     def trainable(config):
         for it in range(10):
-            tune.report({"loss": config["lr"] / (it + 1)})
+            tune.report({"loss": scale * config["lr"] / (it + 1)})
 
     logger = CmfRayLogger("two_sweeps", pipeline_stage=name, file_path=url, store=store, metric="loss", mode="min")
     tune.Tuner(
@@ -201,9 +203,11 @@ SWEEP_DRIVER = textwrap.dedent(
 
 @pytest.mark.slow
 def test_two_tune_sweeps_from_two_drivers_write_one_database_at_once(pg: Postgres, tmp_path: Path) -> None:
-    """Two driver processes, each with its own Ray instance and writer, sweep into one PostgreSQL MLMD."""
+    """Two driver processes, each with its own Ray instance and writer, sweep into one PostgreSQL MLMD at
+    once. Their trials get one set of ids, as sweeps that start in the same 0.4 ms do (Tune's ids are 5 hex
+    digits of uuid1's clock): each driver's trials stay its own."""
     url = pg.url("team", "team-secret", "cmf_two_sweeps")
-    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "_TEST_TUNE_TRIAL_UUID": "c0ffe"}
     drivers = {
         name: subprocess.Popen(
             [sys.executable, "-c", SWEEP_DRIVER, url, str(tmp_path / name), str(tmp_path / "results"), name],
@@ -217,12 +221,14 @@ def test_two_tune_sweeps_from_two_drivers_write_one_database_at_once(pg: Postgre
     outputs = {name: driver.communicate(timeout=600) for name, driver in drivers.items()}
     failed = {name: err[-3000:] for name, (_, err) in outputs.items() if drivers[name].returncode != 0}
     assert failed == {}
-    assert "could not" not in "".join(err for _, err in outputs.values())  # no commit or registration warned
-    for name in ("first", "second"):
+    warned = [line for _, err in outputs.values() for line in err.splitlines() if "ray_cmf:" in line]
+    assert not [line for line in warned if "could not" in line or "failed" in line]  # no write was lost
+    for name, scale in (("first", 1.0), ("second", 10.0)):
         trials = Sweep(Store(tmp_path / name, mlmd=url), pipeline="two_sweeps", stage=name).trials(["loss"])
-        assert sorted(trials["loss_best"]) == pytest.approx([0.01, 0.02, 0.03]) and set(trials["status"]) == {
-            "COMPLETE"
-        }
+        trials = trials.sort_values("trial_id")  # rows come in the order trials started
+        assert list(trials["trial_id"]) == ["c0ffe_00000", "c0ffe_00001", "c0ffe_00002"]
+        assert list(trials["loss_best"]) == pytest.approx([scale * lr / 10 for lr in (0.1, 0.2, 0.3)])
+        assert set(trials["status"]) == {"COMPLETE"} and set(trials["steps"]) == {10}
     assert len(pg.execution_names("cmf_two_sweeps")) == 6
 
 

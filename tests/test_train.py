@@ -356,6 +356,44 @@ def test_torch_trainer_inside_a_tune_trial_is_linked(ray_session: None, tmp_path
     assert run.id in {e.id for e in lineage.store.get_executions_by_context(stage.id)}
 
 
+def test_train_runs_of_one_name_inside_two_trials_are_two_runs(ray_session: None, tmp_path: Path) -> None:
+    """Ray Train names a run ``ray_train_run-<the second it started>``: the trials of a sweep that start at
+    once name their runs alike. Each trial's run is its own (both trials' runs were one execution)."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.constants import RUN_EXECUTION_TYPE
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    def trainable(config: dict[str, Any]) -> None:
+        trial_id = tune.get_context().get_trial_id()
+        steps = StepLogger(
+            MetricCollection({"loss": Mean()}), run_name="train", trial_id=trial_id, sync_every=1, system_metrics=None
+        )
+        for it in range(3):
+            steps.metrics.update(loss=torch.tensor(config["lr"] * (it + 1)))
+            steps.step()
+        steps.finish()
+        tune.report({"done": 1.0})
+
+    logger = CmfRayLogger("same_run_name", store=str(tmp_path / "store"))
+    tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 0.1}),
+        param_space={"lr": tune.grid_search([1.0, 10.0])},
+        run_config=tune.RunConfig(name="outer", storage_path=str(tmp_path / "tune"), callbacks=[logger], verbose=0),
+    ).fit()
+    sweep = Sweep(tmp_path / "store")
+    configs = dict(zip(sweep.trials()["trial_id"], sweep.trials()["config/lr"], strict=True))
+    steps = sweep.of_series("train_steps").steps(["loss"])
+    assert {t: rows["loss"].tolist() for t, rows in steps.groupby("trial_id")} == {
+        t: [lr, 2 * lr, 3 * lr] for t, lr in configs.items()
+    }
+    lineage = Lineage(tmp_path / "store" / "mlmd.sqlite", readonly=True)
+    runs = lineage.store.get_executions_by_type(RUN_EXECUTION_TYPE)
+    assert sorted(properties(r)["tune_trial_id"] for r in runs) == sorted(configs)
+
+
 def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_path: Path) -> None:
     """A Train run inside a Tune trial may start before the driver's writer has registered the trial: the
     StepLogger waits for it (it raised ValueError into the training loop), and an id that never comes is a

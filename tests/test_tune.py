@@ -20,7 +20,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf import Sweep
 from ray_cmf.compare import dedup_attempts
-from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, RESULTS_METRICS_NAME, STEP_METRICS_TYPE
+from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, RESULTS_METRICS_NAME, STEP_METRICS_TYPE, TRIAL_EXECUTION_TYPE
 from ray_cmf.frames import SERIES_COLUMN
 from ray_cmf.lineage import Lineage, properties
 
@@ -748,3 +748,44 @@ def test_a_trials_rows_reach_the_store_when_it_reports_a_checkpoint(ray_session:
     )
     [spilled] = Sweep(store).steps(["spilled"])["spilled"].dropna().tolist()
     assert spilled == 5
+
+
+def test_sweeps_whose_trial_ids_coincide_keep_apart(
+    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tune names trials ``<5 hex digits of uuid1's clock>_<counter>``: sweeps started in the same 0.4 ms
+    (modulo 430 s) share every trial id, so ids repeat across the sweeps of a store that many runs fill.
+    Each sweep's trials stay its own: the second trial of the name was written into the first's execution,
+    and its stage read no trial at all."""
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    monkeypatch.setenv("_TEST_TUNE_TRIAL_UUID", "c0ffe")  # what a clock that coincides gives
+    store = tmp_path / "store"
+    sweeps = {("p", "first"): [0.1, 0.2], ("p", "second"): [0.3, 0.4], ("q", "first"): [0.5, 0.6]}
+    for (pipeline, stage), lrs in sweeps.items():
+        logger = CmfRayLogger(pipeline, pipeline_stage=stage, store=str(store), metric="loss", mode="min")
+        run_grid(_reports_five, {"lr": lrs}, tmp_path / f"results_{pipeline}_{stage}", logger)
+
+    def read(pipeline: str, stage: str | None = None) -> list[tuple[str, float, float, int]]:
+        trials = Sweep(store, pipeline, stage).trials(["loss"])
+        return sorted(zip(trials["trial_id"], trials["config/lr"], trials["loss_best"], trials["steps"], strict=True))
+
+    for (pipeline, stage), lrs in sweeps.items():
+        rows = read(pipeline, stage)
+        assert [lr for _, lr, _, _ in rows] == lrs and [t for t, *_ in rows] == ["c0ffe_00000", "c0ffe_00001"]
+        assert [(best, steps) for _, lr, best, steps in rows] == [(pytest.approx(lr / 5), 5) for lr in lrs]
+    both = read("p")  # one pipeline, two stages that hold the same ids: each row names its stage
+    assert [t for t, *_ in both] == [f"{s}/c0ffe_0000{i}" for s in ("first", "second") for i in (0, 1)]
+    assert [lr for _, lr, _, _ in both] == [0.1, 0.2, 0.3, 0.4] and {steps for *_, steps in both} == {5}
+    steps = Sweep(store, "p").steps(["loss"])
+    assert steps.groupby("trial_id")["loss"].min().to_dict() == pytest.approx({t: lr / 5 for t, lr, _, _ in both})
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    assert len(lineage.store.get_executions_by_type(TRIAL_EXECUTION_TYPE)) == 6
+
+
+def _reports_five(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    for it in range(5):
+        tune.report({"loss": config["lr"] / (it + 1)})
