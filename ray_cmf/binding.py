@@ -15,6 +15,7 @@ class Binding:
 
     ``attempt`` counts the starts of a trial or run as the store records them (1 for the first): a restored
     or restarted one continues the count, whatever state the restarting process brought with it.
+    ``trial_execution_id``: the Tune trial that a Train run runs in, whose series its series are too.
     """
 
     store: Store
@@ -23,6 +24,7 @@ class Binding:
     name: str
     execution_id: int
     attempt: int = 0
+    trial_execution_id: int | None = None
 
 
 @dataclass(frozen=True)

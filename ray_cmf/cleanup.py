@@ -23,6 +23,7 @@ from ray_cmf._progress import track
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
     DELETED_PROPERTY,
+    OWNER_PROPERTY,
     SPILL_DIR,
     SPILL_MANIFEST,
     STEP_METRICS_TYPE,
@@ -31,7 +32,16 @@ from ray_cmf.constants import (
 from ray_cmf.curation import deleted_at
 from ray_cmf.errors import StoreError
 from ray_cmf.exits import process_alive, running_holder
-from ray_cmf.lineage import Artifact, Execution, Lineage, properties, property_of, state_name, trial_id_of
+from ray_cmf.lineage import (
+    Artifact,
+    Execution,
+    Lineage,
+    owner_of,
+    properties,
+    property_of,
+    state_name,
+    trial_id_of,
+)
 from ray_cmf.series_format import SpillManifest, discard_spill
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path
@@ -129,8 +139,8 @@ def _trials_of(lineage: Lineage, executions: list[Execution], doomed: list[Artif
 
 
 def _dead(lineage: Lineage, executions: list[Execution], older_than: timedelta | None) -> set[int]:
-    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial (in its
-    stage: a trial of the same id in another stage is another trial)."""
+    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial (see
+    :func:`_inside`)."""
     cutoff = datetime.now(timezone.utc) - (older_than or timedelta(0))
     marks = {e.id: deleted_at(property_of(e, DELETED_PROPERTY)) for e in executions}
     dead = {i for i, when in marks.items() if when is not None and when <= cutoff}
@@ -140,9 +150,18 @@ def _dead(lineage: Lineage, executions: list[Execution], older_than: timedelta |
         if trial.id in dead
         for stage in lineage.contexts_of(trial.id)
         for run in lineage.store.get_executions_by_context(stage.id)
-        if property_of(run, TRIAL_PROPERTY) == trial_id_of(trial)
+        if _inside(run, trial)
     }
     return dead | inside
+
+
+def _inside(run: Execution, trial: Execution) -> bool:
+    """Whether a Train run of the trial's stage ran inside the trial: the one it names as its owner, or (runs
+    recorded before owners) the one of its Tune id. Another sweep's trial of the id, in any stage, is another."""
+    owner = property_of(run, OWNER_PROPERTY)
+    if owner is not None:
+        return bool(owner == owner_of(trial=trial.id))
+    return bool(property_of(run, TRIAL_PROPERTY) == trial_id_of(trial))
 
 
 def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], int]:

@@ -25,7 +25,7 @@ from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import RayCmfError, RecoveryError
 from ray_cmf.frames import sort_trials
-from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_keys
+from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
 from ray_cmf.store import Store
 
@@ -101,16 +101,18 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
     pipelines = lineage.pipelines()
     if len(pipelines) <= 1:
         return None  # the only one (or none, which Sweep reports)
-    if trials:
+    if trials:  # by Tune id: a key that one pipeline gives as <stage>/<id> may be a bare id in another
+        ids = {tune_id_of_key(t) for t in trials}
         holding = [
             p.name
             for p in pipelines
-            if set(trials) <= set(trial_keys(shown_executions(lineage, lineage.stages(p))).values())
+            if ids <= {trial_id_of(e) for e, _ in shown_executions(lineage, lineage.stages(p))}
         ]
         if len(holding) == 1:
             return holding[0]
         if not holding:
             raise RayCmfError(f"No pipeline of the store holds {list(trials)}; its pipelines:\n{_listing(lineage)}")
+        raise RayCmfError(f"Pipelines {holding} all hold trial(s) {sorted(ids)}; pass --pipeline NAME")
     raise RayCmfError(f"The store holds {len(pipelines)} pipelines; pass --pipeline NAME:\n{_listing(lineage)}")
 
 
@@ -119,7 +121,8 @@ def _pipelines(lineage: Lineage) -> list[dict[str, Any]]:
     last one started."""
     rows = []
     for pipeline in lineage.pipelines():
-        executions = [e for e in lineage.executions_of(pipeline) if property_of(e, DELETED_PROPERTY) is None]
+        shown = shown_executions(lineage, lineage.stages(pipeline))  # a Train run inside a trial is that trial
+        executions = [e for e, _ in shown if property_of(e, DELETED_PROPERTY) is None]
         last = max((e.create_time_since_epoch for e in executions), default=0)  # edits (a tag) are no run
         rows.append(
             {
@@ -238,9 +241,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     table = sweep.trials()
     match = table[table["trial_id"] == args.trial]
     if match.empty:
-        deleted = not args.include_deleted and args.trial in set(sweep.everyone().trials(metrics=[])["trial_id"])
-        hint = "; it is deleted: pass --include-deleted to show it" if deleted else ""
-        raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}{hint}; known: {list(table['trial_id'])}")
+        from ray_cmf.compare import unknown_trials
+
+        if not args.include_deleted and args.trial in set(sweep.everyone().trials(metrics=[])["trial_id"]):
+            raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; it is deleted: pass --include-deleted")
+        raise unknown_trials([args.trial], table["trial_id"], sweep.pipeline)
     row = match.iloc[0]
     [(execution, stage)] = [(e, s) for e, s in sweep.executions() if sweep.key(e) == args.trial]
     files = sweep.lineage.files_of([execution.id]).get(execution.id, [])

@@ -73,6 +73,7 @@ from ray_cmf.lineage import (
     shown_executions,
     state_name,
     trial_keys,
+    tune_id_of_key,
 )
 from ray_cmf.query import Query, parse
 from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, int_magnitude, read_segments, unify
@@ -87,6 +88,21 @@ log = logging.getLogger(__name__)
 STEP_COLUMN = "training_iteration"
 STEP_CANDIDATES = (STEP_COLUMN, "step", SEQUENCE_COLUMN)  # Tune results, Train steps, any series
 _NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, RANK_COLUMN, PID_COLUMN, "wall_time", "__filename"})
+
+
+def unknown_trials(asked: Iterable[str], keys: Iterable[str], pipeline: str | None) -> RayCmfError:
+    """The error for trials a sweep does not hold by those keys: a bare Tune id that several of its trials
+    share (ids recur across sweeps) is answered with their keys."""
+    keys = sorted(keys)
+    asked = list(asked)
+    lines = [f"Unknown trial(s) {asked} in {pipeline}"]
+    for trial in asked:
+        sharing = [k for k in keys if tune_id_of_key(k) == trial]
+        if sharing:
+            lines.append(f"{trial!r} is the Tune id of {len(sharing)} trials here; name one: {sharing}")
+    if len(lines) == 1:
+        lines.append(f"it has {keys}")
+    return RayCmfError("; ".join(lines))
 
 
 def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[str] = ()) -> pd.DataFrame:
@@ -602,7 +618,7 @@ class Sweep:
         for execution, _ in self.executions():
             if self.key(execution) == trial_id:
                 return properties(execution)
-        raise RayCmfError(f"Unknown trial {trial_id!r}; the sweep has {[self.key(e) for e, _ in self.executions()]}")
+        raise unknown_trials([trial_id], [self.key(e) for e, _ in self.executions()], self.pipeline)
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
         """Config, environment, seed and metric values that differ between two trials (rows: field;
@@ -612,7 +628,7 @@ class Sweep:
         table = self.trials().set_index("trial_id")
         for trial in (trial_a, trial_b):
             if trial not in table.index:
-                raise RayCmfError(f"Unknown trial {trial!r}; the sweep has {list(table.index)}")
+                raise unknown_trials([trial], table.index, self.pipeline)
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
         fields = [f for f in pair.index if f.startswith("config/") or f.endswith(("_best", "_final")) or f == "steps"]
@@ -649,7 +665,7 @@ class Sweep:
         trial_ids = [trial_ids] if isinstance(trial_ids, str) else list(trial_ids)
         unknown = [t for t in trial_ids if t not in by_id]
         if unknown:
-            raise RayCmfError(f"Unknown trial(s) {unknown} in {self.pipeline}; it has {sorted(by_id)}")
+            raise unknown_trials(unknown, by_id, self.pipeline)
         self.store.patch_executions([by_id[trial].id for trial in trial_ids], props, remove)
         self._executions, self._files = None, None  # read again: they changed
         return trial_ids

@@ -48,6 +48,9 @@ DELETED_PROPERTY = RESERVED_PREFIX + "deleted_at"  # when it was deleted (UTC IS
 # An execution's own name where MLMD records it under "<pipeline>/<stage>/<name>": another stage of the
 # database holds one of that name (see Lineage.execution)
 NAME_PROPERTY = RESERVED_PREFIX + "name"
+# Whose an execution is: "sweep:<id>" for a Tune trial, "trial:<execution id>" for a Train run inside one. A
+# stage's execution of the same name but another owner is another's, never reopened (see Lineage.execution)
+OWNER_PROPERTY = RESERVED_PREFIX + "owner"
 
 GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints
 CONFIG_JSON = "config_json"  # an execution property: its config as JSON, what Sweep shows as config/<key>

@@ -5,6 +5,7 @@ Only the store's single writer opens a Lineage for writing; readers open it read
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from ray_cmf.connection import connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,
     NAME_PROPERTY,
+    OWNER_PROPERTY,
     PIPELINE_CONTEXT_TYPE,
     RESERVED_PREFIX,
     STAGE_CONTEXT_TYPE,
@@ -289,11 +291,6 @@ class Lineage:
         """Stage contexts of a pipeline, oldest first."""
         return sorted(self.store.get_children_contexts_by_context(pipeline.id), key=lambda c: c.id)
 
-    def executions_of(self, pipeline: Context) -> list[Execution]:
-        """Every execution in the stages of a pipeline, oldest first."""
-        found = {e.id: e for s in self.stages(pipeline) for e in self.store.get_executions_by_context(s.id)}
-        return [found[k] for k in sorted(found)]
-
     def pipelines(self) -> list[Context]:
         """Every pipeline context, oldest first."""
         return sorted(self.store.get_contexts_by_type(PIPELINE_CONTEXT_TYPE), key=lambda c: c.id)
@@ -310,6 +307,7 @@ class Lineage:
         props: Mapping[str, Any] | None = None,
         *,
         in_stage: bool = True,
+        owner: str | None = None,
     ) -> Execution:
         """The execution ``name`` of ``type_name`` in ``stage``: reused if the stage holds it (restores), else
         created.
@@ -317,18 +315,28 @@ class Lineage:
         ``in_stage``: the name is the stage's own, not the database's: Tune's trial ids (``<5 hex digits of
         the clock>_<n>``) and Train's run names recur across the sweeps of one store. MLMD names are unique
         per type, so where another stage holds ``name`` this stage's is recorded as
-        ``<pipeline>/<stage>/<name>`` (its own name in the ``ray_cmf:name`` property). False: the
-        database's, as cmflib names executions (reopened by name from any stage).
+        ``<pipeline>/<stage>/<name>`` (then ``...#2``, ``#3``: see ``owner``), its own name in the
+        ``ray_cmf:name`` property. False: the database's, as cmflib names executions (reopened by name from
+        any stage).
+        ``owner``: the sweep or trial it belongs to (``OWNER_PROPERTY``): a stage's execution of that name
+        with another owner is not reused (a new sweep whose trial ids coincide with an earlier one's there).
         """
         type_id = self.type_id("execution", type_name)
-        for recorded in (name, f"{stage.name}/{name}") if in_stage else (name,):
-            execution = self._named_execution(stage, type_id, type_name, recorded, props, name)
-            if not in_stage or any(c.id == stage.id for c in self.contexts_of(execution.id)):
-                return execution
-        raise StoreError(
-            f"MLMD holds executions {name!r} and {recorded!r} of type {type_name!r}, both in stages other than "
-            f"{stage.name!r}"
+        if not in_stage:
+            return self._named_execution(stage, type_id, type_name, name, props, name)
+        owned = {**(props or {}), **({OWNER_PROPERTY: owner} if owner is not None else {})}
+        qualified = (f"{stage.name}/{name}#{n}" if n > 1 else f"{stage.name}/{name}" for n in itertools.count(1))
+        candidates = (
+            self._named_execution(stage, type_id, type_name, recorded, owned, name)
+            for recorded in itertools.chain([name], qualified)
         )
+        return next(e for e in candidates if self._held(stage, e, owner))
+
+    def _held(self, stage: Context, execution: Execution, owner: str | None) -> bool:
+        """Whether ``stage`` holds ``execution`` (for ``owner``, when one is given)."""
+        if owner is not None and property_of(execution, OWNER_PROPERTY) != owner:
+            return False
+        return any(c.id == stage.id for c in self.contexts_of(execution.id))
 
     def _named_execution(
         self, stage: Context, type_id: int, type_name: str, recorded: str, props: Mapping[str, Any] | None, name: str
@@ -521,6 +529,11 @@ def state_name(execution: Execution) -> str:
     return _STATE_NAMES.get(execution.last_known_state, "UNKNOWN")
 
 
+def owner_of(*, sweep: str | None = None, trial: int | None = None) -> str | None:
+    """The ``OWNER_PROPERTY`` of a trial of ``sweep``, or of a Train run inside the trial execution ``trial``."""
+    return f"sweep:{sweep}" if sweep is not None else f"trial:{trial}" if trial is not None else None
+
+
 def property_of(node: Artifact | Execution | Context, key: str) -> Any:
     """One property of an MLMD node, typed or custom (None when it has none), converting no other."""
     for found in (node.properties, node.custom_properties):
@@ -560,6 +573,11 @@ def trial_keys(executions: Sequence[tuple[Execution, str]]) -> dict[int, str]:
     staged = {e.id: f"{stage}/{trial_id_of(e)}" for e, stage in executions if e.id not in lone}
     taken = Counter([*lone.values(), *staged.values()])
     return {**lone, **{i: key if taken[key] == 1 else f"{key}#{i}" for i, key in staged.items()}}
+
+
+def tune_id_of_key(key: str) -> str:
+    """The trial id in a key of :func:`trial_keys` (``c0ffe_00000`` of ``first/c0ffe_00000#12``)."""
+    return key.rsplit("/", 1)[-1].split("#", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,12 @@ def _alive(manifest: SpillManifest) -> bool:
 def _register(store: Store, manifest: SpillManifest, finished: FinishedFile) -> Artifact:
     """Record a recovered series' file as the artifact it would have been (marked ``recovered``)."""
     artifact = store.commit_metrics(
-        manifest.execution_id, manifest.metrics_name, finished, {RECOVERED: True}, manifest.instance
+        manifest.execution_id,
+        manifest.metrics_name,
+        finished,
+        {RECOVERED: True},
+        manifest.instance,
+        also_output_of=manifest.also_output_of,
     )
     store.update_execution(manifest.execution_id, {RECOVERED: True})
     return artifact

@@ -57,6 +57,7 @@ class SpillManifest:
     pid: int = dataclasses.field(default_factory=os.getpid)
     host: str = dataclasses.field(default_factory=socket.gethostname)
     base: str | None = None  # the previous committed version, which the next one extends
+    also_output_of: int | None = None  # the Tune trial of a Train run's series: its versions are the trial's too
 
     def write(self, directory: Path) -> None:
         write_text(directory / SPILL_MANIFEST, json.dumps(asdict(self)))

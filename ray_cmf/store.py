@@ -256,14 +256,17 @@ class Store:
         props: Mapping[str, Any] | None = None,
         *,
         in_stage: bool = True,
+        owner: str | None = None,
     ) -> Execution:
-        """Get (on restore) or create the execution ``name`` in the stage context (``in_stage``: see
+        """Get (on restore) or create the execution ``name`` in the stage context (``in_stage``, ``owner``: see
         :meth:`Lineage.execution`)."""
         check_name("execution name", name)
         with self._lock:
             ctx = self.stage(pipeline, stage)
             type_name = check_name("execution type", type_name)
-            return self.lineage.execution(ctx, type_name, name, {**(props or {}), **holder()}, in_stage=in_stage)
+            return self.lineage.execution(
+                ctx, type_name, name, {**(props or {}), **holder()}, in_stage=in_stage, owner=owner
+            )
 
     def update_execution(
         self,
@@ -305,9 +308,12 @@ class Store:
         finished: FinishedFile,
         custom: Mapping[str, Any] | None = None,
         instance: str = "",
+        *,
+        also_output_of: int | None = None,
     ) -> Artifact:
-        """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction);
-        ``instance`` says which of the execution's series of that name it is (a Train rank's, say).
+        """Track a finished Parquet file with DVC and record its Step_Metrics artifact (one MLMD transaction,
+        and one more for ``also_output_of``, the Tune trial of a Train run's series); ``instance`` says which
+        of the execution's series of that name it is (a Train rank's, say).
 
         Content is shared: executions that commit the same bytes share one artifact. An execution that
         commits bytes it committed before, after another version, records them again as its newest version
@@ -329,9 +335,12 @@ class Store:
             name = f"{metrics_name}:{finished.md5}"
             if self._committed_before(execution_id, name, metrics_name, instance):
                 name = f"{name}:{uuid.uuid4().hex[:8]}"
-            return self.lineage.put_artifact(
+            artifact = self.lineage.put_artifact(
                 execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom, instance=instance
             )
+            if also_output_of is not None:
+                self.lineage.link(also_output_of, artifact.id, "output", instance)
+            return artifact
 
     def _committed_before(self, execution_id: int, name: str, metrics_name: str, instance: str) -> bool:
         """Whether the execution holds the artifact ``name`` as an output that is not its newest version of
@@ -343,11 +352,6 @@ class Store:
         held = any(output.artifact_id == existing.id for output in versions)
         newest = versions[-1] if versions else None
         return held and not (newest is not None and newest.artifact_id == existing.id and newest.instance == instance)
-
-    def link_output(self, execution_id: int, artifact_id: int) -> None:
-        """Also record an existing artifact as an output of another execution (e.g. a Train run's trial)."""
-        with self._lock:
-            self.lineage.link(execution_id, artifact_id, "output")
 
     def log_file(
         self,

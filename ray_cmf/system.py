@@ -136,9 +136,10 @@ class SystemSampler:
         seconds = max(now - then, 1e-9)
         memory = psutil.virtual_memory()
         with self._process.oneshot():
-            if self._process.status() == psutil.STATUS_ZOMBIE:  # it exited (its memory reads 0), not yet reaped
-                raise psutil.ZombieProcess(self._process.pid)
             process_cpu, rss = self._process.cpu_percent(), self._process.memory_info().rss
+            # exiting (its memory is released before it turns zombie) or exited and not yet reaped: no reading
+            if rss == 0 or self._process.status() == psutil.STATUS_ZOMBIE:
+                raise psutil.ZombieProcess(self._process.pid)
         node_cpu = psutil.cpu_percent()
         self.samples += 1
         row: dict[str, Any] = {

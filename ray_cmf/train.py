@@ -239,6 +239,7 @@ class StepLogger:
         The registration is not waited for: the series' chunks wait for it on the spill thread, and a
         failure is warned about there and at ``finish``.
         """
+        trial = None
         if self.trial_id is not None:  # the driver's writer may register the trial a moment after it started
             trial = _trial_binding(self._writer, self.trial_id, self._registration_timeout)
             pipeline, stage, store = trial.pipeline, trial.stage, trial.store
@@ -259,6 +260,7 @@ class StepLogger:
             store=store,
             environment=capture(code=False),
             start=True,
+            trial=trial,
         )
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
@@ -348,7 +350,6 @@ class StepLogger:
                     self._buffer,
                     props={"steps": self.steps_done},
                     state="COMPLETE",
-                    link_trial=self.trial_id,
                 )
             except Exception as exc:  # logging never kills training
                 log.warning(
@@ -450,7 +451,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         if self._runtime is None:
             run_name = self._run_context.get_run_config().name
             writer = connect()
-            pipeline, stage, store = self._place(writer, run_name)
+            pipeline, stage, store, trial = self._place(writer, run_name)
             binding = writer.send(
                 StoreWriter.bind,
                 kind="run",
@@ -461,20 +462,22 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                 props={"run_name": run_name, **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {})},
                 store=store,
                 environment=self._environment,
+                trial=trial,
             )
             sink = writer.sink(lambda: SeriesKey(binding.result(), self.metrics_name))
             self._runtime = _CallbackRuntime(writer, run_name, binding, MetricBuffer(sink=sink))
         return self._runtime
 
-    def _place(self, writer: WriterClient, run_name: str) -> tuple[str, str, Store | None]:
-        """The pipeline, stage and store of the run: its trial's inside a Tune trial, else the callback's."""
+    def _place(self, writer: WriterClient, run_name: str) -> tuple[str, str, Store | None, Binding | None]:
+        """The pipeline, stage and store of the run, and the Tune trial it runs in: the trial's inside a
+        trial, else the callback's."""
         if self.trial_id is not None:
             try:
                 trial = _trial_binding(writer, self.trial_id, _BIND_TIMEOUT_S)
-                return trial.pipeline, trial.stage, trial.store
+                return trial.pipeline, trial.stage, trial.store, trial
             except RayCmfError as exc:  # logging never kills training
                 log.warning("ray_cmf: run %r is recorded in pipeline %r: %s", run_name, self.pipeline_name, exc)
-        return self.pipeline_name, self.pipeline_stage or run_name, self.store
+        return self.pipeline_name, self.pipeline_stage or run_name, self.store, None
 
     def after_controller_start(self, train_run_context: Any) -> None:
         self._run_context = train_run_context

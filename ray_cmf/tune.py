@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from ray_cmf.constants import (
 from ray_cmf.environment import Environment, capture
 from ray_cmf.errors import RayCmfError
 from ray_cmf.exits import on_thread_end
-from ray_cmf.lineage import config_properties
+from ray_cmf.lineage import config_properties, owner_of
 from ray_cmf.node_sampler import Watch, handed_over, start_samplers, wait_for_samplers, watch
 from ray_cmf.results import append_result, result_row
 from ray_cmf.store import Store
@@ -363,6 +364,8 @@ class CmfRayLogger(tune.Callback):
         self.cmf_obj = TrialCmfs(self)
         self._trials: dict[str, _TrialState] = {}
         self._runtime: _Runtime | None = None
+        self._sweep: str | None = None  # this sweep's id: new for each fit, kept by a restore (see setup)
+        self._restored = False
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles callbacks with the Tuner, into the experiment directory: keep configuration and
@@ -422,6 +425,7 @@ class CmfRayLogger(tune.Callback):
                 environment=self._rt.environment,
                 start=start,
                 node_sampled=self.system_metrics is not None,
+                sweep=self._sweep,
             )
         if state.buffer is None:
             binding = state.binding
@@ -443,6 +447,11 @@ class CmfRayLogger(tune.Callback):
     # -- Tune hooks ----------------------------------------------------------------------------------
     @_never_raises
     def setup(self, **info: Any) -> None:
+        """A sweep starts (after ``set_state``, on a restore): it gets an id of its own, so that trials whose
+        Tune ids coincide with an earlier sweep's in the stage are new executions, not restores."""
+        if not self._restored:
+            self._sweep = uuid.uuid4().hex
+        self._restored = False
         starting = start_samplers() if self.system_metrics is not None else []
         _ = self._rt  # start the writer on the driver before the first trial (the samplers start meanwhile)
         wait_for_samplers(starting, SAMPLERS_START_S)
@@ -606,6 +615,7 @@ class CmfRayLogger(tune.Callback):
                     type_name=TRIAL_EXECUTION_TYPE,
                     name=trial.trial_id,
                     store=self.store,
+                    owner=owner_of(sweep=self._sweep),
                 )
                 self._send(
                     StoreWriter.update_execution, execution_id=binding.execution_id, props=props, store=binding.store
@@ -617,11 +627,13 @@ class CmfRayLogger(tune.Callback):
         for state in self._trials.values():
             if state.buffer is not None:
                 state.buffer.seal()
-        return {"trials": {tid: t.persisted() for tid, t in self._trials.items()}}
+        return {"sweep": self._sweep, "trials": {tid: t.persisted() for tid, t in self._trials.items()}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue a restored experiment: same executions, spilled rows adopted, attempts counted on (by the
-        store: this state may be older than what the store holds)."""
+        store: this state may be older than what the store holds). A state saved before sweeps had ids
+        reopens the stage's trials of its ids, whoever's."""
+        self._sweep, self._restored = state.get("sweep"), True
         self._trials = {
             tid: _TrialState(best=saved.get("best"), committed=saved.get("committed", False))
             for tid, saved in state.get("trials", {}).items()

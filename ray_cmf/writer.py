@@ -26,7 +26,7 @@ from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.constants import ATTEMPT_COLUMN, ATTEMPT_PROPERTY, DATASET_TYPE, SEQUENCE_COLUMN
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
-from ray_cmf.lineage import Artifact, Context, Execution, properties
+from ray_cmf.lineage import Artifact, Context, Execution, owner_of, properties
 from ray_cmf.series_format import Spill, SpillManifest
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path
@@ -181,6 +181,8 @@ class StoreWriter:
         environment: Environment | None = None,
         start: bool = False,
         node_sampled: bool = False,
+        sweep: str | None = None,
+        trial: Binding | None = None,
     ) -> Binding:
         """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data
         once, and merge in what it runs on (``environment``, see :meth:`record_environment`).
@@ -188,13 +190,17 @@ class StoreWriter:
         ``start``: this is a start of the trial or run (not another process joining it): its attempt is the
         one after the last the store records (the store, not the caller, knows how many there were).
         ``node_sampled``: its node's sampler samples its process (see :class:`Joined`).
+        ``sweep``: the id of the sweep a trial is of (kept by a restore): a trial of the same id that another
+        sweep left in the stage is not reopened. ``trial``: the Tune trial a Train run runs in: the run is that
+        trial's own, and every version of its series is an output of the trial too.
         """
+        owner = owner_of(sweep=sweep, trial=trial.execution_id if trial is not None else None)
         binding, execution = self.execution(
-            pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store
+            pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store, owner=owner
         )
         live = binding.store
         attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
-        binding = replace(binding, attempt=attempt)
+        binding = replace(binding, attempt=attempt, trial_execution_id=trial.execution_id if trial else None)
         live.update_execution(execution.id, props, "RUNNING")
         with self._lock:
             first = (kind, name) not in self._bindings
@@ -260,11 +266,12 @@ class StoreWriter:
         props: Mapping[str, Any] | None = None,
         store: Store | None = None,
         in_stage: bool = True,
+        owner: str | None = None,
     ) -> tuple[Binding, Execution]:
-        """Get or create an execution (``in_stage``: see :meth:`Lineage.execution`); returns its binding and
-        its MLMD record."""
+        """Get or create an execution (``in_stage``, ``owner``: see :meth:`Lineage.execution`); returns its
+        binding and its MLMD record."""
         live = self._open(store)
-        execution = live.execution(pipeline, stage, type_name, name, props, in_stage=in_stage)
+        execution = live.execution(pipeline, stage, type_name, name, props, in_stage=in_stage, owner=owner)
         return Binding(live, pipeline, stage, name, execution.id), execution
 
     def update_binding(self, *, binding: Binding, props: Mapping[str, Any]) -> Execution:
@@ -344,7 +351,9 @@ class StoreWriter:
         dest = live.series_path(b.pipeline, b.stage, b.name, key.metrics_name, key.instance)
         committed = live.newest_version(b.execution_id, key.metrics_name, key.instance)  # I/O: outside the lock
         base = str(committed) if committed is not None else None
-        manifest = SpillManifest(key.metrics_name, b.execution_id, str(dest), key.instance, base=base)
+        manifest = SpillManifest(
+            key.metrics_name, b.execution_id, str(dest), key.instance, base=base, also_output_of=b.trial_execution_id
+        )
         made = _Series(Spill(live.spill_dir(key.spill_name), manifest), dest)
         with self._lock:
             return self._series.setdefault((live, key.spill_name), made)
@@ -380,12 +389,11 @@ class StoreWriter:
         custom: Mapping[str, Any] | None = None,
         props: Mapping[str, Any] | None = None,
         state: str | None = None,
-        link_trial: str | None = None,
         tail: Tail | None = None,
     ) -> Artifact | None:
         """Write the series' next version (every row so far, ``tail``'s last rows included) as Parquet, track
-        it with DVC and register it in one MLMD transaction (also as an output of ``link_trial``); then set
-        the execution's props and state.
+        it with DVC and register it in MLMD (also as an output of a Train run's trial); then set the
+        execution's props and state.
 
         Each version records ``rows_lost``: the rows its loggers dropped (they could not hand them over),
         which the series therefore lacks. Returns None when the series has no rows.
@@ -395,9 +403,6 @@ class StoreWriter:
         series = self._series_of(key)
         live = self._open(key.binding.store)
         artifact = self._commit_series(live, series, custom, every=True)
-        trial = self.binding(kind="trial", name=link_trial) if link_trial is not None else None
-        if artifact is not None and trial is not None:
-            live.link_output(trial.execution_id, artifact.id)
         if props or state:
             live.update_execution(key.binding.execution_id, props, state)
         return artifact
@@ -471,7 +476,12 @@ class StoreWriter:
             artifact = series.spill.finish(
                 series.dest,
                 lambda finished: live.commit_metrics(
-                    manifest.execution_id, manifest.metrics_name, finished, recorded, manifest.instance
+                    manifest.execution_id,
+                    manifest.metrics_name,
+                    finished,
+                    recorded,
+                    manifest.instance,
+                    also_output_of=manifest.also_output_of,
                 ),
             )
         if artifact is not None:

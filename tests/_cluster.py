@@ -76,6 +76,7 @@ class TwoNodeCluster:
         )
         self.enter = ["nsenter", f"--net=/proc/{self.netns.pid}/ns/net"]
         self.temp = Path(tempfile.mkdtemp(prefix="rcmf", dir="/tmp"))  # short: Ray's socket paths must fit
+        self._logs: list[Path] = []
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={self.temp}"]
@@ -97,9 +98,10 @@ class TwoNodeCluster:
         self._wait_for_nodes(2)
 
     def _spawn(self, command: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            self.enter + command, env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        """Start a node; its output goes to a log in the cluster's temp dir (the error quotes it)."""
+        with open(self.temp / f"node-{len(self._logs)}.log", "wb") as log:
+            self._logs.append(Path(log.name))
+            return subprocess.Popen(self.enter + command, env=ENV, start_new_session=True, stdout=log, stderr=log)
 
     def _wait_for_nodes(self, count: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -111,7 +113,8 @@ class TwoNodeCluster:
                 return
             for node in (self.head, getattr(self, "far", None)):
                 if node is not None and node.poll() is not None:
-                    raise RuntimeError(f"a Ray node exited with {node.returncode} while starting")
+                    said = "\n".join(f"{p.name}: {p.read_text(errors='replace')[-3000:]}" for p in self._logs)
+                    raise RuntimeError(f"a Ray node exited with {node.returncode} while starting:\n{said}")
             time.sleep(1.0)
         raise TimeoutError(f"the cluster at {self.address} did not reach {count} nodes in {timeout} s")
 

@@ -441,6 +441,118 @@ def test_gc_of_a_deleted_trial_leaves_the_train_run_of_its_namesake_in_another_s
     assert Sweep(store.root).steps()["loss"].tolist() == [2.0 / (i + 1) for i in range(5)]
 
 
+def test_two_sweeps_of_one_stage_and_trial_id_keep_their_train_runs_apart_through_gc(tmp_path: Path) -> None:
+    """Two sweeps left a trial ``t`` in one stage, each running a Train run of one name: each run is its
+    trial's own and reads as it; deleting one trial and collecting frees that trial's run only (gc matched a
+    run to its trial by stage and id, which both trials share)."""
+    from ray_cmf.binding import SeriesKey
+    from ray_cmf.client import WriterClient
+    from ray_cmf.constants import RUN_EXECUTION_TYPE, SPILL_MANIFEST, TRIAL_EXECUTION_TYPE, TRIAL_PROPERTY
+    from ray_cmf.lineage import config_properties, properties
+    from ray_cmf.series_format import SpillManifest
+    from ray_cmf.store import Store
+    from ray_cmf.writer import StoreWriter
+
+    store = Store(tmp_path / "store")
+    client = WriterClient(StoreWriter(store))
+    where = {"pipeline": "sweep", "stage": "exp"}
+    files = {}
+    for sweep, scale in (("one", 1.0), ("two", 2.0)):
+        props = {**config_properties({"lr": scale}), "trial_id": "t"}
+        trial = client.call(
+            StoreWriter.bind,
+            kind="trial",
+            name="t",
+            type_name=TRIAL_EXECUTION_TYPE,
+            **where,
+            props=props,
+            sweep=sweep,
+            start=True,
+        )
+        run = client.call(
+            StoreWriter.bind,
+            kind="run",
+            name="train@t",
+            type_name=RUN_EXECUTION_TYPE,
+            **where,
+            props={TRIAL_PROPERTY: "t"},
+            trial=trial,
+            start=True,
+        )
+        key = SeriesKey(run, "train_steps")
+        buffer = MetricBuffer(sink=client.sink(key))
+        for row in _rows(scale):
+            buffer.append(row)
+        buffer.sealed().result()
+        files[scale] = store.resolve(properties(client.call(StoreWriter.commit, key=key))["url"])
+        buffer.append({"training_iteration": 6, "loss": -scale})  # logged after the commit: in the spill only
+        buffer.close()
+        if sweep == "one":  # the other sweep's driver died: its last row waits in the spill for `recover`
+            for ended in (run, trial):
+                client.call(StoreWriter.end, binding=ended, props={}, state="COMPLETE")
+        spilled = run
+    sweep = Sweep(store.root)
+    keys = dict(zip(sweep.trials()["config/lr"], sweep.trials()["trial_id"], strict=True))
+    assert len(set(keys.values())) == 2 and all(k.startswith("exp/t#") for k in keys.values())
+    steps = sweep.of_series("train_steps").steps(["loss"])
+    assert {t: rows["loss"].tolist() for t, rows in steps.groupby("trial_id")} == {
+        keys[1.0]: [*(1.0 / (i + 1) for i in range(5)), -1.0],  # its last row committed at its end
+        keys[2.0]: [2.0 / (i + 1) for i in range(5)],
+    }
+    assert sweep.delete([keys[1.0]]) == [keys[1.0]]
+    freed = collect(store, force=True)  # the dead driver's trial still reads RUNNING
+    assert not files[1.0].exists() and files[2.0].exists()
+    assert freed.spills == 0  # the first run's last row was committed at its end; the second's is not its
+    assert [SpillManifest.read(m.parent).execution_id for m in store.root.glob(f"spill/*/{SPILL_MANIFEST}")] == [
+        spilled.execution_id
+    ]
+    assert Sweep(store.root).of_series("train_steps").steps()["loss"].tolist() == [2.0 / (i + 1) for i in range(5)]
+
+
+def test_a_trial_id_that_several_pipelines_or_stages_hold_is_asked_for_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tune's ids recur: ``show`` of an id that two pipelines hold picked one silently (the one where the id
+    was bare), a bare id that two stages share read as 'No trial', and ``pipelines`` counted a Train run
+    inside a trial as a trial of its own (found by a new user)."""
+    from ray_cmf.client import WriterClient
+    from ray_cmf.constants import RUN_EXECUTION_TYPE, TRIAL_EXECUTION_TYPE, TRIAL_PROPERTY
+    from ray_cmf.writer import StoreWriter
+
+    root = tmp_path / "store"
+    for pipeline, stage in (("collide", "first"), ("collide", "second"), ("other", "first")):
+        write_trials(root, [Trial("c0ffe_00000", {"lr": 0.1}, {"": _rows(1.0)})], pipeline=pipeline, stage=stage)
+    client = WriterClient(StoreWriter(Store(root)))
+    where = {"pipeline": "other", "stage": "first"}
+    trial = client.call(StoreWriter.bind, kind="trial", name="c0ffe_00000", type_name=TRIAL_EXECUTION_TYPE, **where)
+    run = client.call(
+        StoreWriter.bind,
+        kind="run",
+        name="train@c0ffe_00000",
+        type_name=RUN_EXECUTION_TYPE,
+        **where,
+        trial=trial,
+        props={TRIAL_PROPERTY: "c0ffe_00000"},
+    )
+    client.call(StoreWriter.end, binding=run, props={}, state="COMPLETE")
+    code, listed = _cli(capsys, "pipelines", "--store", str(root))
+    assert code == 0 and {row["pipeline"]: row["trials"] for row in listed} == {"collide": 2, "other": 1}
+    for key in ("c0ffe_00000", "first/c0ffe_00000"):
+        assert main(["show", key, "--store", str(root)]) == 2
+        assert "Pipelines ['collide', 'other'] all hold trial(s) ['c0ffe_00000']" in capsys.readouterr().err
+    assert main(["show", "c0ffe_00000", "--store", str(root), "--pipeline", "collide"]) == 2
+    said = capsys.readouterr().err
+    assert (
+        "'c0ffe_00000' is the Tune id of 2 trials here; name one: ['first/c0ffe_00000', 'second/c0ffe_00000']" in said
+    )
+    with pytest.raises(RayCmfError, match=r"name one: \['first/c0ffe_00000', 'second/c0ffe_00000'\]"):
+        Sweep(root, "collide").tag("c0ffe_00000", team="x")
+    code, shown = _cli(capsys, "show", "second/c0ffe_00000", "--store", str(root), "--pipeline", "collide")
+    assert code == 0 and shown["trial_id"] == "second/c0ffe_00000"
+    code, shown = _cli(capsys, "show", "c0ffe_00000", "--store", str(root), "--pipeline", "other")
+    assert code == 0 and shown["trial_id"] == "c0ffe_00000"
+
+
 def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = write_trials(
         tmp_path / "store",

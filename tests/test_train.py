@@ -356,6 +356,20 @@ def test_torch_trainer_inside_a_tune_trial_is_linked(ray_session: None, tmp_path
     assert run.id in {e.id for e in lineage.store.get_executions_by_context(stage.id)}
 
 
+def _two_trials(trainable: Any, logger: Any, tmp_path: Path) -> tuple[Sweep, dict[str, float]]:
+    """Run ``trainable`` as two Tune trials at once (lr 1 and 10) recorded by ``logger`` into
+    ``tmp_path/store``; returns the sweep and each trial's lr."""
+    from ray import tune
+
+    tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 0.1}),
+        param_space={"lr": tune.grid_search([1.0, 10.0])},
+        run_config=tune.RunConfig(name="outer", storage_path=str(tmp_path / "tune"), callbacks=[logger], verbose=0),
+    ).fit()
+    sweep = Sweep(tmp_path / "store")
+    return sweep, dict(zip(sweep.trials()["trial_id"], sweep.trials()["config/lr"], strict=True))
+
+
 def test_train_runs_of_one_name_inside_two_trials_are_two_runs(ray_session: None, tmp_path: Path) -> None:
     """Ray Train names a run ``ray_train_run-<the second it started>``: the trials of a sweep that start at
     once name their runs alike. Each trial's run is its own (both trials' runs were one execution)."""
@@ -377,14 +391,7 @@ def test_train_runs_of_one_name_inside_two_trials_are_two_runs(ray_session: None
         steps.finish()
         tune.report({"done": 1.0})
 
-    logger = CmfRayLogger("same_run_name", store=str(tmp_path / "store"))
-    tune.Tuner(
-        tune.with_resources(trainable, {"cpu": 0.1}),
-        param_space={"lr": tune.grid_search([1.0, 10.0])},
-        run_config=tune.RunConfig(name="outer", storage_path=str(tmp_path / "tune"), callbacks=[logger], verbose=0),
-    ).fit()
-    sweep = Sweep(tmp_path / "store")
-    configs = dict(zip(sweep.trials()["trial_id"], sweep.trials()["config/lr"], strict=True))
+    sweep, configs = _two_trials(trainable, CmfRayLogger("same_run_name", store=str(tmp_path / "store")), tmp_path)
     steps = sweep.of_series("train_steps").steps(["loss"])
     assert {t: rows["loss"].tolist() for t, rows in steps.groupby("trial_id")} == {
         t: [lr, 2 * lr, 3 * lr] for t, lr in configs.items()
@@ -392,6 +399,47 @@ def test_train_runs_of_one_name_inside_two_trials_are_two_runs(ray_session: None
     lineage = Lineage(tmp_path / "store" / "mlmd.sqlite", readonly=True)
     runs = lineage.store.get_executions_by_type(RUN_EXECUTION_TYPE)
     assert sorted(properties(r)["tune_trial_id"] for r in runs) == sorted(configs)
+
+
+def _reports_its_lr(config: dict[str, Any]) -> None:
+    import ray.train
+
+    for it in range(3):
+        ray.train.report({"rep": config["lr"] * (it + 1)})
+
+
+def test_a_train_callback_in_a_trial_records_what_the_trial_reads(ray_session: None, tmp_path: Path) -> None:
+    """A CmfTrainCallback built inside a Tune trial records the run's reports (and its workers' samples) as
+    series of the trial: reading the sweep finds them. They were outputs of the Train run only, so the trial
+    read 0 steps of ``train_reports`` while its files were on disk (found by a new user)."""
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from ray_cmf import CmfRayLogger, CmfTrainCallback
+
+    store = str(tmp_path / "store")
+
+    def trainable(config: dict[str, Any]) -> None:
+        trainer = TorchTrainer(
+            _reports_its_lr,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+            run_config=RunConfig(
+                storage_path=str(tmp_path / "train"),
+                callbacks=[CmfTrainCallback("ignored_in_a_trial", store=store, system_metrics=0.1)],
+            ),
+        )
+        tune.report({"ok": trainer.fit().error is None})
+
+    sweep, configs = _two_trials(trainable, CmfRayLogger("reports_in_trial", store=store), tmp_path)
+    reports = sweep.of_series("train_reports").steps(["rep"])
+    assert {t: rows["rep"].tolist() for t, rows in reports.groupby("trial_id")} == {
+        t: [lr, 2 * lr, 3 * lr] for t, lr in configs.items()
+    }
+    assert set(sweep.of_series("train_reports").trials()["steps"]) == {3}
+    sampled = sweep.of_series("system_metrics").steps()
+    assert set(sampled["trial_id"]) == set(configs)  # the trial's own sampler and its run's worker
 
 
 def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_path: Path) -> None:

@@ -784,6 +784,35 @@ def test_sweeps_whose_trial_ids_coincide_keep_apart(
     assert len(lineage.store.get_executions_by_type(TRIAL_EXECUTION_TYPE)) == 6
 
 
+def test_a_new_sweep_into_a_stage_that_holds_its_ids_keeps_the_earlier_trials(
+    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script run again into the same stage, whose trial ids happen to coincide, is a new sweep, not a
+    restore: its trials are new executions. They were taken for restores of the earlier ones (attempt 2, the
+    earlier config overwritten, the earlier results hidden by "latest attempt wins"), silently."""
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    monkeypatch.setenv("_TEST_TUNE_TRIAL_UUID", "c0ffe")
+    store = tmp_path / "store"
+    for run, lrs in enumerate(([0.1, 0.2], [0.3, 0.4])):
+        logger = CmfRayLogger("again", pipeline_stage="exp", store=str(store), metric="loss", mode="min")
+        run_grid(_reports_five, {"lr": lrs}, tmp_path / f"results{run}", logger)
+    trials = Sweep(store, "again", "exp").trials(["loss"])
+    assert sorted(trials["config/lr"]) == [0.1, 0.2, 0.3, 0.4]
+    assert set(trials["steps"]) == {5}
+    executions = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions_by_type(TRIAL_EXECUTION_TYPE)
+    assert sorted((properties(e)["lr"], properties(e)["attempt"]) for e in executions) == [
+        (lr, 1) for lr in (0.1, 0.2, 0.3, 0.4)
+    ]
+    assert dict(zip(trials["config/lr"], trials["loss_best"], strict=True)) == pytest.approx(
+        {lr: lr / 5 for lr in (0.1, 0.2, 0.3, 0.4)}
+    )
+    assert len(set(trials["trial_id"])) == 4 and all(t.startswith("exp/c0ffe_0000") for t in trials["trial_id"])
+    sweep = Sweep(store, "again", "exp")
+    assert {sweep.config(t)["lr"] for t in trials["trial_id"]} == {0.1, 0.2, 0.3, 0.4}
+
+
 def _reports_five(config: dict[str, Any]) -> None:
     from ray import tune
 
