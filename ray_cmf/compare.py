@@ -94,14 +94,15 @@ def unknown_trials(asked: Iterable[str], keys: Iterable[str], pipeline: str | No
     """The error for trials a sweep does not hold by those keys: a bare Tune id that several of its trials
     share (ids recur across sweeps) is answered with their keys."""
     keys = sorted(keys)
-    asked = list(asked)
-    lines = [f"Unknown trial(s) {asked} in {pipeline}"]
+    lines, unknown = [], []
     for trial in asked:
         sharing = [k for k in keys if tune_id_of_key(k) == trial]
         if sharing:
-            lines.append(f"{trial!r} is the Tune id of {len(sharing)} trials here; name one: {sharing}")
-    if len(lines) == 1:
-        lines.append(f"it has {keys}")
+            lines.append(f"{trial!r} is the Tune id of {len(sharing)} trials in {pipeline}; name one: {sharing}")
+        else:
+            unknown.append(trial)
+    if unknown:
+        lines.insert(0, f"Unknown trial(s) {unknown} in {pipeline}; it has {keys}")
     return RayCmfError("; ".join(lines))
 
 

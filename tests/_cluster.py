@@ -83,6 +83,14 @@ class TwoNodeCluster:
         time.sleep(0.2)  # the namespace's loopback is up
         head = [RAY, "start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false"]
         self.head = self._spawn([*head, *common, *_ports()])
+        try:
+            self._start_far(hidden, far_cpus, common)
+        except BaseException:  # a node that did not start leaves nothing running behind
+            self.close()
+            raise
+
+    def _start_far(self, hidden: Path, far_cpus: int, common: list[str]) -> None:
+        """Once the head is up, start the worker node, which cannot see ``hidden``."""
         self._wait_for_nodes(1)
         far = [
             RAY,
@@ -120,6 +128,8 @@ class TwoNodeCluster:
 
     def stop_far(self) -> None:
         """Kill the worker node for real: every process in its mount namespace (raylet, workers, agents)."""
+        if not hasattr(self, "far"):  # it never started
+            return
         if self.far.poll() is None:
             namespace = os.readlink(f"/proc/{self.far.pid}/ns/mnt")
             for pid in _pids_in_namespace(namespace):

@@ -543,7 +543,8 @@ def test_a_trial_id_that_several_pipelines_or_stages_hold_is_asked_for_by_name(
     assert main(["show", "c0ffe_00000", "--store", str(root), "--pipeline", "collide"]) == 2
     said = capsys.readouterr().err
     assert (
-        "'c0ffe_00000' is the Tune id of 2 trials here; name one: ['first/c0ffe_00000', 'second/c0ffe_00000']" in said
+        "'c0ffe_00000' is the Tune id of 2 trials in collide; name one: ['first/c0ffe_00000', 'second/c0ffe_00000']"
+        in said
     )
     with pytest.raises(RayCmfError, match=r"name one: \['first/c0ffe_00000', 'second/c0ffe_00000'\]"):
         Sweep(root, "collide").tag("c0ffe_00000", team="x")
