@@ -139,29 +139,31 @@ def _trials_of(lineage: Lineage, executions: list[Execution], doomed: list[Artif
 
 
 def _dead(lineage: Lineage, executions: list[Execution], older_than: timedelta | None) -> set[int]:
-    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial (see
-    :func:`_inside`)."""
+    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial: those that
+    name it as their owner, or (runs recorded before owners) those of its Tune id in its stage. Another
+    sweep's trial of the id, in any stage, is another trial."""
     cutoff = datetime.now(timezone.utc) - (older_than or timedelta(0))
     marks = {e.id: deleted_at(property_of(e, DELETED_PROPERTY)) for e in executions}
     dead = {i for i, when in marks.items() if when is not None and when <= cutoff}
-    inside = {
-        run.id
-        for trial in executions
-        if trial.id in dead
-        for stage in lineage.contexts_of(trial.id)
-        for run in lineage.store.get_executions_by_context(stage.id)
-        if _inside(run, trial)
-    }
+    runs = [e for e in executions if property_of(e, TRIAL_PROPERTY) is not None]
+    owners = {owner_of(trial=i) for i in dead}
+    inside = {r.id for r in runs if property_of(r, OWNER_PROPERTY) in owners}
+    unowned = [r for r in runs if property_of(r, OWNER_PROPERTY) is None]
+    if unowned and dead:
+        stage_of = _stage_of(lineage)
+        where = {(stage_of.get(e.id), trial_id_of(e)) for e in executions if e.id in dead}
+        inside |= {r.id for r in unowned if (stage_of.get(r.id), property_of(r, TRIAL_PROPERTY)) in where}
     return dead | inside
 
 
-def _inside(run: Execution, trial: Execution) -> bool:
-    """Whether a Train run of the trial's stage ran inside the trial: the one it names as its owner, or (runs
-    recorded before owners) the one of its Tune id. Another sweep's trial of the id, in any stage, is another."""
-    owner = property_of(run, OWNER_PROPERTY)
-    if owner is not None:
-        return bool(owner == owner_of(trial=trial.id))
-    return bool(property_of(run, TRIAL_PROPERTY) == trial_id_of(trial))
+def _stage_of(lineage: Lineage) -> dict[int, int]:
+    """Each execution's stage context id (one query per stage)."""
+    return {
+        execution.id: stage.id
+        for pipeline in lineage.pipelines()
+        for stage in lineage.stages(pipeline)
+        for execution in lineage.store.get_executions_by_context(stage.id)
+    }
 
 
 def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], int]:
