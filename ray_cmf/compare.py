@@ -266,7 +266,8 @@ class Sweep:
 
     def key(self, execution: Execution) -> str:
         """An execution's trial id in this sweep's tables: its Tune trial id, or ``<stage>/<trial id>`` where
-        several stages of the sweep hold that id (see :func:`~ray_cmf.lineage.trial_keys`)."""
+        several of the sweep's trials hold that id, and ``<stage>/<trial id>#<execution id>`` where one stage
+        holds it twice (see :func:`~ray_cmf.lineage.trial_keys`)."""
         self.executions()
         return self._keys[execution.id]
 

@@ -194,13 +194,19 @@ class StoreWriter:
         sweep left in the stage is not reopened. ``trial``: the Tune trial a Train run runs in: the run is that
         trial's own, and every version of its series is an output of the trial too.
         """
-        owner = owner_of(sweep=sweep, trial=trial.execution_id if trial is not None else None)
+        within = trial.execution_id if trial is not None else None
         binding, execution = self.execution(
-            pipeline=pipeline, stage=stage, type_name=type_name, name=name, props=props, store=store, owner=owner
+            pipeline=pipeline,
+            stage=stage,
+            type_name=type_name,
+            name=name,
+            props=props,
+            store=store,
+            owner=owner_of(sweep=sweep, trial=within),
         )
         live = binding.store
         attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
-        binding = replace(binding, attempt=attempt, trial_execution_id=trial.execution_id if trial else None)
+        binding = replace(binding, attempt=attempt, trial_execution_id=within)
         live.update_execution(execution.id, props, "RUNNING")
         with self._lock:
             first = (kind, name) not in self._bindings
