@@ -284,13 +284,21 @@ def test_a_metric_of_bools_or_words_asked_for_by_name_is_said_to_have_no_best(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["a_00000", "a_00001", "first/a_00000"]), st.sampled_from(["first", "x"]))))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a_00000", "a_00001", "first/a_00000"]),
+            st.sampled_from(["first", "x", "étape/β", "a#1"]) | st.text(min_size=1, max_size=4),
+        )
+    )
+)
 def test_every_trial_gets_a_key_of_its_own_and_a_lone_id_is_its_key(trials: list[tuple[str, str]]) -> None:
-    """Keys of the trials of several stages, some sharing an id (even one stage holding an id twice, or an
-    id that reads like another's ``<stage>/<id>``): all differ, and an id held once is its own key."""
+    """Keys of the trials of several stages (unicode names, ``/`` and ``#`` in them), some sharing an id (even
+    one stage holding an id twice, or an id that reads like another's ``<stage>/<id>``): all differ, an id held
+    once is its own key, and a Tune id (no ``/``) reads back from every key of it."""
     from ml_metadata.proto import metadata_store_pb2 as mlpb
 
-    from ray_cmf.lineage import trial_keys
+    from ray_cmf.lineage import trial_keys, tune_id_of_key
 
     executions = []
     for i, (trial_id, stage) in enumerate(trials, start=1):
@@ -302,3 +310,5 @@ def test_every_trial_gets_a_key_of_its_own_and_a_lone_id_is_its_key(trials: list
     held = Counter(trial_id for trial_id, _ in trials)
     for i, (trial_id, stage) in enumerate(trials, start=1):
         assert keys[i] == trial_id if held[trial_id] == 1 else keys[i].startswith(f"{stage}/{trial_id}")
+        if "/" not in trial_id:
+            assert tune_id_of_key(keys[i]) == trial_id
