@@ -606,16 +606,24 @@ def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool
     )
 
 
+def _add_global_options(parser: argparse.ArgumentParser, *, in_command: bool) -> None:
+    """``--store``, ``--json`` and ``-v``, which go before the command (``ray-cmf --store S trials``) or after
+    it: a command's own copies default to nothing, so that they keep what was said before the command."""
+    unset = {"default": argparse.SUPPRESS} if in_command else {}
+    store_help = "store directory (default: $RAY_CMF_STORE or ./cmf_store)"
+    parser.add_argument("--store", help=store_help, **({"default": None} | unset))
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON", **unset)
+    verbose_help = "also show ray_cmf's and ML-Metadata's own log lines"
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help, **unset)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=None, help="store directory (default: $RAY_CMF_STORE or ./cmf_store)")
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    _add_global_options(common, in_command=True)
     parser = argparse.ArgumentParser(
         prog="ray-cmf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="also show ray_cmf's and ML-Metadata's own log lines"
-    )
+    _add_global_options(parser, in_command=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:

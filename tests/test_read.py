@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import InvalidArgumentError, MetricsNotFoundError, Sweep
-from ray_cmf.cli import main
+from ray_cmf.cli import main, parse
 from tests._stores import Trial, write_trials
 from tests._values import floats
 
@@ -454,3 +454,21 @@ def test_show_prints_a_config_value_as_what_it_is(tmp_path: Path, capsys: pytest
     assert line == "config: clip=None  eps=nan  layers=3  lr=inf  opt='NaN'", line  # not b's wd
     code, shown = _cli(capsys, "show", "b", "--store", str(store.root))
     assert code == 0 and shown["config"] == {"wd": 0.1}  # a key only another trial has is not b's (it was None)
+
+
+def test_the_global_options_go_before_the_command_or_after_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ray-cmf --store S trials`` is how git, dvc and docker users write it: it was refused ("unrecognized
+    arguments"), and ``-v`` after the command was too."""
+    rows = {"": [{"training_iteration": 1, "loss": 0.5}]}
+    root = str(write_trials(tmp_path / "store", [Trial("a", {"lr": 0.1}, rows)]).root)
+    for argv in (["--store", root, "--json", "trials"], ["trials", "--store", root, "--json"]):
+        assert main(argv) == 0
+        assert [r["trial_id"] for r in json.loads(capsys.readouterr().out)] == ["a"]
+    assert main(["--store", root, "show", "a", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"] == {"lr": 0.1}
+    assert main(["--store", str(tmp_path / "nothing"), "trials"]) == 2  # the store before the command is used
+    assert "nothing" in capsys.readouterr().err
+    args = parse(["trials", "-v", "--store", root])
+    assert args.verbose and args.store == root
