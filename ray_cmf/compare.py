@@ -29,11 +29,14 @@ from ray_cmf.constants import (
     EXACT_FLOAT_INT,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
+    REPORTS_METRICS_NAME,
     RESULTS_METRICS_NAME,
     SEQUENCE_COLUMN,
     SPILL_DIR,
     STEP_METRICS_TYPE,
+    STEPS_METRICS_NAME,
     SUMMARY_KEY,
+    SYSTEM_METRICS_NAME,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -137,9 +140,10 @@ class Sweep:
         store: Store directory or :class:`Store` (default ``$RAY_CMF_STORE`` or ``./cmf_store``).
         pipeline: Pipeline name; may be omitted when the store holds exactly one.
         stage: Restrict to one stage (a Tune experiment).
-        metrics_name: Which series to compare. By default the Tune results (``tune_results``), or the one
-            series the pipeline holds when it holds no Tune results; a name the pipeline does not hold, or
-            a default that is not obvious (several other series), is an error that lists the series.
+        metrics_name: Which series to compare. By default the Tune results (``tune_results``); without
+            them a Train run's steps (``train_steps``), then its reports (``train_reports``), then the one
+            series other than ``system_metrics``. A name the pipeline does not hold, or a default that is
+            not obvious (several other series), is an error that lists the series.
         include_deleted: Also the trials marked deleted (:meth:`delete`); they are left out by default.
 
     Example:
@@ -191,8 +195,9 @@ class Sweep:
         self._modes: dict[str, str] | None = None  # see ``modes``
         held = self.series_names()
         if held and self.metrics_name not in held:
-            if metrics_name is None and len(held) == 1:
-                self.metrics_name = held[0]  # no Tune results: the one series there is
+            obvious = _obvious_series(held)
+            if metrics_name is None and obvious is not None:
+                self.metrics_name = obvious
             else:
                 which = repr(metrics_name) if metrics_name is not None else "of Tune results (tune_results)"
                 raise MetricsNotFoundError(
@@ -731,6 +736,16 @@ class Sweep:
             Path(path),
             title=f"{self.pipeline}: best {metric}",
         )
+
+
+def _obvious_series(held: Sequence[str]) -> str | None:
+    """The series to compare when none was named and there are no Tune results: a Train run's steps, then its
+    reports, then the one series other than the resource samples; None when that is not obvious."""
+    for name in (STEPS_METRICS_NAME, REPORTS_METRICS_NAME):
+        if name in held:
+            return name
+    others = [name for name in held if name != SYSTEM_METRICS_NAME]
+    return others[0] if len(others) == 1 else (held[0] if len(held) == 1 else None)
 
 
 def _with_tags(table: pd.DataFrame, query: Query) -> pd.DataFrame:

@@ -30,7 +30,9 @@ from ray_cmf.constants import (
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
     HAND_OVER_WAIT_S,
+    REPORTS_METRICS_NAME,
     RUN_EXECUTION_TYPE,
+    STEPS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
     TRIAL_PROPERTY,
 )
@@ -50,8 +52,6 @@ from ray_cmf.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
-STEPS_METRICS_NAME = "train_steps"
-REPORTS_METRICS_NAME = "train_reports"
 FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
 _NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)

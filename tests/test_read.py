@@ -247,6 +247,17 @@ def test_the_default_series_is_the_obvious_one_or_an_error_that_lists_them(
         Sweep(two)
     assert main(["trials", "--store", str(two.root)]) == 2
     assert "['x', 'y']" in capsys.readouterr().err
+    for held, shown in (
+        (("train_steps", "train_reports", "system_metrics"), "train_steps"),  # StepLogger and CmfTrainCallback
+        (("train_reports", "system_metrics"), "train_reports"),  # CmfTrainCallback alone
+        (("train", "system_metrics"), "train"),  # Cmf with its sampler
+    ):
+        root = tmp_path / "-".join(held)
+        for name in held:
+            write_trials(root, [Trial("run", {}, {name: [{"step": 1, "loss": 0.5}]})], metrics_name=name)
+        assert Sweep(root).metrics_name == shown
+        assert main(["show", "run", "--store", str(root)]) == 0  # asked for --metrics-name
+        assert "loss" in capsys.readouterr().out
 
 
 def test_output_paths_and_counts_that_cannot_be_used_are_clear_errors(
