@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 import ml_metadata.proto.metadata_store_pb2 as mlpb
 
@@ -39,8 +40,10 @@ from ray_cmf.lineage import (
     owner_of,
     properties,
     property_of,
+    shown_executions,
     state_name,
     trial_id_of,
+    trial_keys,
 )
 from ray_cmf.series_format import SpillManifest, discard_spill
 from ray_cmf.store import Store
@@ -49,11 +52,18 @@ from ray_cmf.versioning import cache_path
 log = logging.getLogger(__name__)
 
 
+class FreedTrial(NamedTuple):
+    """A trial that a gc freed: its pipeline, and its key in that pipeline's table (see ``Sweep.key``)."""
+
+    pipeline: str
+    trial_id: str
+
+
 @dataclass
 class Collected:
     """What a gc freed (or, dry, would free)."""
 
-    trials: list[str] = field(default_factory=list)  # the deleted trials whose files were freed
+    trials: list[FreedTrial] = field(default_factory=list)  # the deleted trials whose files were freed
     files: list[str] = field(default_factory=list)  # store URLs of the Parquet files
     bytes: int = 0  # of the files and their cache objects
     cache_objects: int = 0
@@ -97,13 +107,14 @@ def collect(
         )
     pushed = store.require_remote() if remote else None
     executions = lineage.store.get_executions()
-    dead = _dead(lineage, executions, older_than)
+    counted_as = _dead(lineage, executions, older_than)
+    dead = set(counted_as)
     out = Collected()
     doomed, out.kept_shared = _doomed(lineage, executions, dead)
     out.files = [str(properties(a).get("url", a.uri)) for a in doomed]
     spills = _spills(store, dead)
     out.spills = len(spills)
-    out.trials = _trials_of(lineage, executions, doomed, spills)
+    out.trials = _trials_of(lineage, counted_as, doomed, spills)
     if not dry_run:
         _set_state(lineage, doomed, mlpb.Artifact.MARKED_FOR_DELETION)
     for artifact in track(doomed, "freeing deleted trials' files", len(doomed)):
@@ -126,33 +137,44 @@ def collect(
     return out
 
 
-def _trials_of(lineage: Lineage, executions: list[Execution], doomed: list[Artifact], spills: list[Path]) -> list[str]:
-    """The trials whose files or spills this gc frees (a Train run's count as its trial)."""
-    by_id = {e.id: e for e in executions}
+def _trials_of(
+    lineage: Lineage, counted_as: dict[int, int], doomed: list[Artifact], spills: list[Path]
+) -> list[FreedTrial]:
+    """The trials whose files or spills this gc frees (a Train run's count as its trial), each named by its
+    key in its pipeline's table of trials (Tune's trial ids recur, so an id alone may name several)."""
     ids = (
         {event.execution_id for event in lineage.store.get_events_by_artifact_ids([a.id for a in doomed])}
         if doomed
         else set()
     )
     ids |= {SpillManifest.read(directory).execution_id for directory in spills}
-    return sorted({str(property_of(by_id[i], TRIAL_PROPERTY) or trial_id_of(by_id[i])) for i in ids if i in by_id})
+    freed = {counted_as[i] for i in ids if i in counted_as}
+    named = []
+    for pipeline in lineage.pipelines() if freed else []:
+        shown = shown_executions(lineage, lineage.stages(pipeline))
+        keys = trial_keys(shown)
+        named += [FreedTrial(pipeline.name, keys[e.id]) for e, _ in shown if e.id in freed]
+    return sorted(named)
 
 
-def _dead(lineage: Lineage, executions: list[Execution], older_than: timedelta | None) -> set[int]:
-    """The executions to collect: deleted long enough ago, and the Train runs inside such a trial: those that
-    name it as their owner, or (runs recorded before owners) those of its Tune id in its stage. Another
-    sweep's trial of the id, in any stage, is another trial."""
+def _dead(lineage: Lineage, executions: list[Execution], older_than: timedelta | None) -> dict[int, int]:
+    """The executions to collect, each with the trial it counts as: the trials deleted long enough ago, and
+    the Train runs inside such a trial: those that name it as their owner, or (runs recorded before owners)
+    those of its Tune id in its stage. Another sweep's trial of the id, in any stage, is another trial."""
     cutoff = datetime.now(timezone.utc) - (older_than or timedelta(0))
     marks = {e.id: deleted_at(property_of(e, DELETED_PROPERTY)) for e in executions}
-    dead = {i for i, when in marks.items() if when is not None and when <= cutoff}
+    dead = {i: i for i, when in marks.items() if when is not None and when <= cutoff}
     runs = [e for e in executions if property_of(e, TRIAL_PROPERTY) is not None]
-    owners = {owner_of(trial=i) for i in dead}
-    inside = {r.id for r in runs if property_of(r, OWNER_PROPERTY) in owners}
+    owners = {owner_of(trial=i): i for i in dead}
+    inside = {r.id: owners[owner] for r in runs if (owner := property_of(r, OWNER_PROPERTY)) in owners}
     unowned = [r for r in runs if property_of(r, OWNER_PROPERTY) is None]
     if unowned and dead:
         stage_of = _stage_of(lineage)
-        where = {(stage_of.get(e.id), trial_id_of(e)) for e in executions if e.id in dead}
-        inside |= {r.id for r in unowned if (stage_of.get(r.id), property_of(r, TRIAL_PROPERTY)) in where}
+        where = {(stage_of.get(e.id), trial_id_of(e)): e.id for e in executions if e.id in dead}
+        for run in unowned:
+            trial = where.get((stage_of.get(run.id), property_of(run, TRIAL_PROPERTY)))
+            if trial is not None:
+                inside[run.id] = trial
     return dead | inside
 
 

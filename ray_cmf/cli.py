@@ -565,7 +565,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         "kept_shared": freed.kept_shared,
     }
     if args.json:
-        _print_json({**row, "bytes": freed.bytes, "trial_ids": freed.trials, "urls": freed.files})
+        trials = [t._asdict() for t in freed.trials]
+        _print_json({**row, "bytes": freed.bytes, "freed_trials": trials, "urls": freed.files})
         return EXIT_OK
     _emit(args, [row], "gc: would free (dry run)" if args.dry_run else "gc: freed")
     return EXIT_OK

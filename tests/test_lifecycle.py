@@ -390,7 +390,7 @@ def test_gc_frees_only_what_deleted_trials_alone_hold(tmp_path: Path, capsys: py
 
     code, freed = _cli(capsys, "gc", "--store", root)
     gone = before - _files(store)
-    assert code == 0 and freed["trial_ids"] == ["b"]  # a freed nothing: twin holds its content
+    assert code == 0 and freed["freed_trials"] == [{"pipeline": "sweep", "trial_id": "b"}]  # twin holds a's content
     assert freed["files"] == 1 and freed["cache_objects"] == 1
     assert freed["bytes"] == sum(sizes[p] for p in gone) > 0
     assert len(gone) == 3 and {p.suffix for p in gone} == {".parquet", ".dvc", ""}  # file, .dvc, cache object
@@ -401,6 +401,27 @@ def test_gc_frees_only_what_deleted_trials_alone_hold(tmp_path: Path, capsys: py
     assert code == 0 and again["files"] == 0
     lineage = Sweep(root, include_deleted=True).trials()
     assert set(lineage["trial_id"]) == {"a", "twin", "b"}  # the metadata stays: lineage is explainable
+
+
+def test_gc_counts_and_names_each_trial_it_freed_where_ids_recur(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tune's trial ids recur across sweeps: gc named the trials it freed by bare id, so two trials ``t``
+    counted as one and could not be told apart. Each is named by its key in its pipeline's table."""
+    for pipeline, stage, scale in (("p", "first", 1.0), ("p", "second", 2.0), ("q", "first", 3.0)):
+        write_trials(
+            tmp_path / "store", [Trial("t", {"lr": scale}, {"": _rows(scale)})], pipeline=pipeline, stage=stage
+        )
+    write_trials(tmp_path / "store", [Trial("alone", {}, {"": _rows(4.0)})], pipeline="q", stage="first")
+    root = str(tmp_path / "store")
+    for pipeline in ("p", "q"):
+        sweep = Sweep(root, pipeline=pipeline)
+        sweep.delete([key for key in sweep.trials()["trial_id"] if "t" in key.split("/")[-1]])
+    code, freed = _cli(capsys, "gc", "--store", root)
+    named = [(r["pipeline"], r["trial_id"]) for r in freed["freed_trials"]]
+    assert code == 0 and freed["trials"] == 3 == len(named) and freed["files"] == 3
+    assert sorted(named) == [("p", "first/t"), ("p", "second/t"), ("q", "t")]
+    assert Sweep(root, pipeline="q").steps()["trial_id"].unique().tolist() == ["alone"]
 
 
 def test_gc_of_a_deleted_trial_leaves_the_train_run_of_its_namesake_in_another_stage(tmp_path: Path) -> None:
@@ -759,7 +780,7 @@ def test_what_a_new_user_ran_into_says_what_happened(tmp_path: Path, capsys: pyt
     code, shown = _cli(capsys, "show", "c", "--store", root, "--include-deleted")
     assert code == 0 and shown["deleted_at"]
 
-    assert collect(store).trials == ["c"]
+    assert collect(store).trials == [("sweep", "c")]
     code, again = _cli(capsys, "gc", "--store", root)
     assert code == 0 and again["trials"] == 0 and again["files"] == 0  # nothing left to free
     code, shown = _cli(capsys, "show", "c", "--store", root, "--include-deleted")
