@@ -86,9 +86,10 @@ class WriterClient:
         """Run a request and return its result (its error is raised here)."""
         return self.send(request, **kwargs).result()
 
-    def wait_binding(self, kind: str, name: str, timeout: float) -> Binding | None:
-        """The binding of a trial or run, waiting up to ``timeout`` seconds for another process to make it."""
-        return self.wait_for(StoreWriter.binding, timeout, kind=kind, name=name)
+    def wait_binding(self, kind: str, name: str, timeout: float, token: str | None = None) -> Binding | None:
+        """The binding of a trial or run (of the start ``token`` names, see :meth:`StoreWriter.binding`),
+        waiting up to ``timeout`` seconds for another process to make it."""
+        return self.wait_for(StoreWriter.binding, timeout, kind=kind, name=name, token=token)
 
     def wait_for(self, request: Callable[..., T | None], timeout: float, **kwargs: Any) -> T | None:
         """Run a request until it returns something other than None (another process has made what it

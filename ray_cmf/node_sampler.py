@@ -85,10 +85,12 @@ class NodeSampler:
 
 @dataclass(frozen=True)
 class Bound:
-    """A trial or run named, not yet bound: its samples wait for whoever binds it (see :func:`watch_process`)."""
+    """A trial or run named, not yet bound: its samples wait for whoever binds it (see :func:`watch_process`),
+    with ``token`` if given (see :meth:`StoreWriter.binding`)."""
 
     kind: str
     name: str
+    token: str | None = None
 
 
 BOUND_WAIT_S = (
@@ -100,7 +102,7 @@ def _system_key(binding: Any, instance: str) -> SeriesKey:
     import ray
 
     if isinstance(binding, Bound):
-        found = connect().wait_binding(binding.kind, binding.name, BOUND_WAIT_S)
+        found = connect().wait_binding(binding.kind, binding.name, BOUND_WAIT_S, binding.token)
         if found is None:
             raise RayCmfError(f"The {binding.kind} {binding.name!r} was never bound: its system metrics are lost")
         binding = found

@@ -70,6 +70,23 @@ def _train_context() -> Any:
         return None
 
 
+def _run_id(run_context: Any) -> str | None:
+    """Ray Train's id of this run (one per ``fit``, kept across worker restarts), from its TrainRunContext;
+    None outside Train or where Ray has none. It tells this run's registration from an earlier run's of the
+    same name."""
+    return getattr(run_context, "run_id", None)
+
+
+def _worker_run_id() -> str | None:
+    """In a Train worker: its run's id (see :func:`_run_id`), from Ray's internal context (None where it moved)."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        return _run_id(get_train_context().train_run_context)
+    except Exception:
+        return None
+
+
 def _store_name(store: str | os.PathLike[str] | None) -> Store | None:
     """The store a Train object names: resolved here on a driver or without Ray (argument, else
     ``$RAY_CMF_STORE``, else ``./cmf_store``); in a Ray worker, the argument as an absolute path on the
@@ -183,6 +200,7 @@ class StepLogger:
             self._context.get_experiment_name() if self._context else f"local-{uuid.uuid4().hex[:8]}"
         )
         self._registered_as = registered_run(self.run_name, trial_id)
+        self._token = _worker_run_id() if self._context is not None else None
         self.rank = dist_rank(group)
         self.steps_done = 0
         self._syncs = 0
@@ -208,7 +226,7 @@ class StepLogger:
 
     def _system_key(self) -> SeriesKey:
         """This worker's ``system_metrics`` series (one per rank), once rank 0 has registered the run."""
-        run = self._writer.wait_binding("run", self._registered_as, timeout=self._registration_timeout)
+        run = self._wait_for_run()
         if run is None:
             raise RayCmfError(
                 f"Train run {self.run_name!r} was not registered by rank 0 in {self._registration_timeout:g} s"
@@ -228,10 +246,14 @@ class StepLogger:
     def log_seeds(self, **seeds: int) -> None:
         """Rank 0: record the run's seeds (``seed_<name>`` properties; ints) and torch's initial seed."""
         if self.rank == 0:
-            run = self._writer.wait_binding("run", self._registered_as, timeout=self._registration_timeout)
+            run = self._wait_for_run()
             assert run is not None  # rank 0 registered it
             props = torch_seed() | seed_props(seeds)
             self._writer.call(StoreWriter.update_execution, execution_id=run.execution_id, props=props, store=run.store)
+
+    def _wait_for_run(self) -> Binding | None:
+        """The run's registration by rank 0 (this fit's, not an earlier run's of the name)."""
+        return self._writer.wait_binding("run", self._registered_as, self._registration_timeout, self._token)
 
     def _bind(self, pipeline: str, stage: str | None, store: Store | None) -> Reply:
         """Rank 0: register the run's execution (in the trial's pipeline and stage inside a Tune trial).
@@ -261,6 +283,7 @@ class StepLogger:
             environment=capture(code=False),
             start=True,
             trial=trial,
+            token=self._token,
         )
 
     def step(self, samples: int | None = None) -> dict[str, float] | None:
@@ -463,6 +486,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                 store=store,
                 environment=self._environment,
                 trial=trial,
+                token=_run_id(self._run_context),
             )
             sink = writer.sink(lambda: SeriesKey(binding.result(), self.metrics_name))
             self._runtime = _CallbackRuntime(writer, run_name, binding, MetricBuffer(sink=sink))
@@ -499,7 +523,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                         meta.pid,
                         meta.node_id,
                         f"{run}/rank{rank}{group}",
-                        Bound("run", registered_run(run, self.trial_id)),
+                        Bound("run", registered_run(run, self.trial_id), _run_id(self._run_context)),
                         self.system_metrics,
                         instance=f"rank{rank}{group}",
                         extra={"rank": rank},

@@ -141,7 +141,7 @@ class StoreWriter:
     def __init__(self, store: Store | None = None) -> None:
         self._default = store
         self._stores: dict[Store, Store] = {}
-        self._bindings: dict[tuple[str, str], Binding] = {}
+        self._bindings: dict[tuple[str, str], tuple[Binding, str | None]] = {}  # with the token of its start
         self._series: dict[tuple[Store, str], _Series] = {}
         self._ended: set[tuple[Store, int]] = set()  # executions whose trial or run has ended
         self._node_sampled: set[tuple[str, str]] = set()  # trials whose process their node's sampler samples
@@ -183,6 +183,7 @@ class StoreWriter:
         node_sampled: bool = False,
         sweep: str | None = None,
         trial: Binding | None = None,
+        token: str | None = None,
     ) -> Binding:
         """Get (on restore or restart) or create the execution ``name``, mark it RUNNING, log its input data
         once, and merge in what it runs on (``environment``, see :meth:`record_environment`).
@@ -192,7 +193,9 @@ class StoreWriter:
         ``node_sampled``: its node's sampler samples its process (see :class:`Joined`).
         ``sweep``: the id of the sweep a trial is of (kept by a restore): a trial of the same id that another
         sweep left in the stage is not reopened. ``trial``: the Tune trial a Train run runs in: the run is that
-        trial's own, and every version of its series is an output of the trial too.
+        trial's own, and every version of its series is an output of the trial too. ``token``: what names
+        this start of it (Ray Train's run id): a process that asks for the binding with the token of another
+        start (the same run name used again) waits for its own (see :meth:`binding`).
         """
         within = trial.execution_id if trial is not None else None
         binding, execution = self.execution(
@@ -210,7 +213,7 @@ class StoreWriter:
         live.update_execution(execution.id, props, "RUNNING")
         with self._lock:
             first = (kind, name) not in self._bindings
-            self._bindings[(kind, name)] = binding
+            self._bindings[(kind, name)] = (binding, token)
             self._ended.discard((live, execution.id))
             if node_sampled:
                 self._node_sampled.add((kind, name))
@@ -225,15 +228,20 @@ class StoreWriter:
             live.log_environment(execution.id, environment)
         return binding
 
-    def binding(self, *, kind: str, name: str) -> Binding | None:
-        """The binding of a trial or run, or None when none was made yet."""
+    def binding(self, *, kind: str, name: str, token: str | None = None) -> Binding | None:
+        """The binding of a trial or run, or None when none was made yet; with a ``token``, None until a
+        start of that token binds it (an earlier run of the name must not be taken for this one)."""
         with self._lock:
-            return self._bindings.get((kind, name))
+            binding, bound_by = self._bindings.get((kind, name), (None, None))
+        return binding if token is None or token == bound_by else None
 
-    def join(self, *, kind: str, name: str, environment: Environment | None = None) -> Joined | None:
+    def join(
+        self, *, kind: str, name: str, environment: Environment | None = None, token: str | None = None
+    ) -> Joined | None:
         """All that a process joining a bound trial or run needs, in one request (see :class:`Joined`),
-        after recording what it runs on (``environment``); None while it is not bound yet."""
-        binding = self.binding(kind=kind, name=name)
+        after recording what it runs on (``environment``); None while it is not bound yet (``token``: see
+        :meth:`binding`)."""
+        binding = self.binding(kind=kind, name=name, token=token)
         if binding is None:
             return None
         live = self._open(binding.store)

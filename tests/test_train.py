@@ -263,6 +263,24 @@ def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session:
     assert set(pq.read_table(raw).column("attempt").to_pylist()) == {1, 2}
 
 
+def test_a_run_name_used_again_in_one_ray_session_records_each_run_where_it_names(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Users name their runs (``RunConfig(name=...)``) and run the cell again, here into another store, in the
+    same Ray session: the second run's workers found the first run's registration with the writer and
+    logged into it (rank 0's seeds, and every rank's system metrics), so the second store missed them."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    _fit(first, "again", sampling=0.1, step_sleep=0.02)
+    pids = {rank: {r["pid"] for r in rows} for rank, rows in _system_rows(first / "store").items()}
+    _fit(second, "again", sampling=0.1, step_sleep=0.02)
+    assert {rank: {r["pid"] for r in rows} for rank, rows in _system_rows(first / "store").items()} == pids
+    [execution] = Lineage(second / "store" / MLMD_FILE, readonly=True).store.get_executions()
+    assert properties(execution)["seed_loader"] == 1234
+    by_rank = _system_rows(second / "store")
+    assert sorted(by_rank) == [0, 1] and all(len(rows) >= 2 for rows in by_rank.values())
+    assert not {r["pid"] for rows in by_rank.values() for r in rows} & set().union(*pids.values())
+
+
 def test_single_worker(ray_session: None, tmp_path: Path) -> None:
     _fit(tmp_path, "single", workers=1)
     steps = _series(tmp_path, "train_steps").steps()
