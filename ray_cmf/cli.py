@@ -610,12 +610,12 @@ def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool
 def _add_global_options(parser: argparse.ArgumentParser, *, in_command: bool) -> None:
     """``--store``, ``--json`` and ``-v``, which go before the command (``ray-cmf --store S trials``) or after
     it: a command's own copies default to nothing, so that they keep what was said before the command."""
-    unset = {"default": argparse.SUPPRESS} if in_command else {}
     store_help = "store directory (default: $RAY_CMF_STORE or ./cmf_store)"
-    parser.add_argument("--store", help=store_help, **({"default": None} | unset))
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON", **unset)
+    parser.add_argument("--store", help=store_help, default=argparse.SUPPRESS if in_command else None)
+    unset: Any = argparse.SUPPRESS if in_command else False
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON", default=unset)
     verbose_help = "also show ray_cmf's and ML-Metadata's own log lines"
-    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help, **unset)
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help, default=unset)
 
 
 def build_parser() -> argparse.ArgumentParser:
