@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from ray_cmf.binding import Binding, SeriesKey
-from ray_cmf.errors import StoreError
+from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.writer import StoreWriter, Tail, chunk_start
 
 if TYPE_CHECKING:
@@ -91,13 +91,47 @@ class WriterClient:
         waiting up to ``timeout`` seconds for another process to make it."""
         return self.wait_for(StoreWriter.binding, timeout, kind=kind, name=name, token=token)
 
-    def wait_for(self, request: Callable[..., T | None], timeout: float, **kwargs: Any) -> T | None:
+    def wait_for_trial(self, request: Callable[..., T | None], trial_id: str, timeout: float, **kwargs: Any) -> T:
+        """:meth:`wait_for` a request about Tune trial ``trial_id``, which the driver's CmfRayLogger registers
+        (maybe a moment after the trial started), but not while no CmfRayLogger's sweep runs: nothing would
+        ever register it.
+
+        Raises:
+            RayCmfError: The trial is not registered, saying why.
+        """
+
+        def no_sweep() -> bool:
+            return not self.call(StoreWriter.sweeps_running)
+
+        found = self.wait_for(request, timeout, give_up=no_sweep, kind="trial", name=trial_id, **kwargs)
+        if found is None:
+            why = (
+                "no CmfRayLogger runs a sweep in this Ray job"
+                if no_sweep()
+                else f"none was registered in {timeout:g} s"
+            )
+            raise RayCmfError(
+                f"Tune trial {trial_id!r} is not registered with ray_cmf ({why}); add CmfRayLogger(...) to "
+                "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
+            )
+        return found
+
+    def wait_for(
+        self,
+        request: Callable[..., T | None],
+        timeout: float,
+        *,
+        give_up: Callable[[], bool] | None = None,
+        **kwargs: Any,
+    ) -> T | None:
         """Run a request until it returns something other than None (another process has made what it
-        reads), for up to ``timeout`` seconds; None if it never did."""
+        reads), for up to ``timeout`` seconds, or until ``give_up()`` says it never will; None if it never did."""
         deadline, pause = time.monotonic() + timeout, 0.05
         while (found := self.call(request, **kwargs)) is None:
             if time.monotonic() > deadline:
                 return None
+            if give_up is not None and give_up():
+                return self.call(request, **kwargs)  # made while give_up was asked, or never
             time.sleep(pause)
             pause = min(pause * 2, 0.5)  # a long wait asks the writer twice a second, not twenty times
         return found

@@ -20,6 +20,7 @@ from typing import Any
 import ray
 from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
 
+from ray_cmf._hooks import never_raises
 from ray_cmf._names import check_name
 from ray_cmf.actor import connect, ray_driver, start_writer
 from ray_cmf.binding import Binding, SeriesKey
@@ -56,6 +57,7 @@ FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
 _NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)
 _BIND_TIMEOUT_S = 60.0  # how long a worker waits for rank 0 to register the run
+_hook = never_raises("training")
 
 
 def _train_context() -> Any:
@@ -110,15 +112,8 @@ def registered_run(run_name: str, trial_id: str | None) -> str:
 
 
 def _trial_binding(writer: WriterClient, trial_id: str, timeout: float) -> Binding:
-    """The binding of the Tune trial that runs a Train run (the driver's writer may register it a moment
-    after the trial started); a trial that is never registered is an error that says what to pass."""
-    trial = writer.wait_binding("trial", trial_id, timeout)
-    if trial is None:
-        raise RayCmfError(
-            f"trial_id={trial_id!r} is not a trial of a sweep running CmfRayLogger (none was registered in "
-            f"{timeout:g} s); pass the id of the trial that runs this loop"
-        )
-    return trial
+    """The binding of the Tune trial that runs a Train run (see :meth:`WriterClient.wait_for_trial`)."""
+    return writer.wait_for_trial(StoreWriter.binding, trial_id, timeout)
 
 
 def _enclosing_trial() -> str | None:
@@ -428,7 +423,12 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
             second); None switches it off (then each :class:`StepLogger` samples its own process).
         trial_id: The Tune trial that runs this TorchTrainer (default: the trial the callback is built in,
             if any): the run is then recorded in the trial's pipeline and stage, as one run with its
-            ``StepLogger(trial_id=...)``.
+            ``StepLogger(trial_id=...)``. Where no CmfRayLogger runs the sweep, the run is recorded where
+            ``pipeline_name`` says, with a warning.
+
+    Raises:
+        RayCmfError: Built in a Ray worker (a Tune trial) of a job whose driver runs no ray_cmf writer:
+            add ``CmfRayLogger`` to the Tuner (or call :func:`ray_cmf.start_writer` on the driver).
     """
 
     def __init__(
@@ -457,6 +457,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         self._stopping: list[Any] = []  # their hand-overs, once their worker group stops (until an end waits)
         self._worker_groups = 0  # worker groups started: a restarted group's workers get series of their own
         self._runtime: _CallbackRuntime | None = None
+        if ray.is_initialized() and not ray_driver():  # in a Tune trial, say: a clear error now, not a failed run
+            connect()  # later (the driver's writer must run: the callback cannot start one here)
 
     def __getstate__(self) -> dict[str, Any]:
         """Train ships the callback to its controller: on the driver, start the writer and capture the code."""
@@ -503,9 +505,11 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                 log.warning("ray_cmf: run %r is recorded in pipeline %r: %s", run_name, self.pipeline_name, exc)
         return self.pipeline_name, self.pipeline_stage or run_name, self.store, None
 
+    @_hook
     def after_controller_start(self, train_run_context: Any) -> None:
         self._run_context = train_run_context
 
+    @_hook
     def after_worker_group_start(self, worker_group: Any) -> None:
         """Have each worker's node sample its process into its rank's ``system_metrics`` series. The run is
         bound later (by rank 0's StepLogger, in a Tune trial's stage, or by the first report): its samples
@@ -533,11 +537,13 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         except Exception as exc:  # logging never kills training
             log.warning("ray_cmf: the run's workers will not be sampled: %s: %s", type(exc).__name__, exc)
 
+    @_hook
     def before_worker_group_shutdown(self, worker_group: Any) -> None:
         """Start the hand-over of every worker's last sample and rows (waited for at the run's end)."""
         self._stopping.extend(found.stop() for found in self._watches)
         self._watches.clear()
 
+    @_hook
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
         rt = self._rt()
         checkpoint = training_report.checkpoint
@@ -553,6 +559,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 
+    @_hook
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
         errors = worker_group_status.errors
         if not errors:
@@ -560,6 +567,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         message = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items()))
         self._commit(self._rt(), {"status": "FAILED", "error": message[:2000]}, "FAILED", end=True)
 
+    @_hook
     def after_controller_finish(self, result: Any) -> None:
         """The run's end: commit what is left and mark the run as it ended (unless StepLogger or a failure
         did so already), then wait for the commits, which the controller's end would cut short."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from ray import tune
 
+from ray_cmf._hooks import never_raises
 from ray_cmf._names import check_mode, check_name
 from ray_cmf.actor import connect, ray_driver, start_writer
 from ray_cmf.binding import SeriesKey
@@ -68,7 +69,8 @@ def trial_cmf(
 
     Works in the trial's own process, on any node, and on the driver (which holds every trial's at once:
     cmflib's ``logger.cmf_obj[trial_id]``). Waits up to ``timeout`` seconds for
-    the callback to register the trial (it may start before Tune calls ``on_trial_start``).
+    the callback to register the trial (it may start before Tune calls ``on_trial_start``), and not at all
+    while no CmfRayLogger's sweep runs.
     ``buffer_options`` (``flush_rows``, ``flush_seconds``) apply to the series it logs.
 
     Asked for on a thread other than the main one (Tune runs a trainable on a thread of its own), it also
@@ -85,12 +87,7 @@ def trial_cmf(
     writer = connect()
     in_trial = threading.current_thread() is not threading.main_thread()  # Tune's thread for the trainable
     here = capture(code=False, software=False) if in_trial else None
-    joined = writer.wait_for(StoreWriter.join, timeout, kind="trial", name=trial_id, environment=here)
-    if joined is None:
-        raise RayCmfError(
-            f"Trial {trial_id!r} is not registered with ray_cmf; add CmfRayLogger(...) to "
-            "tune.RunConfig(callbacks=[...]) of the Tuner that runs it"
-        )
+    joined = writer.wait_for_trial(StoreWriter.join, trial_id, timeout, environment=here)
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
     if in_trial:
         interval = None if joined.node_sampled else system_metrics
@@ -275,17 +272,7 @@ def _existing(argument: str, path: str | os.PathLike[str]) -> str:
     return found
 
 
-def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
-    """A Tune hook whose failure is a warning: nothing the logger does may end a sweep."""
-
-    @functools.wraps(hook)
-    def guarded(self: CmfRayLogger, *args: Any, **kwargs: Any) -> None:
-        try:
-            hook(self, *args, **kwargs)
-        except Exception as exc:
-            log.warning("ray_cmf: %s failed, the sweep goes on: %s: %s", hook.__name__, type(exc).__name__, exc)
-
-    return guarded
+_hook = never_raises("the sweep")
 
 
 class CmfRayLogger(tune.Callback):
@@ -445,7 +432,7 @@ class CmfRayLogger(tune.Callback):
         }
 
     # -- Tune hooks ----------------------------------------------------------------------------------
-    @_never_raises
+    @_hook
     def setup(self, **info: Any) -> None:
         """A sweep starts (after ``set_state``, on a restore): it gets an id of its own, so that trials whose
         Tune ids coincide with an earlier sweep's in the stage are new executions, not restores."""
@@ -453,10 +440,10 @@ class CmfRayLogger(tune.Callback):
             self._sweep = uuid.uuid4().hex
         self._restored = False
         starting = start_samplers() if self.system_metrics is not None else []
-        _ = self._rt  # start the writer on the driver before the first trial (the samplers start meanwhile)
+        self._rt.writer.call(StoreWriter.sweep_runs, sweep=self._sweep, running=True)  # before the first trial
         wait_for_samplers(starting, SAMPLERS_START_S)
 
-    @_never_raises
+    @_hook
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         state = self._trials.setdefault(trial.trial_id, _TrialState())
         state.committed = False
@@ -484,7 +471,7 @@ class CmfRayLogger(tune.Callback):
         found = watched.result()
         return found.stop() if found is not None else None
 
-    @_never_raises
+    @_hook
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
     ) -> None:
@@ -517,15 +504,15 @@ class CmfRayLogger(tune.Callback):
         if state.best is None or (value < state.best if self.mode == "min" else value > state.best):
             state.best = float(value)
 
-    @_never_raises
+    @_hook
     def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
         self._state(trial).buffer.seal()  # type: ignore[union-attr]  # rows up to a checkpoint survive a crash
 
-    @_never_raises
+    @_hook
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, "COMPLETE")
 
-    @_never_raises
+    @_hook
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, "FAILED")
 
@@ -570,7 +557,7 @@ class CmfRayLogger(tune.Callback):
             self._rt.writer.call(StoreWriter.commit, key=series)
         self._rt.writer.call(StoreWriter.end, binding=series.binding, props=props, state=status)
 
-    @_never_raises
+    @_hook
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
         """Commit every trial not yet committed, mark the top-N, and wait for the writer to drain.
 
@@ -590,6 +577,7 @@ class CmfRayLogger(tune.Callback):
             self._mark_top_n(trials)
         if self.push and (failed := self._rt.writer.call(StoreWriter.wait_for_pushes)):
             log.warning("ray_cmf: %d files were not pushed to the store's remote; run `ray-cmf push`", failed)
+        self._send(StoreWriter.sweep_runs, sweep=self._sweep, running=False)
         self._check(self._rt.replies)
         self._rt.executor.shutdown(wait=True)
         self._rt.sampling.shutdown(wait=True)

@@ -145,6 +145,7 @@ class StoreWriter:
         self._series: dict[tuple[Store, str], _Series] = {}
         self._ended: set[tuple[Store, int]] = set()  # executions whose trial or run has ended
         self._node_sampled: set[tuple[str, str]] = set()  # trials whose process their node's sampler samples
+        self._sweeps: set[str | None] = set()  # the sweeps whose CmfRayLogger runs (None: one saved before ids)
         self._pushing: set[Store] = set()  # stores whose committed files go to their remote as they commit
         self._uploads: list[Future[bool]] = []
         self._uploader: ThreadPoolExecutor | None = None
@@ -227,6 +228,17 @@ class StoreWriter:
         if environment is not None:  # the callback's and the workers' records complete each other
             live.log_environment(execution.id, environment)
         return binding
+
+    def sweep_runs(self, *, sweep: str | None, running: bool) -> None:
+        """A CmfRayLogger's sweep starts (before its first trial) or ends."""
+        with self._lock:
+            (self._sweeps.add if running else self._sweeps.discard)(sweep)
+
+    def sweeps_running(self) -> bool:
+        """Whether a CmfRayLogger's sweep runs: while none does, no trial is about to be bound, and a process
+        that waits for its trial's registration waits for nothing."""
+        with self._lock:
+            return bool(self._sweeps)
 
     def binding(self, *, kind: str, name: str, token: str | None = None) -> Binding | None:
         """The binding of a trial or run, or None when none was made yet; with a ``token``, None until a

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -474,6 +475,7 @@ def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_
     from ray_cmf.writer import StoreWriter
 
     client = start_writer(tmp_path / "store")
+    client.call(StoreWriter.sweep_runs, sweep="the driver's", running=True)  # what CmfRayLogger's setup says
 
     def register() -> None:
         time.sleep(1.0)
@@ -486,8 +488,68 @@ def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_
     steps.metrics.update(loss=torch.tensor(1.0))
     steps.step()
     assert steps.finish() is not None
-    with pytest.raises(RayCmfError, match="'never'"):
+    with pytest.raises(RayCmfError, match=r"'never'.*none was registered in 1 s"):
         StepLogger(MetricCollection({"loss": Mean()}), trial_id="never", system_metrics=None, registration_timeout=1)
+    client.call(StoreWriter.sweep_runs, sweep="the driver's", running=False)
+    with pytest.raises(RayCmfError, match=r"'nobody'.*no CmfRayLogger runs a sweep"):  # not "none ... in 5 s"
+        StepLogger(MetricCollection({"loss": Mean()}), trial_id="nobody", system_metrics=None, registration_timeout=5)
+
+
+NO_CMF_RAY_LOGGER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import ray
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray_cmf import CmfTrainCallback
+
+    address, store, results = sys.argv[1:]
+
+    def loop(config):
+        Path(results, "the loop ran").touch()
+        ray.train.report({"loss": 1.0})
+
+    def trainable(config):
+        TorchTrainer(
+            loop,
+            scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+            run_config=RunConfig(storage_path=results, callbacks=[CmfTrainCallback("inner", store=store)]),
+        ).fit()
+
+    ray.init(address=address, log_to_driver=False)  # a job of its own: no CmfRayLogger started its writer
+    grid = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 0.1}), run_config=tune.RunConfig(storage_path=results, verbose=0)
+    ).fit()
+    print(repr(grid[0].error))
+    """
+)
+
+
+def test_a_train_callback_in_a_sweep_without_cmf_ray_logger_is_an_error_before_training(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A CmfTrainCallback built in a Tune trial records through the writer that the sweep's CmfRayLogger
+    starts on the driver. Without one, the run trained, then failed at its first report (a ControllerError
+    of Train's, from the callback): logging killed training. Now building the callback says what to add."""
+    import subprocess
+    import sys
+
+    import ray
+
+    results = tmp_path / "results"
+    results.mkdir()
+    address = ray.get_runtime_context().gcs_address
+    done = subprocess.run(
+        [sys.executable, "-c", NO_CMF_RAY_LOGGER, address, str(tmp_path / "store"), str(results)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RayCmfError" in done.stdout and "CmfRayLogger" in done.stdout, done.stdout[-3000:]
+    assert not (results / "the loop ran").exists()
 
 
 def test_the_report_of_a_train_run_shows_each_series_and_rank(two_workers: Path, browser: Any) -> None:

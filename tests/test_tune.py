@@ -531,6 +531,21 @@ def test_the_driver_holds_every_trials_cmf_at_once(ray_session: None, tmp_path: 
     assert a.read_metrics("m")["x"].tolist() == [1, 3] and b.read_metrics("m")["x"].tolist() == [2]
 
 
+def test_a_trial_that_no_sweep_will_register_is_an_error_at_once(ray_session: None, tmp_path: Path) -> None:
+    """cmflib's docs build ``CmfRayLogger(trial_id)`` inside the trainable: where the Tuner has no
+    CmfRayLogger of its own, nothing ever registers the trial, and asking for its Cmf waited a minute before it
+    said so. While no CmfRayLogger's sweep runs, it says so at once (not "none was registered in 5 s")."""
+    from ray_cmf import CmfRayLogger, RayCmfError
+    from ray_cmf.actor import start_writer
+    from ray_cmf.tune import trial_cmf
+
+    start_writer(tmp_path / "store")  # a writer runs (an earlier sweep of the notebook started it)
+    with pytest.raises(RayCmfError, match=r"'abcde_00000' is not registered .*no CmfRayLogger runs a sweep"):
+        trial_cmf("abcde_00000", timeout=5)
+    with pytest.raises(RayCmfError, match="add CmfRayLogger"):
+        CmfRayLogger("abcde_00000").cmf_obj["abcde_00000"]  # the cmflib docs' pattern
+
+
 def test_a_metric_no_result_holds_is_warned_about(
     ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
