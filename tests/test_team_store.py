@@ -388,7 +388,8 @@ def test_tags_deletion_and_gc_on_a_team_store_and_its_s3_remote(
     remote = Store(store).require_remote()
     assert main(["gc", "--store", str(store), "--remote", "--json"]) == 0
     freed = json.loads(capsys.readouterr().out)
-    assert freed["trial_ids"] == ["run-2"] and freed["files"] == 1 and freed["kept_shared"] == 1  # run-0: shared
+    assert freed["freed_trials"] == [{"pipeline": "pg", "trial_id": "run-2"}]
+    assert freed["files"] == 1 and freed["kept_shared"] == 1  # run-0: shared
     assert freed["remote_objects"] == 1 and not remote.exists(files["run-2"].md5) and remote.exists(files["run-1"].md5)
     assert not files["run-2"].path.exists() and files["run-1"].path.exists()
     assert main(["verify", "--store", str(store), "--remote"]) == 0
