@@ -617,9 +617,11 @@ class Sweep:
         }
 
     def config(self, trial_id: str) -> dict[str, Any]:
-        """The config a trial recorded, its nested keys flattened with ``/``: only its own keys, where the
-        trial table gives every trial each key of the sweep (None where it has none)."""
-        return dict(sorted(_config(self._properties(trial_id)).items()))
+        """The config a trial recorded, its nested keys flattened with ``.``: only its own keys, where the
+        trial table gives every trial each key of the sweep (None where it has none), and each value as
+        recorded, where the table holds a list (or any value other than a number, bool or text) as its JSON
+        text."""
+        return dict(sorted(_config(self._properties(trial_id), as_json=False).items()))
 
     def _properties(self, trial_id: str) -> dict[str, Any]:
         for execution, _ in self.executions():
@@ -638,11 +640,12 @@ class Sweep:
                 raise unknown_trials([trial], table.index, self.pipeline)
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
-        fields = [f for f in pair.index if f.startswith("config/") or f.endswith(("_best", "_final")) or f == "steps"]
-        envs = [self.environment(trial_a), self.environment(trial_b)]
-        keys = sorted(set(envs[0]) | set(envs[1]))
-        recorded = pd.DataFrame([[env.get(k) for env in envs] for k in keys], index=keys, columns=pair.columns)
-        pair = pd.concat([pair.loc[fields], recorded])
+        fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f == "steps"]
+        configs = [{f"config/{k}": v for k, v in self.config(t).items()} for t in pair.columns]  # a list is no cell
+        environments = [self.environment(t) for t in pair.columns]
+        pair = pd.concat(
+            [_side_by_side(configs, pair.columns), pair.loc[fields], _side_by_side(environments, pair.columns)]
+        )
         differs = pair.apply(lambda r: not _same(r.iloc[0], r.iloc[1]), axis=1)
         return pair[differs]
 
@@ -770,12 +773,14 @@ def _ranking(props: Mapping[str, Any]) -> dict[str, Any]:
 def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The trial table's recorded part: a column that some trials lack keeps each value as it was recorded
     (an int stays an int) and None where it is missing, instead of pandas' NaN, which is a value (and would
-    be written to JSON as "NaN")."""
+    be written to JSON as "NaN"); so does a column of ints and floats, which pandas makes all floats (2**53 + 1
+    would read as 2**53)."""
     import pandas as pd
 
     table = pd.DataFrame(rows)
     for column in table.columns:
-        if any(row.get(column) is None for row in rows):
+        kinds = {type(row.get(column)) for row in rows}
+        if type(None) in kinds or {int, float} <= kinds:
             table[column] = pd.Series([row.get(column) for row in rows], index=table.index, dtype=object)
     return table
 
@@ -787,20 +792,30 @@ def _status(execution: Execution, props: Mapping[str, Any]) -> str:
     return CRASHED if status == "RUNNING" and abandoned(state, props) else status
 
 
-def _config(props: Mapping[str, Any]) -> dict[str, Any]:
+def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]:
+    """An execution's recorded config, flattened (see :func:`~ray_cmf.lineage.flatten_config`)."""
     raw = props.get(CONFIG_JSON)
     if not isinstance(raw, str):
         return {}
     from ray_cmf.lineage import flatten_config
 
-    return flatten_config(json.loads(raw))
+    return flatten_config(json.loads(raw), as_json=as_json)
+
+
+def _side_by_side(values: Sequence[Mapping[str, Any]], columns: pd.Index) -> pd.DataFrame:
+    """Each trial's recorded values as a column (rows: every key either has; None where one lacks it)."""
+    import pandas as pd
+
+    keys = sorted(set().union(*values))
+    return pd.DataFrame([[one.get(k) for one in values] for k in keys], index=keys, columns=columns, dtype=object)
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two recorded values are the same: two blanks (None, "", NaN) are."""
+    """Whether two recorded values are the same: two blanks (None, "", NaN) are, and a bool is only ever the
+    same as a bool (``True == 1`` in Python)."""
     if blank(a) and blank(b):
         return True
-    return bool(a == b)
+    return isinstance(a, bool) == isinstance(b, bool) and bool(a == b)
 
 
 def _metric_columns(schema: pa.Schema) -> list[str]:

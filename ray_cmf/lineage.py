@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -34,6 +35,8 @@ from ray_cmf.constants import (
     TRIAL_PROPERTY,
 )
 from ray_cmf.errors import StoreError
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # ML-Metadata's protobuf classes, named once (it ships no type information: to a type checker they are Any)
@@ -64,20 +67,47 @@ _DEADLOCKS = ("Deadlock found", "deadlock detected")  # MySQL's and PostgreSQL's
 _DEADLOCK_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)  # seconds between the tries of a call that a deadlock rolled back
 
 
-def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested mappings to ``a.b`` keys; leave scalars, render anything else as JSON."""
+def flatten_config(config: Mapping[str, Any], *, as_json: bool = True, warn: bool = False) -> dict[str, Any]:
+    """Flatten nested mappings to ``a.b`` keys, each level in sorted key order (as ``config_json`` holds it);
+    keep scalars, and anything else (a list, say) as its JSON text when ``as_json`` (an MLMD property or a
+    table cell holds a scalar) or as it is. Of two keys that flatten to one name (``"a.b"`` and
+    ``{"a": {"b": ...}}``) the first is kept: recording and reading a config keep the same one. ``warn``
+    (where a config is recorded) names each key left out."""
     flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_config(value, name + "."))
-        elif value is None or isinstance(value, bool | int | float | str):
+    kept: dict[str, tuple[str, ...]] = {}  # each name's path of keys
+    for path, value in _leaves(config, ()):
+        name = ".".join(path)
+        if name in flat:
+            if warn:
+                log.warning(
+                    "ray_cmf: config%s and config%s both flatten to %r: the first is kept (config_json keeps both)",
+                    _subscripts(kept[name]),
+                    _subscripts(path),
+                    name,
+                )
+            continue
+        kept[name] = path
+        if value is None or isinstance(value, bool | int | float | str):
             flat[name] = value
         elif _scalar(value):
             flat[name] = value.item()
         else:
-            flat[name] = json.dumps(value, default=_plain)
+            flat[name] = json.dumps(value, default=_plain) if as_json else value
     return flat
+
+
+def _subscripts(path: tuple[str, ...]) -> str:
+    return "".join(f"[{key!r}]" for key in path)
+
+
+def _leaves(config: Mapping[str, Any], path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Each non-mapping value of a nested config with its path of keys, each level in sorted key order."""
+    for key in sorted(config, key=str):
+        value = config[key]
+        if isinstance(value, Mapping):
+            yield from _leaves(value, (*path, str(key)))
+        else:
+            yield (*path, str(key)), value
 
 
 def _scalar(value: Any) -> bool:
@@ -102,7 +132,7 @@ def config_json(config: Mapping[str, Any]) -> str:
 def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
     """Execution properties for a config: its flattened scalars plus the whole config as JSON (a key under
     ray_cmf's reserved prefix stays in the JSON only, so it cannot pose as a tag or a deletion mark)."""
-    flat = {k: v for k, v in flatten_config(config).items() if not k.startswith(RESERVED_PREFIX)}
+    flat = {k: v for k, v in flatten_config(config, warn=True).items() if not k.startswith(RESERVED_PREFIX)}
     return {**flat, CONFIG_JSON: config_json(config)}
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ray_cmf import InvalidArgumentError, MetricsNotFoundError, Sweep
 from ray_cmf.cli import main, parse
 from tests._stores import Trial, write_trials
-from tests._values import floats
+from tests._values import INT64_MAX, INT64_MIN, floats, same
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
@@ -384,6 +384,94 @@ def test_numpy_config_values_read_back_as_numbers(tmp_path: Path) -> None:
     assert table["config/n"].tolist() == [0, 1] and table["config/lr"].tolist() == [0.0, 0.5]
     assert table["config/x.deep"].tolist() == [0.0, 1.0]
     assert sweep.trials(where="config/n > 0").index.size == 1
+
+
+_ABSENT = object()  # a trial whose config lacks the key
+_CONFIG_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(INT64_MIN, INT64_MAX),
+    st.sampled_from([2**53 + 1, -(2**53) - 1, 3]),
+    floats,
+    st.text(st.characters(exclude_categories=("Cs",)), max_size=4),
+    st.lists(st.integers(-3, 3), max_size=3),
+)
+
+
+def _same_config(logged: Any, read: Any) -> bool:
+    """Whether a config value reads back as recorded (JSON has one NaN: a NaN's sign and payload are not kept)."""
+    if isinstance(logged, float) and math.isnan(logged):
+        return isinstance(read, float) and math.isnan(read)
+    return same(logged, read)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@example(values=[2**53 + 1, 0.5])  # a new user's: the int read back as 2**53, and --where could not find it
+@example(values=[1, 2.5, _ABSENT])  # the int read back as the float 1.0
+@example(values=[[1, 2], "[1, 2]"])  # a list, and the text of one
+@given(values=st.lists(st.one_of(st.just(_ABSENT), _CONFIG_VALUES), min_size=1, max_size=4))
+def test_each_trials_config_value_reads_back_as_recorded_whatever_the_others_hold(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], values: list[Any]
+) -> None:
+    """A trial's config value under a key other trials hold too, as ``trials()``, ``--json``, ``--where`` and
+    ``Sweep.config`` read it. An int beside another trial's float read back as a float (2**53 + 1 as 2**53,
+    which ``--where`` then could not find). The table holds a list as its JSON text, a cell to sort, group and
+    query by; ``Sweep.config`` gives the list itself, where it gave the same text as for a config of that text."""
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    trials = [Trial(f"t{i}", {} if v is _ABSENT else {"k": v}, rows) for i, v in enumerate(values)]
+    store = write_trials(tmp_path_factory.mktemp("store"), trials)
+    sweep = Sweep(store)
+    table = sweep.trials().set_index("trial_id")
+    column = table["config/k"].tolist() if "config/k" in table else [None] * len(values)
+    code, printed = _cli(capsys, "trials", "--store", str(store.root))
+    by_id = {row["trial_id"]: row for row in printed}
+    assert code == 0
+    for trial, logged, read in zip(table.index, values, column, strict=True):
+        own = sweep.config(trial)
+        if logged is _ABSENT:
+            assert read is None and "k" not in own, (trial, read, own)
+            continue
+        shown = json.dumps(logged) if isinstance(logged, list) else logged
+        assert _same_config(shown, read) and _same_config(logged, own["k"]), (trial, logged, read, own)
+        if type(logged) is int:
+            assert _same_config(logged, by_id[trial]["config/k"]), by_id[trial]
+            assert trial in set(sweep.trials(where=f"config/k == {logged}")["trial_id"]), logged
+
+
+def test_config_keys_that_flatten_to_one_name_keep_one_value_and_say_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``{"a.b": 1, "a": {"b": 2}}`` flattens both keys to ``a.b``: the last one flattened replaced the other
+    without a word, and the order differed between the MLMD property (the config's own order) and the trial
+    table (``config_json``'s sorted keys), so they could disagree. Both now keep the first in sorted order,
+    and recording the config warns, naming the key left out."""
+    from ray_cmf.lineage import config_properties
+
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    config = {"a.b": 1, "a": {"b": 2}, "c": 3}
+    with caplog.at_level("WARNING"):
+        props = config_properties(config)
+    assert props["a.b"] == 2 and props["c"] == 3
+    assert "'a.b'" in caplog.text and "flatten" in caplog.text
+    sweep = Sweep(write_trials(tmp_path / "store", [Trial("t", config, rows)]))
+    assert sweep.trials()["config/a.b"].tolist() == [2] and sweep.config("t")["a.b"] == 2
+
+
+def test_diff_tells_configs_apart_as_recorded(tmp_path: Path) -> None:
+    """``diff`` compared the table's cells: a list config and a config of its text were the same ('[1, 2]'),
+    and so were True and 1 (``True == 1``)."""
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    configs = (
+        {"lst": [1, 2], "flag": True, "lr": 1, "same": 0.5},
+        {"lst": "[1, 2]", "flag": 1, "lr": 1.0, "same": 0.5},
+    )
+    sweep = Sweep(write_trials(tmp_path / "store", [Trial(t, c, rows) for t, c in zip("ab", configs, strict=True)]))
+    differs = sweep.diff("a", "b")
+    assert {"config/lst", "config/flag"} <= set(differs.index) and "config/same" not in differs.index
+    assert differs.loc["config/lst", "a"] == [1, 2] and differs.loc["config/lst", "b"] == "[1, 2]"
+    assert "config/lr" not in differs.index  # 1 and 1.0 are one number
 
 
 def _drawn_pixels(png: Path) -> int:
