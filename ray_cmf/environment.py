@@ -177,11 +177,13 @@ def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str, str]:
 
 
 def hardware_info() -> dict[str, Any]:
-    """Host, Ray node id (inside Ray), CPU model and count; GPU model, count and memory when torch sees one."""
+    """Host, Ray node id and IP (inside Ray), CPU model and count; GPU model, count and memory when torch sees
+    one."""
     props: dict[str, Any] = {"host": socket.gethostname(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count() or 0}
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         props["node_id"] = ray.get_runtime_context().get_node_id()
+        props["node_ip"] = ray.util.get_node_ip_address()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         count = torch.cuda.device_count()

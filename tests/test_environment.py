@@ -228,6 +228,7 @@ def test_each_trial_records_its_host_seeds_and_a_shared_package_list(sweep: Path
     for trial in trials:
         props = properties(trial)
         assert props["env_host"] == socket.gethostname() and props["env_node_id"]  # from the trial's process
+        assert props["env_node_ip"] == "127.0.0.1"  # recorded by the trial's process: these trials never report
         assert props["env_ray"] and props["env_python"]  # from the driver
         assert props["seed_data"] == round(props["lr"] * 100)
     [package_list] = lineage.store.get_artifacts_by_type(ENVIRONMENT_TYPE)
