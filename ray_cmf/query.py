@@ -203,23 +203,42 @@ class _Parser:
         return self.test()
 
     def test(self) -> Node:
+        first = self.peek()
         left = self.operand()
         token = self.peek()
         if token.kind == "op" and token.value in _COMPARE:
             self.i += 1
-            return Compare(token.value, left, self.operand())
+            second = self.peek()
+            right = self.operand()
+            for operand, other, at in ((left, right, first), (right, left, second)):
+                if isinstance(operand, Literal) and isinstance(other, Name):
+                    self.check_time(operand.value, _time(other), at)
+            return Compare(token.value, left, right)
         negated = bool(self.take("keyword", "not"))
         if self.take("keyword", "in"):
-            return Member(left, self.values(), negated)
+            return Member(left, self.values(isinstance(left, Name) and _time(left)), negated)
         raise self.error("expected a comparison (< <= == != >= >) or 'in'" if not negated else "expected 'in'")
 
-    def values(self) -> tuple[Any, ...]:
+    def values(self, timed: bool) -> tuple[Any, ...]:
         self.expect("op", "[", "'[' to open a list")
-        values = [self.literal()]
+        values = [self.timed_literal(timed)]
         while self.take("op", ","):
-            values.append(self.literal())
+            values.append(self.timed_literal(timed))
         self.expect("op", "]", "',' or ']'")
         return tuple(values)
+
+    def timed_literal(self, timed: bool) -> Any:
+        token = self.peek()
+        value = self.literal()
+        self.check_time(value, timed, token)
+        return value
+
+    def check_time(self, value: Any, timed: bool, token: _Token) -> None:
+        """A text compared with a time column (``started_at``) must read as a time: raise at the text if not."""
+        if timed and isinstance(value, str) and _utc(value) is None:
+            raise QueryError(
+                self.text, token.at, f"{value!r} is not a UTC date or time", " (ISO 8601: 2026-11-01, 2026-11-01T12:30)"
+            )
 
     def operand(self) -> Name | Literal:
         token = self.peek()
@@ -253,14 +272,6 @@ class Query:
     def check(self, columns: Sequence[str]) -> None:
         """Raise :class:`QueryError` at the first name that is not one of ``columns`` (listing them)."""
         known = set(columns)
-        for name, literal in _timed_literals(self.root):
-            if _utc(literal) is None:
-                raise QueryError(
-                    self.text,
-                    name.at,
-                    f"{literal!r} is not a UTC date or time",
-                    " (ISO 8601: 2026-11-01, 2026-11-01T12:30)",
-                )
         for name in _names(self.root):
             if name.name not in known:
                 raise QueryError(self.text, name.at, f"no column {name.name!r}", f"; the trials have {sorted(known)}")
@@ -284,21 +295,6 @@ def _names(node: Node) -> list[Name]:
         return [name for part in node.parts for name in _names(part)]
     operands = (node.left, node.right) if isinstance(node, Compare) else (node.operand,)
     return [o for o in operands if isinstance(o, Name)]
-
-
-def _timed_literals(node: Node) -> list[tuple[Name, str]]:
-    """Each text compared with a time column (``started_at``), with that column's name."""
-    if isinstance(node, Logic):
-        return [pair for part in node.parts for pair in _timed_literals(part)]
-    if isinstance(node, Member):
-        values = node.values if isinstance(node.operand, Name) and _time(node.operand) else ()
-        return [(node.operand, v) for v in values if isinstance(v, str)]  # type: ignore[misc]
-    pairs = ((node.left, node.right), (node.right, node.left))
-    return [
-        (a, b.value)
-        for a, b in pairs
-        if isinstance(a, Name) and _time(a) and isinstance(b, Literal) and isinstance(b.value, str)
-    ]
 
 
 @dataclass(frozen=True)

@@ -235,7 +235,9 @@ def test_a_nan_config_is_a_value_that_nan_finds_and_null_does_not(tmp_path: Path
         ("status in [config/lr]", 12, "found 'config/lr' at"),
         ("config/lr < 0.2and steps > 1", 13, "unexpected '0.2and'"),
         ('status == "COMPLETE', 11, 'unclosed "'),
-        ('started_at > "yesterday"', 1, "'yesterday' is not a UTC date or time"),
+        ('started_at > "yesterday"', 14, "'yesterday' is not a UTC date or time"),  # at the text, not the name
+        ('"soon" <= started_at', 1, "'soon' is not a UTC date or time"),
+        ('started_at in ["2026-11-01", "later"]', 30, "'later' is not a UTC date or time"),
         ("", 1, "empty"),
     ],
 )
