@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from ray_cmf import RayCmfError
 from ray_cmf.metrics import Accuracy, Histogram, Max, Mean, Metric, MetricCollection, Min, Sum, SyncHandle
@@ -133,6 +135,22 @@ def test_histogram_quantiles_and_out_of_range() -> None:
         Histogram(bins=4, low=1.0, high=1.0)
 
 
+@settings(max_examples=200, deadline=None)
+@example(data=[5.0 + i / 100 for i in range(100)])  # a new user's: p0 read 0.0, the empty underflow bin's edge
+@given(data=st.lists(st.floats(0.0, 10.0, exclude_max=True), min_size=1, max_size=40))
+def test_each_histogram_quantile_lies_in_the_bin_of_the_value_it_estimates(data: list[float]) -> None:
+    """A quantile is estimated inside the bin that holds the value it stands for (numpy's inverted CDF: the
+    smallest value with at least that share of the data at or below it), so it is off by a bin at most. p0
+    came out as 0.0 when the low bins were empty: it stood in the empty underflow bin, not the lowest value's."""
+    quantiles = (0.0, 0.1, 0.5, 0.9, 1.0)
+    h = Histogram(bins=10, low=0.0, high=10.0, quantiles=quantiles)
+    h.update(torch.tensor(data, dtype=torch.float64))
+    out = h.compute()
+    for q in quantiles:
+        truth = float(np.quantile(data, q, method="inverted_cdf"))
+        assert abs(out[f"p{q * 100:g}"].item() - truth) <= 1.0 + 1e-9, (q, truth, out[f"p{q * 100:g}"].item())
+
+
 @pytest.mark.parametrize("quantiles", [(0.9,), (0.0, 0.25, 0.999, 1.0), (0.5, 0.9), ()])
 def test_a_histograms_value_is_its_median_whatever_quantiles_it_reports(quantiles: tuple[float, ...]) -> None:
     metrics = MetricCollection({"h": Histogram(100, 0.0, 1.0, quantiles=quantiles)})
@@ -141,6 +159,17 @@ def test_a_histograms_value_is_its_median_whatever_quantiles_it_reports(quantile
     assert row["h"] == pytest.approx(0.5, abs=0.011)
     assert sorted(k for k in row if k.startswith("h_p")) == sorted(f"h_p{q * 100:g}" for q in quantiles)
     assert row.get("h_p90", 0.9) == pytest.approx(0.9, abs=0.011)
+
+
+def test_syncs_waited_for_out_of_order_leave_the_latest_ones_values() -> None:
+    """The values of the sync whose wait ended last stood, so an earlier interval's replaced the latest's."""
+    metrics = MetricCollection({"s": Sum()})
+    metrics["s"].update(1.0)
+    first = metrics.sync(async_op=True)
+    metrics["s"].update(10.0)
+    second = metrics.sync(async_op=True)
+    assert float(second.wait()["s"]) == 10.0 and float(first.wait()["s"]) == 1.0
+    assert float(metrics.compute()["s"]) == 10.0
 
 
 def test_sync_without_process_group_is_local_and_resets() -> None:

@@ -222,13 +222,16 @@ class MetricGroups:
     def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[MetricValues]:
         """End the interval: reduce a snapshot across ranks, reset local states, keep the global values."""
         self.fold()
+        interval = self.interval + 1
 
         def finish(states: GroupStates) -> MetricValues:
-            self.synced = self._values(states, keep=True)
-            return self.synced
+            values = self._values(states, keep=True)
+            if interval == self.interval:  # the latest sync started: an earlier one waited for late keeps out
+                self.synced = values
+            return values
 
         handle = self.pack.reduce(group, async_op=async_op).then(finish)
-        self.synced, self.interval, self.updated = None, self.interval + 1, False  # local values until it completes
+        self.synced, self.interval, self.updated = None, interval, False  # local values until it completes
         if not async_op:
             handle.wait()
         return handle

@@ -76,7 +76,10 @@ class Histogram(Metric):
         lower = torch.cat([edges[:1], edges[:-1], edges[-1:]]).expand_as(counts)
         upper = torch.cat([edges[:1], edges[1:], edges[-1:]]).expand_as(counts)
         targets = torch.stack([total * q for q in self._estimated], dim=1)
-        i = torch.searchsorted(cumulative, targets).clamp(max=self.bins + 1)
+        # the bin where the cumulative count reaches each target; for 0 (p0), the first bin that holds any
+        i = torch.where(
+            targets > 0, torch.searchsorted(cumulative, targets), torch.searchsorted(cumulative, targets, right=True)
+        ).clamp(max=self.bins + 1)
         before = torch.where(i > 0, cumulative.gather(1, (i - 1).clamp(min=0)), 0.0)
         inside = counts.gather(1, i)
         frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
