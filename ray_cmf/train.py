@@ -27,7 +27,6 @@ from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.client import Reply, WriterClient
 from ray_cmf.constants import (
-    DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
     HAND_OVER_WAIT_S,
@@ -42,7 +41,7 @@ from ray_cmf.errors import RayCmfError
 from ray_cmf.exits import on_thread_end
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.lineage import Artifact
-from ray_cmf.metrics import MetricCollection, Sum, SyncHandle
+from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.node_sampler import Bound, Watch, handed_over, watch_process
@@ -55,6 +54,7 @@ log = logging.getLogger(__name__)
 
 FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
+STEPS_MAX, STEPS_MIN = "ray_cmf_steps_max", "ray_cmf_steps_min"  # every sync carries the ranks' step counts
 _NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)
 _BIND_TIMEOUT_S = 60.0  # how long a worker waits for rank 0 to register the run
 _hook = never_raises("training")
@@ -150,6 +150,10 @@ class StepLogger:
             ``CmfTrainCallback`` samples the workers from their nodes, it leaves that to the callback.
         registration_timeout: How long rank 0 waits for ``trial_id``'s registration by the driver (and the
             other ranks for the run's), in seconds.
+        flush_rows, flush_seconds: Rank 0 sends its rows to the writer every ``flush_rows`` rows or
+            ``flush_seconds`` seconds. The default sends each row as it is logged (one per sync interval): a
+            rank that Ray Train stops while it waits in a sync, because another rank failed, neither returns
+            nor raises, and would lose the rows it still held.
 
     Example (in ``train_loop_per_worker``; ``examples/torch_trainer.py`` runs one)::
 
@@ -176,7 +180,7 @@ class StepLogger:
         trial_id: str | None = None,
         run_name: str | None = None,
         group: Any = None,
-        flush_rows: int = DEFAULT_FLUSH_ROWS,
+        flush_rows: int = 1,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
         registration_timeout: float = _BIND_TIMEOUT_S,
@@ -185,6 +189,8 @@ class StepLogger:
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
         self.metrics = metrics
         self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
+        self.metrics.add(STEPS_MAX, Max())
+        self.metrics.add(STEPS_MIN, Min())
         self.sync_every, self.report_every = sync_every, report_every
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.group = group
@@ -305,6 +311,8 @@ class StepLogger:
     def _launch(self) -> None:
         """Start reducing the interval across ranks (one packed collective) without waiting for it."""
         self.metrics[SAMPLES].update(float(self._samples))  # summed across ranks in the same packed sync
+        self.metrics[STEPS_MAX].update(float(self.steps_done))
+        self.metrics[STEPS_MIN].update(float(self.steps_done))
         self._samples = 0
         self._pending = (self.metrics.sync(self.group, async_op=True), self.steps_done, time.time())
 
@@ -313,12 +321,25 @@ class StepLogger:
         if self._pending is not None:
             self._complete()
 
-    def _complete(self) -> dict[str, float]:
-        """Wait for the sync in flight; rank 0 appends its row; every ``report_every`` syncs, report it."""
+    def _complete(self, log: bool = True) -> dict[str, float]:
+        """Wait for the sync in flight; rank 0 appends its row (``log``); every ``report_every`` syncs, report it.
+
+        Raises:
+            RayCmfError: The ranks synced at different steps (they ran unequal numbers of steps).
+        """
         assert self._pending is not None
         handle, step, launched = self._pending
         self._pending = None
         row = self.metrics.to_row(handle.wait())
+        lowest, highest = row.pop(STEPS_MIN), row.pop(STEPS_MAX)
+        if lowest != highest:
+            raise RayCmfError(
+                f"StepLogger: the ranks are at steps {lowest:g} to {highest:g} in one sync; every rank must call "
+                "step() as often (give each rank as many batches, e.g. drop_last=True), or their collectives pair "
+                "up wrongly and the run hangs"
+            )
+        if not log:
+            return row
         samples = row.pop(SAMPLES, 0.0)
         elapsed = launched - self._last_sync_time
         self._last_sync_time = launched
@@ -356,8 +377,10 @@ class StepLogger:
         then commits the samplers' series). A store failure is a warning (and None is returned).
         """
         self._drain()
-        if self.steps_done % self.sync_every:
-            self.sync()
+        partial = self.steps_done % self.sync_every != 0
+        if partial or world_size(self.group) > 1:  # a last sync, also to check that every rank ran as many steps
+            self._launch()
+            self._complete(log=partial)
         self._finished = True
         if self._sampler is not None:  # its rows reach the writer before this rank's final report
             self._sampler.stop()

@@ -62,7 +62,8 @@ def loop(config: dict[str, Any]) -> None:
         steps.load_state_dict(state)
         start = state["step"]
     per_sync = []
-    for step in range(start + 1, STEPS + 1):
+    last = config.get("steps_on_rank_1", STEPS) if rank == 1 else STEPS
+    for step in range(start + 1, last + 1):
         metrics["loss"].update(torch.tensor([_value(step, rank)]))
         metrics["top"].update(torch.tensor(_value(step, rank)))
         metrics["seen"].update(torch.tensor(1.0))
@@ -71,6 +72,8 @@ def loop(config: dict[str, Any]) -> None:
         steps.step(samples=4)
         if sum(counts.values()) > before:  # a sync started in this call
             per_sync.append(sum(counts.values()) - before)
+        if config.get("raise_at") == step and rank == 1:
+            raise RuntimeError(f"rank 1 fails at step {step}")  # rank 0 waits in its next sync until it is stopped
         crash = Path(config["store"]) / "crashed"
         if config.get("crash_at") == step and rank == 1 and not crash.exists():
             crash.touch()
@@ -87,10 +90,16 @@ def loop(config: dict[str, Any]) -> None:
 
 
 def _fit(
-    tmp: Path, name: str, workers: int = 2, sampling: float | None = 10.0, train: Any = None, **config: Any
+    tmp: Path,
+    name: str,
+    workers: int = 2,
+    sampling: float | None = 10.0,
+    train: Any = None,
+    max_failures: int = 1,
+    **config: Any,
 ) -> Any:
     """Run ``train`` (default: ``loop``) on ``workers`` workers, with a CmfTrainCallback that samples them every
-    ``sampling`` seconds."""
+    ``sampling`` seconds, restarted after up to ``max_failures`` failures."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -104,7 +113,7 @@ def _fit(
             name=name,
             storage_path=str(tmp / "results"),
             callbacks=[CmfTrainCallback("train_test", store=str(tmp / "store"), system_metrics=sampling)],
-            failure_config=FailureConfig(max_failures=1),
+            failure_config=FailureConfig(max_failures=max_failures),
         ),
     )
     return trainer.fit()
@@ -298,6 +307,33 @@ def test_a_loop_that_never_calls_finish_still_commits_every_logged_row(ray_sessi
     assert properties(artifact)["at_end"] is True  # committed by the writer, not by the loop
     steps = _series(tmp_path, "train_steps").steps()
     assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS, SYNC_EVERY))
+
+
+def test_rows_rank_0_logged_survive_another_rank_that_raises(ray_session: None, tmp_path: Path) -> None:
+    """Rank 1 raises at step 27; rank 0, which logged the rows of steps 5 to 25, waits in the sync of step 30
+    until Ray Train kills it, so its loop neither returns nor raises. Those rows stayed in its memory (a
+    flush interval is 30 s) and the FAILED run had no step series at all; each row now leaves as it is
+    logged (one per sync interval)."""
+    from ray.train import TrainingFailedError
+
+    with pytest.raises(TrainingFailedError):
+        _fit(tmp_path, "raised", max_failures=0, raise_at=27, step_sleep=0.01)
+    steps = _series(tmp_path, "train_steps").steps()
+    assert steps["step"].tolist() == list(range(SYNC_EVERY, 27, SYNC_EVERY))
+    assert steps["loss"].tolist() == [_closed_form(s, 2)["loss"] for s in steps["step"]]
+    [run] = _series(tmp_path, "train_steps").trials().to_dict(orient="records")
+    assert run["status"] == "FAILED"
+
+
+@pytest.mark.timeout(300)
+def test_ranks_that_run_unequal_steps_fail_and_say_so(ray_session: None, tmp_path: Path) -> None:
+    """Rank 1 runs 35 steps, rank 0 runs 40 (uneven data, say): their collectives paired up wrongly, rank 0's
+    last sync waited for a rank that had finished, and the run hung with no word. Every sync now carries the
+    ranks' step counts, and ``finish`` syncs once more to compare them: the run fails, naming the steps."""
+    from ray.train import TrainingFailedError
+
+    with pytest.raises(TrainingFailedError, match=r"ranks are at steps 35 to 40"):
+        _fit(tmp_path, "uneven", max_failures=0, steps_on_rank_1=35)
 
 
 def test_no_process_group_local_mode(tmp_path: Path) -> None:
