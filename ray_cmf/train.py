@@ -189,8 +189,8 @@ class StepLogger:
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
         self.metrics = metrics
         self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
-        self.metrics.add(STEPS_MAX, Max())
-        self.metrics.add(STEPS_MIN, Min())
+        self.metrics.add(STEPS_MAX, Max(nan_policy="propagate"))  # no <name>_nonfinite output to leave out
+        self.metrics.add(STEPS_MIN, Min(nan_policy="propagate"))
         self.sync_every, self.report_every = sync_every, report_every
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.group = group

@@ -144,6 +144,7 @@ def test_committed_parquet_holds_globally_reduced_values(two_workers: Path) -> N
         assert row["loss"] == pytest.approx(expected["loss"])
         assert row["top"] == expected["top"] and row["seen"] == expected["seen"]
     assert (steps["samples_per_s"] > 0).all()
+    assert not [c for c in steps.columns if "ray_cmf" in c], list(steps.columns)  # StepLogger's own checks
 
 
 def test_at_most_three_collectives_per_sync(two_workers: Path) -> None:
