@@ -42,7 +42,7 @@ from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, outcome, track
 from ray_cmf.frames import exact_frame
-from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_json
+from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
 from ray_cmf.writer import Joined, StoreWriter
@@ -175,7 +175,7 @@ class Cmf:
             **(custom_properties or {}),
         }
         if custom_properties and CONFIG_JSON not in custom_properties:  # what Sweep shows as config/<key>
-            props[CONFIG_JSON] = config_json(custom_properties)
+            props[CONFIG_JSON] = config_properties(custom_properties)[CONFIG_JSON]  # warns of keys it cannot show
         self.close()  # the previous execution ended: its series' rows go to it
         self.metrics, self._sinks = {}, {}
         self._binding, self.execution = self._writer.call(

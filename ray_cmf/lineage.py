@@ -68,16 +68,18 @@ _DEADLOCK_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)  # seconds between the tries of a 
 
 
 def flatten_config(config: Mapping[str, Any], *, as_json: bool = True, warn: bool = False) -> dict[str, Any]:
-    """Flatten nested mappings to ``a.b`` keys, each level in sorted key order (as ``config_json`` holds it);
-    keep scalars, and anything else (a list, say) as its JSON text when ``as_json`` (an MLMD property or a
-    table cell holds a scalar) or as it is. Of two keys that flatten to one name (``"a.b"`` and
-    ``{"a": {"b": ...}}``) the first is kept: recording and reading a config keep the same one. ``warn``
-    (where a config is recorded) names each key left out."""
+    """Flatten nested mappings to ``a.b`` keys; keep scalars, and anything else (a list, say) as its JSON
+    text when ``as_json`` (an MLMD property or a table cell holds a scalar) or as it is.
+
+    Of keys that flatten to one name, the one written with fewer levels is kept (``"a.b"`` over
+    ``{"a": {"b": ...}}``: the key a cmflib user wrote as an MLMD property), then the first in sorted order,
+    so that recording and reading a config keep the same one. ``warn`` (where a config is recorded) names
+    each key left out."""
     flat: dict[str, Any] = {}
     kept: dict[str, tuple[str, ...]] = {}  # each name's path of keys
-    for path, value in _leaves(config, ()):
+    for path, value in sorted(_leaves(config, ()), key=lambda leaf: len(leaf[0])):  # stable: sorted keys within
         name = ".".join(path)
-        if name in flat:
+        if name in kept:
             if warn:
                 log.warning(
                     "ray_cmf: config%s and config%s both flatten to %r: the first is kept (config_json keeps both)",
@@ -93,7 +95,7 @@ def flatten_config(config: Mapping[str, Any], *, as_json: bool = True, warn: boo
             flat[name] = value.item()
         else:
             flat[name] = json.dumps(value, default=_plain) if as_json else value
-    return flat
+    return dict(sorted(flat.items(), key=lambda item: kept[item[0]]))
 
 
 def _subscripts(path: tuple[str, ...]) -> str:

@@ -444,19 +444,31 @@ def test_config_keys_that_flatten_to_one_name_keep_one_value_and_say_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``{"a.b": 1, "a": {"b": 2}}`` flattens both keys to ``a.b``: the last one flattened replaced the other
-    without a word, and the order differed between the MLMD property (the config's own order) and the trial
-    table (``config_json``'s sorted keys), so they could disagree. Both now keep the first in sorted order,
-    and recording the config warns, naming the key left out."""
-    from ray_cmf.lineage import config_properties
+    without a word, in the config's own order for the MLMD property and in sorted order for the table, so the
+    two could disagree. The key written with fewer levels is kept everywhere (through ``Cmf``, MLMD holds it
+    as the user wrote it), and recording the config warns, naming both."""
+    from ray_cmf import Cmf
+    from ray_cmf.lineage import config_properties, properties
 
     rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
-    config = {"a.b": 1, "a": {"b": 2}, "c": 3}
+    config = {"a": {"b": 2}, "a.b": 1, "c": 3}
     with caplog.at_level("WARNING"):
         props = config_properties(config)
-    assert props["a.b"] == 2 and props["c"] == 3
-    assert "'a.b'" in caplog.text and "flatten" in caplog.text
+    assert props["a.b"] == 1 and props["c"] == 3
+    assert "config['a.b'] and config['a']['b'] both flatten to 'a.b'" in caplog.text
     sweep = Sweep(write_trials(tmp_path / "store", [Trial("t", config, rows)]))
-    assert sweep.trials()["config/a.b"].tolist() == [2] and sweep.config("t")["a.b"] == 2
+    assert sweep.trials()["config/a.b"].tolist() == [1] and sweep.config("t")["a.b"] == 1
+
+    caplog.clear()
+    cmf = Cmf(pipeline_name="p", store=tmp_path / "cmf")
+    with caplog.at_level("WARNING"):
+        execution = cmf.create_execution("Train", config)
+    assert "both flatten to 'a.b'" in caplog.text
+    cmf.log_metric("m", {"x": 1.0})
+    cmf.commit_metrics("m")
+    assert properties(cmf.store.lineage.get_execution(execution.id))["a.b"] == 1
+    sweep = Sweep(tmp_path / "cmf", metrics_name="m")
+    assert sweep.config(execution.name)["a.b"] == 1 and sweep.trials()["config/a.b"].tolist() == [1]
 
 
 def test_diff_tells_configs_apart_as_recorded(tmp_path: Path) -> None:
