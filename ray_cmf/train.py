@@ -321,8 +321,8 @@ class StepLogger:
         if self._pending is not None:
             self._complete()
 
-    def _complete(self, log: bool = True) -> dict[str, float]:
-        """Wait for the sync in flight; rank 0 appends its row (``log``); every ``report_every`` syncs, report it.
+    def _wait(self) -> tuple[dict[str, float], int, float]:
+        """Wait for the sync in flight: its row, step and launch time.
 
         Raises:
             RayCmfError: The ranks synced at different steps (they ran unequal numbers of steps).
@@ -338,8 +338,11 @@ class StepLogger:
                 "step() as often (give each rank as many batches, e.g. drop_last=True), or their collectives pair "
                 "up wrongly and the run hangs"
             )
-        if not log:
-            return row
+        return row, step, launched
+
+    def _complete(self) -> dict[str, float]:
+        """Wait for the sync in flight; rank 0 appends its row; every ``report_every`` syncs, report it."""
+        row, step, launched = self._wait()
         samples = row.pop(SAMPLES, 0.0)
         elapsed = launched - self._last_sync_time
         self._last_sync_time = launched
@@ -377,10 +380,11 @@ class StepLogger:
         then commits the samplers' series). A store failure is a warning (and None is returned).
         """
         self._drain()
-        partial = self.steps_done % self.sync_every != 0
-        if partial or world_size(self.group) > 1:  # a last sync, also to check that every rank ran as many steps
+        if self.steps_done % self.sync_every:
+            self.sync()
+        elif world_size(self.group) > 1:  # the interval is empty: a last sync only checks every rank's step count
             self._launch()
-            self._complete(log=partial)
+            self._wait()
         self._finished = True
         if self._sampler is not None:  # its rows reach the writer before this rank's final report
             self._sampler.stop()
