@@ -408,36 +408,39 @@ def _same_config(logged: Any, read: Any) -> bool:
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
-@example(values=[2**53 + 1, 0.5])  # a new user's: the int read back as 2**53, and --where could not find it
-@example(values=[1, 2.5, _ABSENT])  # the int read back as the float 1.0
-@example(values=[[1, 2], "[1, 2]"])  # a list, and the text of one
-@given(values=st.lists(st.one_of(st.just(_ABSENT), _CONFIG_VALUES), min_size=1, max_size=4))
+@example(values=[2**53 + 1, 0.5], key="k")  # a new user's: the int read back as 2**53, and --where could not find it
+@example(values=[1, 2.5, _ABSENT], key="k")  # the int read back as the float 1.0
+@example(values=[[1, 2], "[1, 2]"], key="k")  # a list, and the text of one
+@given(
+    values=st.lists(st.one_of(st.just(_ABSENT), _CONFIG_VALUES), min_size=1, max_size=4),
+    key=st.sampled_from(["k", "学习率", "β 2"]),
+)
 def test_each_trials_config_value_reads_back_as_recorded_whatever_the_others_hold(
-    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], values: list[Any]
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], values: list[Any], key: str
 ) -> None:
     """A trial's config value under a key other trials hold too, as ``trials()``, ``--json``, ``--where`` and
     ``Sweep.config`` read it. An int beside another trial's float read back as a float (2**53 + 1 as 2**53,
     which ``--where`` then could not find). The table holds a list as its JSON text, a cell to sort, group and
     query by; ``Sweep.config`` gives the list itself, where it gave the same text as for a config of that text."""
     rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
-    trials = [Trial(f"t{i}", {} if v is _ABSENT else {"k": v}, rows) for i, v in enumerate(values)]
+    trials = [Trial(f"t{i}", {} if v is _ABSENT else {key: v}, rows) for i, v in enumerate(values)]
     store = write_trials(tmp_path_factory.mktemp("store"), trials)
     sweep = Sweep(store)
     table = sweep.trials().set_index("trial_id")
-    column = table["config/k"].tolist() if "config/k" in table else [None] * len(values)
+    column = table[f"config/{key}"].tolist() if f"config/{key}" in table else [None] * len(values)
     code, printed = _cli(capsys, "trials", "--store", str(store.root))
     by_id = {row["trial_id"]: row for row in printed}
     assert code == 0
     for trial, logged, read in zip(table.index, values, column, strict=True):
         own = sweep.config(trial)
         if logged is _ABSENT:
-            assert read is None and "k" not in own, (trial, read, own)
+            assert read is None and key not in own, (trial, read, own)
             continue
         shown = json.dumps(logged) if isinstance(logged, list) else logged
-        assert _same_config(shown, read) and _same_config(logged, own["k"]), (trial, logged, read, own)
+        assert _same_config(shown, read) and _same_config(logged, own[key]), (trial, logged, read, own)
         if type(logged) is int:
-            assert _same_config(logged, by_id[trial]["config/k"]), by_id[trial]
-            assert trial in set(sweep.trials(where=f"config/k == {logged}")["trial_id"]), logged
+            assert _same_config(logged, by_id[trial][f"config/{key}"]), by_id[trial]
+            assert trial in set(sweep.trials(where=f"`config/{key}` == {logged}")["trial_id"]), logged
 
 
 def test_config_keys_that_flatten_to_one_name_keep_one_value_and_say_so(
