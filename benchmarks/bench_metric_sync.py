@@ -1,7 +1,7 @@
 """Metric sync over 2 processes, its cost split into update, math and communication, each beside its floor.
 
 For K = 4, 16, 64 and 256 metrics (a mix of mean, sum, max and min, each updated with 16 values per step),
-on 2 ranks (gloo on CPU; NCCL with ``--backend nccl``, which needs a GPU per rank), this measures:
+on 2 ranks (gloo on CPU; NCCL with ``--backend nccl``, one rank per GPU, at most 2), this measures:
 
 - **update**: host time of one ``update`` call, against one ``copy_`` of the same input into a
   preallocated buffer (the floor: an update must at least copy its input);
@@ -15,7 +15,7 @@ and beside them the peers: torchmetrics' ``MetricCollection.compute()`` and a na
 issues are counted. torchmetrics is a benchmark-only dependency. Saved as ``metric_sync`` (gloo) or
 ``metric_sync_nccl``.
 
-Run: ``.venv/bin/python benchmarks/bench_metric_sync.py [--backend nccl] [--rounds 30]``
+Run: ``.venv/bin/python benchmarks/bench_metric_sync.py [--backend nccl] [--rounds 30] [--tag NAME]``
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x"
 
 
-def split_table(results: Results, measured: dict[int, dict[str, Any]], backend: str, rounds: int) -> None:
+def split_table(results: Results, measured: dict[int, dict[str, Any]], backend: str, world: int, rounds: int) -> None:
     """The cost split per K, each part beside its floor: its table and figures."""
     rows = []
     for k in KS:
@@ -264,7 +264,8 @@ def split_table(results: Results, measured: dict[int, dict[str, Any]], backend: 
                 str(measured[k]["collectives"]["sync"]),
             ]
         )
-    title = f"Metric sync, 2 {backend} ranks: the cost split, medians of {rounds} interleaved rounds"
+    ranks = f"{world} {backend} rank{'s' if world > 1 else ''}"
+    title = f"Metric sync, {ranks}: the cost split, medians of {rounds} interleaved rounds"
     print(f"## {title}\n")
     results.table(
         title,
@@ -304,16 +305,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds; each figure is their median")
+    parser.add_argument("--tag", default="", help="appended to the results' name, to keep another machine's apart")
     args = parser.parse_args()
+    world = 2 if args.backend == "gloo" else min(2, torch.cuda.device_count())
+    if world < 2:
+        print("One GPU: NCCL runs 1 rank (it refuses 2 on one device), so the sync issues no collective; its ratio is")
+        print("not the target's. update and math are measured as on any number of GPUs.\n")
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "results.pt")
-        spawn_args = (2, args.backend, args.rounds, str(Path(tmp) / "init"), out)
-        mp.spawn(_worker, args=spawn_args, nprocs=2, join=True)
+        spawn_args = (world, args.backend, args.rounds, str(Path(tmp) / "init"), out)
+        mp.spawn(_worker, args=spawn_args, nprocs=world, join=True)
         measured = torch.load(out, weights_only=False)
-    results = Results(
-        "metric_sync" if args.backend == "gloo" else f"metric_sync_{args.backend}", command_line(__file__, args)
-    )
-    split_table(results, measured, args.backend, args.rounds)
+    name = "metric_sync" if args.backend == "gloo" else f"metric_sync_{args.backend}"
+    results = Results(name + (f"_{args.tag}" if args.tag else ""), command_line(__file__, args))
+    split_table(results, measured, args.backend, world, args.rounds)
     if args.backend == "gloo":
         peer_table(results, measured)
     at64 = measured[64]["median"]
@@ -323,7 +328,9 @@ def main() -> None:
         f"(target <= {target}x); update at K=64: {_ratio(at64['update'], at64['copy floor'])} "
         "its copy floor (target <= 1.5x)"
     )
-    results.verdict(f"sync <= {target}x the bare collective at K=64", at64["sync"] <= target * at64["collective floor"])
+    if world == 2:
+        met = at64["sync"] <= target * at64["collective floor"]
+        results.verdict(f"sync <= {target}x the bare collective at K=64", met)
     results.verdict("update <= 1.5x its copy floor at K=64", at64["update"] <= 1.5 * at64["copy floor"])
     results.save()
 

@@ -17,7 +17,6 @@ from ray_cmf.constants import GLOG_LEVEL_ENV
 os.environ.setdefault(GLOG_LEVEL_ENV, "3")
 
 from ray_cmf.buffer import MetricBuffer
-from ray_cmf.cmf import Cmf
 from ray_cmf.errors import (
     InvalidArgumentError,
     InvalidNameError,
@@ -29,24 +28,29 @@ from ray_cmf.errors import (
     SchemaError,
     StoreError,
 )
-from ray_cmf.recovery import recover
 from ray_cmf.series_format import FinishedFile
-from ray_cmf.store import Store
 
 if TYPE_CHECKING:
     from ray_cmf.actor import start_writer
+    from ray_cmf.cmf import Cmf
     from ray_cmf.compare import Sweep
+    from ray_cmf.recovery import recover
+    from ray_cmf.store import Store
     from ray_cmf.system import SystemSampler
     from ray_cmf.train import CmfTrainCallback, StepLogger
     from ray_cmf.tune import CmfRayLogger
 
-# Integrations load ray on first use only: ``import ray_cmf`` stays light.
+# Integrations load ray, and the store ML-Metadata, on first use only: ``import ray_cmf`` stays light, and
+# ``ray_cmf.metrics`` loads in a training worker without either.
 _LAZY = {
+    "Cmf": "ray_cmf.cmf",
     "CmfRayLogger": "ray_cmf.tune",
     "CmfTrainCallback": "ray_cmf.train",
     "StepLogger": "ray_cmf.train",
+    "Store": "ray_cmf.store",
     "Sweep": "ray_cmf.compare",
     "SystemSampler": "ray_cmf.system",
+    "recover": "ray_cmf.recovery",
     "start_writer": "ray_cmf.actor",
 }
 

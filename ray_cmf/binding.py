@@ -4,9 +4,12 @@ of its series. Both are small, frozen and picklable: they travel in every reques
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ray_cmf._names import check_name
-from ray_cmf.store import Store
+
+if TYPE_CHECKING:
+    from ray_cmf.store import Store
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from ray_cmf.binding import SeriesKey
 from ray_cmf.buffer import MetricBuffer
-from ray_cmf.client import WriterClient
 from ray_cmf.constants import DEFAULT_FLUSH_SECONDS
+
+if TYPE_CHECKING:  # the store's modules load ML-Metadata: a sampler in a bare worker does without them
+    from ray_cmf.binding import SeriesKey
+    from ray_cmf.client import WriterClient
 
 log = logging.getLogger(__name__)
 _MB = 2**20

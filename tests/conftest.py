@@ -14,6 +14,11 @@ from tests._browser import CHROMIUM, CHROMIUM_ARGS
 from tests._require import require
 from tests._servers import FAKE_AWS
 
+# Before anything imports ray (the sweep fixture's module below does): ray reads these when it loads, and a
+# one-node Ray then stays on 127.0.0.1, as under `make test`, which exports them too.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
@@ -30,8 +35,6 @@ def ray_session() -> Iterator[None]:
     """One local Ray instance for the whole test session (4 logical CPUs, no dashboard)."""
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a one-node Ray stays on 127.0.0.1
     os.environ.update(FAKE_AWS)  # before Ray starts, so that the writer actor can reach moto's S3 too
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield

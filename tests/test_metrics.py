@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -357,3 +359,20 @@ def test_joint_update_errors_and_synced_values() -> None:
     metrics.update(loss=torch.tensor(8.0))  # staged, not yet applied
     metrics.reset()
     assert math.isnan(metrics.compute()["loss"].item())  # reset drops staged joint updates too
+
+
+@pytest.mark.parametrize(
+    ("imports", "loaded"),
+    [
+        ("import ray_cmf", []),
+        ("import ray_cmf.metrics, ray_cmf.system, ray_cmf.environment", ["torch"]),
+        ("from ray_cmf import Cmf", ["ml_metadata"]),
+    ],
+)
+def test_what_an_import_loads(imports: str, loaded: list[str]) -> None:
+    """``import ray_cmf`` stays light, and a training worker's metrics and sampler load neither ray nor the
+    store's ML-Metadata (the GPU checks run where neither is installed); the store loads on first use."""
+    heavy = ("ray", "torch", "ml_metadata", "dvc")
+    script = f"import sys\n{imports}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == repr(sorted(loaded))
