@@ -259,6 +259,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "config": sweep.config(args.trial),
         "tags": {c[len(TAG_COLUMN) :]: v for c, v in _tags(row).items()},
         "note": row.get(NOTE_COLUMN),
+        "error": row.get("error"),
         "deleted_at": row.get(DELETED_COLUMN),
         "environment": sweep.environment(args.trial),
         "files": files,
@@ -279,6 +280,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         console.print("tags:", payload["tags"])
     if payload["note"]:
         console.print("note:", payload["note"], soft_wrap=True)
+    if payload["error"]:
+        console.print(f"error: {payload['error']}", markup=False, highlight=False, soft_wrap=True)
     _emit(args, [{"field": k, "value": v} for k, v in payload["environment"].items()], "environment and seeds")
     _emit(args, files, "lineage: files")
     _emit(args, payload["last_rows"], f"last {args.rows} rows")

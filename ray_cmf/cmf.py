@@ -31,6 +31,7 @@ from ray_cmf.constants import (
     DATASET_TYPE,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
+    ERROR_PROPERTY,
     FLUSH_TIMEOUT_S,
     MODEL_TYPE,
     RESULTS_METRICS_NAME,
@@ -40,7 +41,7 @@ from ray_cmf.constants import (
 from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
-from ray_cmf.exits import ended_by, outcome, track
+from ray_cmf.exits import ended_by, error_text, outcome, track
 from ray_cmf.frames import exact_frame
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties
 from ray_cmf.store import Store
@@ -394,14 +395,20 @@ class Cmf:
     def close(self, state: str | None = None) -> None:
         """Hand every buffer's rows to the writer's spill (uncommitted rows stay there for
         :func:`ray_cmf.recover`) and end the execution this Cmf started: ``state`` (default: how the process
-        is ending: ``COMPLETE``, or ``FAILED`` after an uncaught exception, ``CANCELED`` on SIGTERM or
-        Ctrl-C). Called at exit too; a Tune trial's Cmf leaves the trial's state to CmfRayLogger.
+        is ending: ``COMPLETE``, or ``FAILED`` after an uncaught exception, whose text becomes the execution's
+        ``error``, ``CANCELED`` on SIGTERM or Ctrl-C). Called at exit too; a Tune trial's Cmf leaves the
+        trial's state to CmfRayLogger.
 
         Raises:
             InvalidArgumentError: ``state`` is not one of :data:`ENDED_STATES`.
         """
         if state is not None and state not in ENDED_STATES:
             raise InvalidArgumentError(f"close(state={state!r}): an execution ends as one of {ENDED_STATES}")
+        ending, error = outcome()
+        self._end(state or ending, error if state is None else None)
+
+    def _end(self, state: str, error: str | None) -> None:
+        """Close the buffers and mark the execution ``state``, with ``error`` when it FAILED."""
         for buffer in self.metrics.values():
             buffer.close()
         binding, self._running = self._running, None
@@ -410,7 +417,8 @@ class Cmf:
                 self._writer.call(
                     StoreWriter.update_execution,
                     execution_id=binding.execution_id,
-                    state=state or outcome(),
+                    props={ERROR_PROPERTY: error} if state == "FAILED" and error else None,
+                    state=state,
                     store=binding.store,
                 )
             except Exception as exc:  # the store is gone at exit, say: the execution stays RUNNING
@@ -419,5 +427,5 @@ class Cmf:
     def __enter__(self) -> Cmf:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        self.close(ended_by(kind))
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        self._end(ended_by(kind), error_text(error) if error is not None else None)

@@ -26,6 +26,7 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
     DELETED_PROPERTY,
+    ERROR_PROPERTY,
     EXACT_FLOAT_INT,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
@@ -423,7 +424,8 @@ class Sweep:
         limit: int | None = None,
         group_by: str | Sequence[str] | None = None,
     ) -> pd.DataFrame:
-        """One row per trial: id, status, config, tags, note, start time, best/final/steps per metric, md5, url.
+        """One row per trial: id, status, config, tags, note, start time, error (a FAILED trial's, as its last
+        failure raised it), best/final/steps per metric, md5, url.
 
         ``metrics`` limits the summarised (and read) columns; ``mode`` says whether lower (``min``) or
         higher (``max``) is best, for all metrics or per metric (default: the sweep's, see :meth:`modes`;
@@ -468,7 +470,7 @@ class Sweep:
             [self._recorded(e, stage, first.get(self.key(e))) for e, stage in self.executions()]
         )
         if "trial_id" not in recorded.columns:  # no trial at all: the columns every trial's row has
-            base = ["trial_id", "status", "recovered", "stage", "note", "started_at"]
+            base = ["trial_id", "status", "recovered", "stage", "note", "started_at", "error"]
             recorded = pd.DataFrame(columns=[*base, *([DELETED_COLUMN] if self.include_deleted else [])])
         if query is not None:
             recorded = _with_tags(recorded, query)
@@ -496,6 +498,7 @@ class Sweep:
             **{f"config/{k}": v for k, v in _config(props).items()},
             **curated_columns(props),
             "started_at": _utc_text(execution.create_time_since_epoch),
+            "error": props.get(ERROR_PROPERTY),
             **deleted,
             **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
             **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},

@@ -19,9 +19,12 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+
+from ray_cmf.constants import ERROR_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +35,18 @@ class Closeable(Protocol):
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = {"atexit": False, "sigterm": False}
-_ending = {"state": "COMPLETE"}  # how the process ends, as an execution's state (see outcome())
+_ending: dict[str, str | None] = {"state": "COMPLETE", "error": None}  # how the process ends (see outcome())
 
 
-def outcome() -> str:
+def outcome() -> tuple[str, str | None]:
     """How this process is ending, as the state of an execution it ran: ``COMPLETE``, ``FAILED`` (an
-    uncaught exception) or ``CANCELED`` (SIGTERM, or Ctrl-C)."""
-    return _ending["state"]
+    uncaught exception) or ``CANCELED`` (SIGTERM, or Ctrl-C); and the uncaught exception's text, if any."""
+    return _ending["state"] or "COMPLETE", _ending["error"]
+
+
+def error_text(error: BaseException) -> str:
+    """An exception as an execution records it: its type and message (``ValueError: bad batch``)."""
+    return "".join(traceback.format_exception_only(type(error), error)).strip()[-ERROR_CHARS:]
 
 
 def track(closeable: Closeable) -> None:
@@ -73,7 +81,7 @@ def ended_by(kind: type[BaseException] | None) -> str:
 
 def _note_uncaught(previous: Any, kind: type[BaseException], error: BaseException, trace: Any) -> None:
     """Remember that an uncaught exception ends the process (then report it as before)."""
-    _ending["state"] = ended_by(kind)
+    _ending["state"], _ending["error"] = ended_by(kind), error_text(error)
     previous(kind, error, trace)
 
 

@@ -394,17 +394,21 @@ class Lineage:
         state: str | None = None,
         *,
         config: bool = False,
+        remove: Iterable[str] = (),
     ) -> Execution:
-        """Merge ``props`` into an execution's custom properties (``config``: into its config too) and
-        optionally set its state."""
+        """Merge ``props`` into an execution's custom properties (``config``: into its config too), drop those
+        named in ``remove`` and optionally set its state."""
         [execution] = self.store.get_executions_by_id([execution_id])
-        if not props and state is None:
+        dropped = [key for key in remove if key in execution.custom_properties]
+        if not props and state is None and not dropped:
             return execution  # nothing to change: no write
         if config and props:
             recorded = execution.custom_properties.get(CONFIG_JSON)
             before = json.loads(recorded.string_value) if recorded is not None else {}
             props = {**props, CONFIG_JSON: config_json({**before, **props})}
         _set(execution.custom_properties, props, self._int_bits)
+        for key in dropped:
+            del execution.custom_properties[key]
         if state is not None:
             execution.last_known_state = _STATES[state]
         self.store.put_executions([execution])

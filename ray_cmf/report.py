@@ -567,7 +567,7 @@ def content(
             if primary and len(data["params"]) > 1
             else ""
         ),
-        "lineage": _lineage_html(_lineage(sweep), _notes(trials)),
+        "lineage": _lineage_html(_lineage(sweep), _texts(trials, NOTE_COLUMN), _texts(trials, "error")),
     }
 
 
@@ -628,7 +628,7 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     sorted_by = f"{metrics[0]}_best" if metrics else None
     order = ' class="asc"' if mode == "min" else ' class="desc"'
     head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)
-    body, notes = [], _notes(trials)
+    body, notes = [], _texts(trials, NOTE_COLUMN)
     for row in trials[columns].to_dict(orient="records"):
         cells = []
         for c in columns:
@@ -645,18 +645,19 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     return f'<table id="trials"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def _notes(trials: pd.DataFrame) -> dict[str, str]:
-    """Each trial's note, where it has one."""
-    if NOTE_COLUMN not in trials:
+def _texts(trials: pd.DataFrame, column: str) -> dict[str, str]:
+    """Each trial's text in ``column`` (its note, its error), where it has one."""
+    if column not in trials:
         return {}
-    return {str(t): str(n) for t, n in zip(trials["trial_id"], trials[NOTE_COLUMN], strict=True) if n}
+    return {str(t): n for t, n in zip(trials["trial_id"], trials[column], strict=True) if isinstance(n, str) and n}
 
 
-def _lineage_html(lineage: dict[str, list[dict[str, Any]]], notes: Mapping[str, str]) -> str:
-    """Each trial's detail: its note, then every artifact it used or made."""
+def _lineage_html(lineage: dict[str, list[dict[str, Any]]], notes: Mapping[str, str], errors: Mapping[str, str]) -> str:
+    """Each trial's detail: why it failed, its note, then every artifact it used or made."""
     parts = []
     for trial_id, rows in lineage.items():
-        note = f"<p class=note>{html.escape(notes[trial_id])}</p>" if trial_id in notes else ""
+        note = f"<pre class=error>{html.escape(errors[trial_id])}</pre>" if trial_id in errors else ""
+        note += f"<p class=note>{html.escape(notes[trial_id])}</p>" if trial_id in notes else ""
         lines = "".join(
             f"<tr><td>{r['event']}</td><td>{html.escape(r['type'])}</td><td>{html.escape(str(r['name']))}</td>"
             f"<td>{r['version']}</td><td><code>{html.escape(r['md5'])}</code></td><td>{r['rows'] or ''}</td>"

@@ -27,6 +27,7 @@ from ray_cmf.constants import (
     ENV_STORE,
     ENVIRONMENT_TYPE,
     ENVIRONMENTS_DIR,
+    ERROR_PROPERTY,
     EXECUTION_METRICS_TYPE,
     MLMD_FILE,
     SPILL_DIR,
@@ -279,11 +280,13 @@ class Store:
         """Merge properties into an execution (``config``: into its config too, see
         :meth:`Lineage.update_execution`) and optionally set RUNNING/COMPLETE/FAILED/CANCELED.
 
-        Marking it RUNNING records this process as its holder (see ``exits.abandoned``)."""
+        Marking it RUNNING records this process as its holder (see ``exits.abandoned``). One marked RUNNING or
+        COMPLETE keeps no ``error`` of an earlier failure (a restored trial, a restarted run)."""
         if state == "RUNNING":
             props = {**(props or {}), **holder()}
+        remove = [ERROR_PROPERTY] if state in ("RUNNING", "COMPLETE") else []
         with self._lock:
-            return self.lineage.update_execution(execution_id, props, state, config=config)
+            return self.lineage.update_execution(execution_id, props, state, config=config, remove=remove)
 
     def patch_executions(
         self, execution_ids: Sequence[int], props: Mapping[str, Any], remove: Iterable[str] = ()

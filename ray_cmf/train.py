@@ -29,6 +29,8 @@ from ray_cmf.client import Reply, WriterClient
 from ray_cmf.constants import (
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
+    ERROR_CHARS,
+    ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
     REPORTS_METRICS_NAME,
     RUN_EXECUTION_TYPE,
@@ -592,7 +594,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         if not errors:
             return
         message = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items()))
-        self._commit(self._rt(), {"status": "FAILED", "error": message[:2000]}, "FAILED", end=True)
+        self._commit(self._rt(), {"status": "FAILED", ERROR_PROPERTY: message[:ERROR_CHARS]}, "FAILED", end=True)
 
     @_hook
     def after_controller_finish(self, result: Any) -> None:

@@ -12,11 +12,13 @@ import functools
 import logging
 import math
 import os
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ray import tune
@@ -33,6 +35,8 @@ from ray_cmf.constants import (
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
+    ERROR_CHARS,
+    ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
     MODEL_TYPE,
     RANKED_BY_PROPERTY,
@@ -223,6 +227,22 @@ class TrialCmfs(Mapping[str, Cmf]):
 
     def __len__(self) -> int:
         return len(self._logger._trials)
+
+
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def last_failure(error_file: str) -> str | None:
+    """The end of the last failure in a trial's error file, where Tune appends each failure under a
+    ``Failure # N (occurred at ...)`` line: the exception and its message close a traceback (Ray colours
+    its first line for terminals; the colour codes are dropped)."""
+    try:
+        text = Path(error_file).read_text(errors="replace")
+    except OSError:
+        return None
+    _, header, last = text.rpartition("Failure # ")
+    body = _COLOURS.sub("", last.partition("\n")[2] if header else last)
+    return body.strip()[-ERROR_CHARS:] or None
 
 
 @dataclass
@@ -514,9 +534,9 @@ class CmfRayLogger(tune.Callback):
 
     @_hook
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._end(trial, "FAILED")
+        self._end(trial, "FAILED", getattr(trial, "error_file", None))
 
-    def _end(self, trial: Any, status: str) -> None:
+    def _end(self, trial: Any, status: str, error_file: str | None = None) -> None:
         """Commit the trial's results, and what its in-trial series left uncommitted, on the commit thread."""
         state = self._state(trial)
         if state.committed:
@@ -538,7 +558,8 @@ class CmfRayLogger(tune.Callback):
         assert buffer is not None and key is not None  # _state() opened them
         sampled = self._rt.sampling.submit(self._unwatch, state.watch) if state.watch is not None else None
         state.watch = None
-        self._rt.futures.append(self._rt.executor.submit(self._commit, buffer, key, props, status, sampled))
+        commit = functools.partial(self._commit, buffer, key, props, status, sampled, error_file)
+        self._rt.futures.append(self._rt.executor.submit(commit))
 
     def _commit(
         self,
@@ -547,8 +568,13 @@ class CmfRayLogger(tune.Callback):
         props: dict[str, Any],
         status: str,
         sampled: Future[Any] | None,
+        error_file: str | None,
     ) -> None:
-        """Runs on the commit thread: never on Tune's event loop."""
+        """Runs on the commit thread: never on Tune's event loop (``error_file``: what Tune wrote of the trial's
+        failures, read here)."""
+        error = last_failure(error_file) if error_file else None
+        if error:
+            props = {**props, ERROR_PROPERTY: error}
         if sampled is not None and (stopping := sampled.result()) is not None:
             handed_over(stopping, HAND_OVER_WAIT_S)  # the system metrics reach the writer before the end
         buffer.close()  # every row is with the writer now

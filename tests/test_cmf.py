@@ -359,3 +359,16 @@ def test_a_second_execution_of_one_cmf_gets_its_own_series(store_dir: Path) -> N
     first = Cmf(pipeline_name="p", store=store_dir)
     first.create_execution("Train", execution_name=train.name, create_new_execution=False)
     assert first.read_metrics("m")["v"].tolist() == [1.0]
+
+
+def test_a_with_block_that_raises_records_why_the_execution_failed(tmp_path: Path) -> None:
+    """The exception that ends a ``with Cmf(...)`` block is the FAILED execution's error."""
+    from ray_cmf import Sweep
+
+    store = tmp_path / "store"
+    with pytest.raises(ValueError, match="bad batch 7"), Cmf(pipeline_name="p", store=store) as cmf:
+        cmf.create_execution("train", {"lr": 0.1}, execution_name="run")
+        cmf.log_metric("m", {"step": 0, "x": 1.0})
+        raise ValueError("bad batch 7")
+    [row] = Sweep(store).trials(metrics=[]).to_dict(orient="records")
+    assert (row["status"], row["error"]) == ("FAILED", "ValueError: bad batch 7")

@@ -98,6 +98,8 @@ def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(
     assert "Fatal Python error" not in done.stderr
     [execution] = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
     assert state_name(execution) == state
+    expected_error = "RuntimeError: training blew up" if how == "raise" else None  # why it FAILED, when it did
+    assert properties(execution).get("error") == expected_error
     assert _recovered_steps(store) == list(range(ROWS))
     if how == "chained-sigterm":
         assert (store / "handler-ran").read_text() == "yes"

@@ -114,6 +114,8 @@ def test_report_holds_every_part(sweep_store: Path, tmp_path: Path) -> None:
     assert page.count("<details>") == trials  # one lineage block per trial
     assert "Every logged point is drawn" in page and "equal step buckets" not in page  # 12 points per curve
     assert sorted(data["status"].values()).count("FAILED") == 1
+    [failed] = [trial for trial, status in data["status"].items() if status == "FAILED"]  # its detail says why
+    assert re.search(rf"<summary>{failed} [^<]*</summary><pre class=error>[^<]*RuntimeError: diverged</pre>", page)
     table = Sweep(sweep_store).trials(["loss"])
     best_first = table.sort_values("loss_best", kind="stable")["trial_id"].tolist()
     assert re.findall(r'<tr data-trial="([^"]+)"', page) == best_first

@@ -268,6 +268,8 @@ def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session:
     for _, row in steps.iterrows():
         expected = _closed_form(int(row["step"]), 2)
         assert row["loss"] == pytest.approx(expected["loss"]) and row["seen"] == expected["seen"]  # state restored
+    [run] = _series(tmp_path, "train_steps").trials().to_dict(orient="records")
+    assert run["status"] == "COMPLETE" and run["error"] is None  # the failure it recovered from is not its end
     raw = Sweep(tmp_path / "store", pipeline="train_test", metrics_name="train_steps").files()[0].path
     import pyarrow.parquet as pq
 
@@ -323,7 +325,7 @@ def test_rows_rank_0_logged_survive_another_rank_that_raises(ray_session: None, 
     assert steps["step"].tolist() == list(range(SYNC_EVERY, 27, SYNC_EVERY))
     assert steps["loss"].tolist() == [_closed_form(s, 2)["loss"] for s in steps["step"]]
     [run] = _series(tmp_path, "train_steps").trials().to_dict(orient="records")
-    assert run["status"] == "FAILED"
+    assert run["status"] == "FAILED" and "rank 1: RuntimeError: rank 1 fails at step 27" in run["error"]
 
 
 @pytest.mark.timeout(300)

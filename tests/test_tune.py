@@ -158,6 +158,22 @@ def test_error_paths_commit_what_exists_and_mark_failed(sweep: dict[str, Any]) -
     assert len(_frame(sweep, _artifacts(sweep, late)["tune_results"])) == 3
     assert "tune_results" not in _artifacts(sweep, early)  # nothing was logged, nothing committed
     assert math.isnan(properties(early)["best_loss"])
+    for execution, raised in ((late, "RuntimeError: fails after 3 results"), (early, "fails before its first")):
+        error = properties(execution)["error"]  # what the trial raised, as Tune recorded it, without colours
+        assert raised in error and "\x1b" not in error
+
+
+def test_the_trial_table_and_show_say_why_a_trial_failed(sweep: dict[str, Any], capsys: Any) -> None:
+    """A FAILED trial's error is in its row of the table (None for the others) and in ``show``."""
+    from ray_cmf import Sweep
+    from ray_cmf.cli import main
+
+    table = Sweep(sweep["store"], pipeline="sweep").trials(metrics=[]).set_index("trial_id")
+    late = properties(sweep["by_lr"][FAIL_LATE])["trial_id"]
+    assert "RuntimeError: fails after 3 results" in table.loc[late, "error"]
+    assert table["error"].isna().sum() == len(GOOD_LRS)
+    assert main(["show", late, "--store", str(sweep["store"])]) == 0
+    assert "fails after 3 results" in capsys.readouterr().out
 
 
 def test_a_series_the_trainable_never_committed_is_committed_when_its_trial_ends(sweep: dict[str, Any]) -> None:
@@ -833,3 +849,22 @@ def _reports_five(config: dict[str, Any]) -> None:
 
     for it in range(5):
         tune.report({"loss": config["lr"] / (it + 1)})
+
+
+def test_the_error_recorded_is_the_last_failure_without_colours(tmp_path: Path) -> None:
+    """Tune appends each failure of a trial to its error file; the last one is why the trial ended."""
+    from ray_cmf.tune import last_failure
+
+    path = tmp_path / "error.txt"
+    path.write_text(
+        "Failure # 1 (occurred at 2026-12-04_10-00-00)\n\x1b[36mray::ImplicitFunc.train()\x1b[39m\nOSError: disk\n"
+        "Failure # 2 (occurred at 2026-12-04_10-05-00)\n\x1b[36mray::ImplicitFunc.train()\x1b[39m\n"
+        + "  frame\n" * 400
+        + "ValueError: diverged at step 3\n"
+    )
+    error = last_failure(str(path))
+    assert error is not None and error.endswith("ValueError: diverged at step 3")
+    assert "OSError" not in error and "\x1b" not in error and len(error) == 2000
+    path.write_text("RuntimeError: no header\n")
+    assert last_failure(str(path)) == "RuntimeError: no header"
+    assert last_failure(str(tmp_path / "missing.txt")) is None
