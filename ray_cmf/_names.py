@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
+from ray_cmf.constants import MODE_PREFIX
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError
 
 MODES = ("min", "max")
@@ -34,6 +37,19 @@ def check_mode(mode: object, argument: str = "mode") -> str:
     if mode not in MODES:
         raise InvalidArgumentError(f"{argument} must be 'min' or 'max', got {mode!r}")
     return str(mode)
+
+
+def mode_properties(modes: Mapping[str, object], argument: str = "modes") -> dict[str, str]:
+    """The execution properties that declare each metric's mode (``{metric: "min" | "max"}``), checked."""
+    for metric in modes:
+        if not isinstance(metric, str) or not metric:
+            raise InvalidArgumentError(f"{argument}: a metric's name must be a non-empty string, got {metric!r}")
+    return {MODE_PREFIX + metric: check_mode(mode, f"{argument}[{metric!r}]") for metric, mode in modes.items()}
+
+
+def recorded_modes(props: Mapping[str, Any]) -> dict[str, str]:
+    """The modes an execution's properties declare (see :func:`mode_properties`), by metric."""
+    return {k[len(MODE_PREFIX) :]: v for k, v in props.items() if k.startswith(MODE_PREFIX) and v in MODES}
 
 
 def check_limit(limit: object, argument: str = "limit") -> int | None:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from ray_cmf._names import check_limit, check_mode
+from ray_cmf._names import check_limit, check_mode, recorded_modes
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
@@ -584,16 +584,22 @@ class Sweep:
         return summarize(_tidy(exact_frame(table, arrow_numbers=True), chosen), chosen, mode)
 
     def modes(self) -> dict[str, str]:
-        """Whether lower (``min``) or higher (``max``) is better, for the metric the sweep's CmfRayLogger
-        ranked its trials by (``{metric: mode}``; empty when it ranked by none): what reading it defaults to,
-        so that ``_best`` and ``top_rank`` agree."""
+        """Whether lower (``min``) or higher (``max``) is better, by metric (``{metric: mode}``), as the
+        loggers declared it: the metric the sweep's CmfRayLogger ranked its trials by, so that ``_best`` and
+        ``top_rank`` agree, then those named in ``CmfRayLogger(modes=...)`` or ``StepLogger(modes=...)``,
+        and a StepLogger's metrics that know it themselves (``Accuracy``: ``max``). What reading defaults
+        to; a metric none declares is read as ``min``."""
         if self._modes is None:
             self._modes = {}
+            declared: dict[str, str] = {}
             for execution, _ in self.executions():
                 props = properties(execution)
                 metric, mode = props.get(RANKED_BY_PROPERTY), props.get(RANKED_MODE_PROPERTY)
                 if isinstance(metric, str) and mode in ("min", "max"):
                     self._modes.setdefault(metric, str(mode))
+                for metric, mode in recorded_modes(props).items():
+                    declared.setdefault(metric, mode)
+            self._modes = {**declared, **self._modes}
         return dict(self._modes)
 
     def mode_for(self, metric: str, mode: str | None = None) -> str:

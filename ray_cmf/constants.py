@@ -48,6 +48,8 @@ DEFAULT_FLUSH_SECONDS = 30.0
 RESERVED_PREFIX = "ray_cmf:"
 TAG_PREFIX = RESERVED_PREFIX + "tag:"  # one property per tag: ray_cmf:tag:<key>
 NOTE_PROPERTY = RESERVED_PREFIX + "note"
+# Whether lower (min) or higher (max) of a metric is better, as its logger declared it: ray_cmf:mode:<metric>
+MODE_PREFIX = RESERVED_PREFIX + "mode:"
 DELETED_PROPERTY = RESERVED_PREFIX + "deleted_at"  # when it was deleted (UTC ISO 8601); absent: it is not
 # An execution's own name where MLMD records it under "<pipeline>/<stage>/<name>": another stage of the
 # database holds one of that name (see Lineage.execution)

@@ -21,7 +21,7 @@ import ray
 from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
 
 from ray_cmf._hooks import never_raises
-from ray_cmf._names import check_name
+from ray_cmf._names import check_name, mode_properties
 from ray_cmf.actor import connect, ray_driver, start_writer
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
@@ -39,7 +39,7 @@ from ray_cmf.constants import (
     TRIAL_PROPERTY,
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
-from ray_cmf.errors import RayCmfError
+from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.exits import on_thread_end
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.lineage import Artifact
@@ -130,6 +130,16 @@ def _enclosing_trial() -> str | None:
     return str(trial_id) if trial_id is not None else None
 
 
+def _modes(metrics: MetricCollection, declared: Mapping[str, str]) -> dict[str, str]:
+    """The mode properties of a StepLogger's metrics: those ``declared``, then those its metrics know."""
+    unknown = sorted(set(declared) - set(metrics))
+    if unknown:
+        raise InvalidArgumentError(f"modes names {unknown}, which are not among the metrics {sorted(metrics)}")
+    better = {name: metric.higher_is_better for name, metric in metrics.items()}
+    known = {name: "max" if higher else "min" for name, higher in better.items() if higher is not None}
+    return mode_properties({**known, **declared})
+
+
 class StepLogger:
     """Per-step device metrics for ``train_loop_per_worker``: synced every ``sync_every`` steps, logged by rank 0.
 
@@ -156,6 +166,9 @@ class StepLogger:
             ``flush_seconds`` seconds. The default sends each row as it is logged (one per sync interval): a
             rank that Ray Train stops while it waits in a sync, because another rank failed, neither returns
             nor raises, and would lose the rows it still held.
+        modes: ``{metric: "min" | "max"}``: whether lower or higher is better, recorded with the run so that
+            reading it gives ``<metric>_best`` the right way round. A metric that knows it needs none
+            (``Accuracy``: ``max``); one none declares reads as ``min``.
 
     Example (in ``train_loop_per_worker``; ``examples/torch_trainer.py`` runs one)::
 
@@ -186,9 +199,11 @@ class StepLogger:
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
         registration_timeout: float = _BIND_TIMEOUT_S,
+        modes: Mapping[str, str] | None = None,
     ) -> None:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
+        self._modes = _modes(metrics, modes or {})
         self.metrics = metrics
         self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
         self.metrics.add(STEPS_MAX, Max(nan_policy="propagate"))  # no <name>_nonfinite output to leave out
@@ -273,6 +288,7 @@ class StepLogger:
             "world_size": world_size(self.group),
             "sync_every": self.sync_every,
             **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {}),
+            **self._modes,
         }
         return self._writer.send(
             StoreWriter.bind,

@@ -24,7 +24,7 @@ from typing import Any
 from ray import tune
 
 from ray_cmf._hooks import never_raises
-from ray_cmf._names import check_mode, check_name
+from ray_cmf._names import check_mode, check_name, mode_properties
 from ray_cmf.actor import connect, ray_driver, start_writer
 from ray_cmf.binding import SeriesKey
 from ray_cmf.buffer import MetricBuffer
@@ -319,6 +319,9 @@ class CmfRayLogger(tune.Callback):
             this many seconds (and once as it starts and ends), from a sampler actor on the trial's node:
             the trainable needs no code for it. None switches it off (``get_cmf(system_metrics=...)`` then
             samples in the trial's process).
+        modes: ``{result key: "min" | "max"}``: whether lower or higher is better for other results than
+            ``metric`` (``{"val_acc": "max"}``), recorded with every trial, so that reading the sweep gives
+            ``val_acc_best`` as the highest; a key none declares reads as ``min``.
 
     Example (``examples/tune_sweep.py`` runs one)::
 
@@ -346,12 +349,18 @@ class CmfRayLogger(tune.Callback):
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         push: bool = False,
         system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
+        modes: Mapping[str, str] | None = None,
     ) -> None:
         if system_metrics is not None and not system_metrics > 0:
             raise ValueError(f"system_metrics must be > 0 seconds or None, got {system_metrics!r}")
         if order is not None and mode is not None and order != mode:
             raise ValueError(f"order={order!r} and mode={mode!r} disagree; pass one of them")
         mode = order if order is not None else mode
+        declared = dict(modes or {})
+        if metric is not None and mode is not None and declared.get(metric, mode) != mode:
+            raise ValueError(f"modes[{metric!r}]={declared[metric]!r} and mode={mode!r} disagree; pass one of them")
+        self._modes = mode_properties(declared)
+        mode = declared.get(metric, mode) if metric is not None else mode
         if mode is not None:
             check_mode(mode, "order/mode")
         if top_n is not None and (metric is None or top_n < 1):
@@ -448,6 +457,7 @@ class CmfRayLogger(tune.Callback):
             "trial_id": trial.trial_id,
             "status": "RUNNING",
             "experiment": self._stage(trial),
+            **self._modes,
             **ranked,  # so that reading the sweep ranks by the same mode
         }
 

@@ -359,6 +359,45 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
 
 
+def test_best_is_the_right_way_round_for_a_metric_that_knows_it_and_one_declared(tmp_path: Path) -> None:
+    """Accuracy knows that higher is better and ``modes`` declares it for a Max of rewards: the run's
+    ``acc_best`` is its best accuracy and ``reward_best`` its highest reward, where both read as the lowest
+    (the worst); a loss stays lowest-is-best."""
+    from ray_cmf.metrics import Accuracy, Max, Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    metrics = MetricCollection({"loss": Mean(), "acc": Accuracy(), "reward": Max()})
+    steps = StepLogger(
+        metrics, sync_every=2, store=str(tmp_path / "store"), pipeline_name="train_test", modes={"reward": "max"}
+    )
+    for step in range(1, 7):  # accuracy falls 1, 1/2, 0 and rewards rise 2, 4, 6 over the three intervals
+        right = torch.tensor([1, 1]) if step <= 2 else torch.tensor([1, 0]) if step <= 4 else torch.tensor([0, 0])
+        metrics.update(loss=torch.tensor(1.0 / step), acc=(right, torch.tensor([1, 1])), reward=torch.tensor(step))
+        steps.step()
+    steps.finish()
+    sweep = _series(tmp_path, "train_steps")
+    assert sweep.modes() == {"acc": "max", "reward": "max"}
+    [run] = sweep.trials(["loss", "acc", "reward"]).to_dict(orient="records")
+    assert (run["acc_best"], run["reward_best"], run["loss_best"]) == (1.0, 6.0, pytest.approx((1 / 5 + 1 / 6) / 2))
+    assert (run["acc_final"], run["reward_final"]) == (0.0, 6.0)
+
+
+@pytest.mark.parametrize(
+    ("modes", "error"),
+    [
+        ({"rewrd": "max"}, r"modes names \['rewrd'\], which are not among the metrics \['loss'\]"),
+        ({"loss": "lower"}, r"modes\['loss'\] must be 'min' or 'max', got 'lower'"),
+    ],
+)
+def test_a_step_logger_names_a_bad_mode(tmp_path: Path, modes: dict[str, str], error: str) -> None:
+    from ray_cmf import InvalidArgumentError
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    with pytest.raises(InvalidArgumentError, match=error):
+        StepLogger(MetricCollection({"loss": Mean()}), store=str(tmp_path / "store"), modes=modes)
+
+
 def test_store_error_in_the_writer_is_a_warning_not_a_crash(
     ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -868,3 +868,26 @@ def test_the_error_recorded_is_the_last_failure_without_colours(tmp_path: Path) 
     path.write_text("RuntimeError: no header\n")
     assert last_failure(str(path)) == "RuntimeError: no header"
     assert last_failure(str(tmp_path / "missing.txt")) is None
+
+
+def test_modes_declare_which_way_other_results_are_best(ray_session: None, tmp_path: Path) -> None:
+    """A sweep ranked by its loss also reports an accuracy: ``modes`` says higher is better for it, so its
+    ``_best`` is each trial's highest accuracy, not its lowest."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    def trainable(config: dict[str, Any]) -> None:
+        for it in range(3):
+            tune.report({"loss": config["lr"] / (it + 1), "val_acc": 0.5 + config["lr"] * it})
+
+    logger = CmfRayLogger("modes", metric="loss", store=str(tmp_path / "store"), modes={"val_acc": "max"})
+    run_grid(trainable, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
+    sweep = Sweep(tmp_path / "store")
+    assert sweep.modes() == {"loss": "min", "val_acc": "max"}
+    table = sweep.trials(["loss", "val_acc"]).set_index("config/lr")
+    assert table["val_acc_best"].to_dict() == {0.1: pytest.approx(0.7), 0.2: pytest.approx(0.9)}
+    assert table["loss_best"].to_dict() == {0.1: pytest.approx(0.1 / 3), 0.2: pytest.approx(0.2 / 3)}
+    with pytest.raises(ValueError, match=r"modes\['loss'\]='max' and mode='min' disagree"):
+        CmfRayLogger("modes", metric="loss", mode="min", modes={"loss": "max"})

@@ -47,6 +47,7 @@ class Metric(ABC):
     """
 
     nonfinite: torch.Tensor  # a state (see ``add_state``), under ``nan_policy="exclude"``
+    higher_is_better: bool | None = None  # whether a higher value is better (None: it depends on what it measures)
     _stage_dtype: torch.dtype | None = None  # what staged inputs are converted to as they are copied (None: kept)
     _stages_arguments = False  # whether ``update(*args)`` stages ``args`` as given (a joint update may stage them)
 

@@ -27,6 +27,7 @@ class Accuracy(Metric):
 
     correct: torch.Tensor
     total: torch.Tensor
+    higher_is_better = True
     _stages_arguments = True
 
     def __init__(self, top_k: int = 1, **kwargs: Any) -> None:
