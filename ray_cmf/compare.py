@@ -24,12 +24,14 @@ import pyarrow.dataset as pads
 from ray_cmf._names import check_limit, check_mode, recorded_modes
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
+    CHECKPOINTED_COLUMN,
     CONFIG_JSON,
     DELETED_PROPERTY,
     ERROR_PROPERTY,
     EXACT_FLOAT_INT,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
+    REPORT_COLUMN,
     REPORTS_METRICS_NAME,
     RESULTS_METRICS_NAME,
     SEQUENCE_COLUMN,
@@ -38,6 +40,7 @@ from ray_cmf.constants import (
     STEPS_METRICS_NAME,
     SUMMARY_KEY,
     SYSTEM_METRICS_NAME,
+    WORKER_GROUP_COLUMN,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -90,8 +93,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STEP_COLUMN = "training_iteration"
-STEP_CANDIDATES = (STEP_COLUMN, "step", SEQUENCE_COLUMN)  # Tune results, Train steps, any series
-_NOT_METRICS = frozenset({*STEP_CANDIDATES, ATTEMPT_COLUMN, RANK_COLUMN, PID_COLUMN, "wall_time", "__filename"})
+# Tune results, Train steps, Train reports (each rank's copy of a report is one step), any series
+STEP_CANDIDATES = (STEP_COLUMN, "step", REPORT_COLUMN, SEQUENCE_COLUMN)
+_BOOKKEEPING = (ATTEMPT_COLUMN, RANK_COLUMN, PID_COLUMN, WORKER_GROUP_COLUMN, CHECKPOINTED_COLUMN, "wall_time")
+_NOT_METRICS = frozenset({*STEP_CANDIDATES, *_BOOKKEEPING, "__filename"})
 
 
 def unknown_trials(asked: Iterable[str], keys: Iterable[str], pipeline: str | None) -> RayCmfError:

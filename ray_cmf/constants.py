@@ -32,6 +32,9 @@ SYSTEM_METRICS_NAME = "system_metrics"
 RESULTS_METRICS_NAME = "tune_results"  # CmfRayLogger's series of each trial's Tune results
 STEPS_METRICS_NAME = "train_steps"  # StepLogger's series of a Train run's steps
 REPORTS_METRICS_NAME = "train_reports"  # CmfTrainCallback's series of what a Train run's ranks report
+# Its bookkeeping columns: which report of the run (a row's step where the loop reported none), which start
+# of the workers, and whether the report carried a checkpoint
+REPORT_COLUMN, WORKER_GROUP_COLUMN, CHECKPOINTED_COLUMN = "report", "worker_group", "checkpointed"
 DEFAULT_SYSTEM_METRICS_SECONDS = 10.0
 RANKED_BY_PROPERTY = "ranked_by"  # on each trial: the metric its sweep's CmfRayLogger ranks the trials by
 RANKED_MODE_PROPERTY = "ranked_mode"  # and whether lower (min) or higher (max) of it is better

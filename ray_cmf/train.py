@@ -27,16 +27,19 @@ from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.client import Reply, WriterClient
 from ray_cmf.constants import (
+    CHECKPOINTED_COLUMN,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
     ERROR_CHARS,
     ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
+    REPORT_COLUMN,
     REPORTS_METRICS_NAME,
     RUN_EXECUTION_TYPE,
     STEPS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
     TRIAL_PROPERTY,
+    WORKER_GROUP_COLUMN,
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
@@ -598,8 +601,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         rt.reports += 1
         for rank, reported in enumerate(metrics):
             row = result_row(reported)
-            group = {"worker_group": self._worker_groups}  # which start of the workers (Ray restarts them)
-            row = {"report": rt.reports, "rank": rank, **group, **row, "checkpointed": checkpoint is not None}
+            group = {WORKER_GROUP_COLUMN: self._worker_groups}  # which start of the workers (Ray restarts them)
+            row = {REPORT_COLUMN: rt.reports, "rank": rank, **group, **row, CHECKPOINTED_COLUMN: checkpoint is not None}
             append_result(rt.buffer, row, f"Train report {rt.reports}, rank {rank}")
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)

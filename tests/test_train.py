@@ -169,6 +169,28 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
     assert reports["loss"].notna().all()  # a row (and its nulls) the loop never reported
 
 
+def _reports_only(config: dict[str, Any]) -> None:
+    """A loop that reports its loss three times and counts no step of its own."""
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    for i in range(3):
+        ray.train.report({"loss": float(10 * rank + i)})
+
+
+def test_reports_without_a_step_are_read_by_their_report_index(ray_session: None, tmp_path: Path) -> None:
+    """Each report of a loop that names no step is one step for every rank (the two ranks' copies of the
+    first report read as steps 1 and 2), and the callback's bookkeeping columns are no metrics."""
+    _fit(tmp_path, "reports", train=_reports_only, sampling=None)
+    reports = _series(tmp_path, "train_reports")
+    steps = reports.steps(["rank", "loss"])
+    assert steps.groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 3], 1: [1, 2, 3]}
+    assert steps.groupby("rank")["loss"].apply(list).to_dict() == {0: [0.0, 1.0, 2.0], 1: [10.0, 11.0, 12.0]}
+    columns = set(reports.trials().columns)
+    assert {"loss_best", "loss_final"} <= columns
+    assert not {f"{c}_{k}" for c in ("report", "worker_group", "checkpointed") for k in ("best", "final")} & columns
+
+
 def _system_tables(store: Path) -> list[list[dict[str, Any]]]:
     """The rows of each committed ``system_metrics`` series of the one run in ``store`` (its latest version)."""
     lineage = Lineage(store / MLMD_FILE, readonly=True)
