@@ -2,7 +2,7 @@
 # The CUDA checks, in one run on a machine with a GPU: the gpu-marked tests (the side-stream sync, no host
 # sync over 1,000 training steps under torch.cuda.set_sync_debug_mode("error"), the GPU fields of the
 # environment and the NVML sampler), then the metric-sync benchmark on gloo and on NCCL (one rank per GPU,
-# at most 2). The gpu tests need only torch, pyarrow, psutil and nvidia-ml-py, not Ray or ML-Metadata, so
+# at most 2), and what a CUDA graph would save the fold. The gpu tests need only torch, pyarrow, psutil and nvidia-ml-py, not Ray or ML-Metadata, so
 # they run without the suite's conftest. Run from the repository root:
 #   bash benchmarks/gpu_checks.sh [PYTHON] [TAG]   (default .venv/bin/python; TAG names the results' files)
 set -uo pipefail
@@ -15,4 +15,5 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=$?
 "$PY" benchmarks/bench_metric_sync.py ${TAG:+--tag "$TAG"} || status=1
 "$PY" benchmarks/bench_metric_sync.py --backend nccl ${TAG:+--tag "$TAG"} || status=1
+"$PY" benchmarks/bench_fold_graph.py ${TAG:+--tag "$TAG"} || status=1
 exit $status
