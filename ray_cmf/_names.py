@@ -41,6 +41,8 @@ def check_mode(mode: object, argument: str = "mode") -> str:
 
 def mode_properties(modes: Mapping[str, object], argument: str = "modes") -> dict[str, str]:
     """The execution properties that declare each metric's mode (``{metric: "min" | "max"}``), checked."""
+    if not isinstance(modes, Mapping):
+        raise InvalidArgumentError(f"{argument} must be a mapping of metric to 'min' or 'max', got {modes!r}")
     for metric in modes:
         if not isinstance(metric, str) or not metric:
             raise InvalidArgumentError(f"{argument}: a metric's name must be a non-empty string, got {metric!r}")

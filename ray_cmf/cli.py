@@ -26,7 +26,7 @@ from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import RayCmfError, RecoveryError
 from ray_cmf.frames import sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
-from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
+from ray_cmf.results import TUNE_BOOKKEEPING, counts
 from ray_cmf.store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -145,11 +145,11 @@ def _listing(lineage: Lineage) -> str:
 
 def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False) -> list[str]:
     """The trial table's columns to show: Tune's bookkeeping (``time_total_s``, ...) only when asked for
-    (``every``), and a counter (``epoch``, ``step``) by its final value only."""
+    (``every``), and a counter (``epoch``, ``step``, ``loss_nonfinite``) by its final value only."""
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = ["recovered"] if "recovered" in table.columns and table["recovered"].any() else []
     curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
-    curated += [c for c in (NOTE_COLUMN, DELETED_COLUMN) if c in table.columns and table[c].notna().any()]
+    curated += [c for c in (NOTE_COLUMN, "error", DELETED_COLUMN) if c in table.columns and table[c].notna().any()]
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
     for column in table.columns:
@@ -159,9 +159,14 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
         if metrics:
             if metric in metrics:
                 keep.append(column)
-        elif every or (metric not in TUNE_BOOKKEEPING and not (metric in COUNTERS and kind == "best")):
+        elif every or (metric not in TUNE_BOOKKEEPING and not (counts(metric) and kind == "best")):
             keep.append(column)
     return [*keep, "steps"]
+
+
+def _last_line(text: Any) -> Any:
+    """The last line of a text (where a traceback names its exception); anything else as it is."""
+    return text.strip().rsplit("\n", 1)[-1] if isinstance(text, str) else text
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -194,6 +199,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
     if args.limit:
         table = table.head(args.limit)
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
+    if "error" in columns and not args.json:  # a table cell holds the exception, `show` the whole text
+        table = table.assign(error=table["error"].map(_last_line))
     _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
 

@@ -40,7 +40,6 @@ RANKED_BY_PROPERTY = "ranked_by"  # on each trial: the metric its sweep's CmfRay
 RANKED_MODE_PROPERTY = "ranked_mode"  # and whether lower (min) or higher (max) of it is better
 FLUSH_TIMEOUT_S = 10.0  # how long Cmf.flush (at a Tune checkpoint, say) waits for the store to hold the rows
 ERROR_PROPERTY = "error"  # a FAILED trial's or run's error, as its last failure raised it; gone once it completes
-ERROR_CHARS = 2000  # of an error's text kept
 HAND_OVER_WAIT_S = 10.0  # how long a trial's or run's end waits for its processes' samples to reach the writer
 
 DEFAULT_FLUSH_ROWS = 10_000

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+ERROR_CHARS = 2000  # of an error's text, what a trial or run records at most (see recorded_error)
+
 
 class RayCmfError(Exception):
     """Base class of every error raised by ray_cmf."""
@@ -89,3 +91,14 @@ class RecoveryError(RayCmfError):
         )
         self.failed = failed
         self.recovered = recovered
+
+
+def recorded_error(text: str) -> str:
+    """An error's text as a trial or run records it (its ``error``): at most ``ERROR_CHARS`` characters. A
+    longer one keeps its start, which names the exception's type (or the Ray task that raised), and its end,
+    where a traceback names the exception, around a mark that says how much was cut."""
+    text = text.strip()
+    if len(text) <= ERROR_CHARS:
+        return text
+    half = (ERROR_CHARS - 40) // 2
+    return f"{text[:half]} [… {len(text) - 2 * half} characters cut …] {text[-half:]}"

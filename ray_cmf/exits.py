@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ray_cmf.constants import ERROR_CHARS
+from ray_cmf.errors import recorded_error
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def outcome() -> tuple[str, str | None]:
 
 def error_text(error: BaseException) -> str:
     """An exception as an execution records it: its type and message (``ValueError: bad batch``)."""
-    return "".join(traceback.format_exception_only(type(error), error)).strip()[-ERROR_CHARS:]
+    return recorded_error("".join(traceback.format_exception_only(type(error), error)))
 
 
 def track(closeable: Closeable) -> None:

@@ -45,6 +45,12 @@ TUNE_BOOKKEEPING = frozenset(  # numbers Tune adds to every result: kept, but no
 COUNTERS = frozenset({"epoch", "step", "iteration", "it", "samples", "report"})  # they count: only a final
 
 
+def counts(metric: str) -> bool:
+    """Whether a column counts something (an epoch, the values a device metric left out as non-finite): its
+    final value says it all, its "best" means nothing."""
+    return metric in COUNTERS or metric.endswith("_nonfinite")
+
+
 def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
     """The loggable part of a Tune result: numbers, bools and None (nested dicts flattened with ``/``).
 

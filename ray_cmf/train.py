@@ -30,7 +30,6 @@ from ray_cmf.constants import (
     CHECKPOINTED_COLUMN,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
-    ERROR_CHARS,
     ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
     REPORT_COLUMN,
@@ -42,7 +41,7 @@ from ray_cmf.constants import (
     WORKER_GROUP_COLUMN,
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
-from ray_cmf.errors import InvalidArgumentError, RayCmfError
+from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
 from ray_cmf.exits import on_thread_end
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.lineage import Artifact
@@ -59,6 +58,7 @@ log = logging.getLogger(__name__)
 
 FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
+THROUGHPUT = "samples_per_s"  # a column of StepLogger's own: best highest
 STEPS_MAX, STEPS_MIN = "ray_cmf_steps_max", "ray_cmf_steps_min"  # every sync carries the ranks' step counts
 _NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)
 _BIND_TIMEOUT_S = 60.0  # how long a worker waits for rank 0 to register the run
@@ -134,13 +134,17 @@ def _enclosing_trial() -> str | None:
 
 
 def _modes(metrics: MetricCollection, declared: Mapping[str, str]) -> dict[str, str]:
-    """The mode properties of a StepLogger's metrics: those ``declared``, then those its metrics know."""
-    unknown = sorted(set(declared) - set(metrics))
+    """The mode properties of a StepLogger's columns: those ``declared``, then those its metrics know, and its
+    own throughput."""
+    if not isinstance(declared, Mapping):
+        raise InvalidArgumentError(f"modes must be a mapping of metric to 'min' or 'max', got {declared!r}")
+    columns = [*metrics, THROUGHPUT]
+    unknown = sorted(set(declared) - set(columns))
     if unknown:
-        raise InvalidArgumentError(f"modes names {unknown}, which are not among the metrics {sorted(metrics)}")
+        raise InvalidArgumentError(f"modes names {unknown}, which are not among the metrics {sorted(columns)}")
     better = {name: metric.higher_is_better for name, metric in metrics.items()}
     known = {name: "max" if higher else "min" for name, higher in better.items() if higher is not None}
-    return mode_properties({**known, **declared})
+    return mode_properties({THROUGHPUT: "max", **known, **declared})
 
 
 class StepLogger:
@@ -206,7 +210,7 @@ class StepLogger:
     ) -> None:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
-        self._modes = _modes(metrics, modes or {})
+        self._modes = _modes(metrics, {} if modes is None else modes)
         self.metrics = metrics
         self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
         self.metrics.add(STEPS_MAX, Max(nan_policy="propagate"))  # no <name>_nonfinite output to leave out
@@ -369,7 +373,7 @@ class StepLogger:
         self._last_sync_time = launched
         row = {"step": step, **row, "wall_time": launched}
         if samples:
-            row["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
+            row[THROUGHPUT] = samples / elapsed if elapsed > 0 else float("nan")
         if self._buffer is not None:
             self._buffer.append(row)
         self._syncs += 1
@@ -613,7 +617,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         if not errors:
             return
         message = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items()))
-        self._commit(self._rt(), {"status": "FAILED", ERROR_PROPERTY: message[:ERROR_CHARS]}, "FAILED", end=True)
+        self._commit(self._rt(), {"status": "FAILED", ERROR_PROPERTY: recorded_error(message)}, "FAILED", end=True)
 
     @_hook
     def after_controller_finish(self, result: Any) -> None:

@@ -35,7 +35,6 @@ from ray_cmf.constants import (
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
-    ERROR_CHARS,
     ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
     MODEL_TYPE,
@@ -46,7 +45,7 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.environment import Environment, capture
-from ray_cmf.errors import RayCmfError
+from ray_cmf.errors import RayCmfError, recorded_error
 from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties, owner_of
 from ray_cmf.node_sampler import Watch, handed_over, start_samplers, wait_for_samplers, watch
@@ -242,7 +241,7 @@ def last_failure(error_file: str) -> str | None:
         return None
     _, header, last = text.rpartition("Failure # ")
     body = _COLOURS.sub("", last.partition("\n")[2] if header else last)
-    return body.strip()[-ERROR_CHARS:] or None
+    return recorded_error(body) or None
 
 
 @dataclass
@@ -356,10 +355,10 @@ class CmfRayLogger(tune.Callback):
         if order is not None and mode is not None and order != mode:
             raise ValueError(f"order={order!r} and mode={mode!r} disagree; pass one of them")
         mode = order if order is not None else mode
-        declared = dict(modes or {})
+        declared = {} if modes is None else modes
+        self._modes = mode_properties(declared)  # checked: a mapping of result keys to 'min' or 'max'
         if metric is not None and mode is not None and declared.get(metric, mode) != mode:
             raise ValueError(f"modes[{metric!r}]={declared[metric]!r} and mode={mode!r} disagree; pass one of them")
-        self._modes = mode_properties(declared)
         mode = declared.get(metric, mode) if metric is not None else mode
         if mode is not None:
             check_mode(mode, "order/mode")
@@ -477,6 +476,9 @@ class CmfRayLogger(tune.Callback):
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         state = self._trials.setdefault(trial.trial_id, _TrialState())
         state.committed = False
+        if state.buffer is not None:  # Tune retries it (FailureConfig): the rows so far are the last attempt's
+            earlier, state.buffer = state.buffer, None
+            self._rt.futures.append(self._rt.executor.submit(earlier.close))  # handed over off the event loop
         self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
         actor = trial.temporary_state.ray_actor
         if self.system_metrics is not None and actor is not None:

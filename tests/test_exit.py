@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ray_cmf import Store, recover
+from ray_cmf.errors import ERROR_CHARS, recorded_error
+from ray_cmf.exits import error_text
 from ray_cmf.lineage import properties
 
 ROWS = 195_000  # 19 full chunks of 10 000 and a partial one: most rows wait in memory or in the spill queue
@@ -114,3 +118,23 @@ def test_close_with_fewer_rows_than_a_chunk_spills_them(tmp_path: Path) -> None:
         buffer.append({"step": step})
     buffer.close()
     assert sum(b.num_rows for b in read_segments(tmp_path / "spill")) == 7
+
+
+@given(st.text(min_size=0, max_size=6000))
+@settings(max_examples=200, deadline=None)
+def test_a_recorded_error_keeps_its_start_and_end_within_its_bound(text: str) -> None:
+    """However long, an error's text is recorded in at most ERROR_CHARS characters, whole when it fits, else
+    its start (the exception's type) and its end, with how much was cut between them."""
+    recorded, whole = recorded_error(text), text.strip()
+    assert len(recorded) <= ERROR_CHARS
+    if len(whole) <= ERROR_CHARS:
+        assert recorded == whole
+    else:
+        kept = ERROR_CHARS // 2 - 20
+        assert recorded.startswith(whole[:kept]) and recorded.endswith(whole[-kept:])
+        assert f"[… {len(whole) - 2 * kept} characters cut …]" in recorded
+
+
+def test_the_type_of_an_exception_with_a_long_message_is_kept() -> None:
+    text = error_text(RuntimeError("HEAD " + "ø" * 5000 + " TAIL"))
+    assert text.startswith("RuntimeError: HEAD ø") and text.endswith("ø TAIL") and len(text) <= ERROR_CHARS

@@ -381,7 +381,9 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
 
 
-def test_best_is_the_right_way_round_for_a_metric_that_knows_it_and_one_declared(tmp_path: Path) -> None:
+def test_best_is_the_right_way_round_for_a_metric_that_knows_it_and_one_declared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Accuracy knows that higher is better and ``modes`` declares it for a Max of rewards: the run's
     ``acc_best`` is its best accuracy and ``reward_best`` its highest reward, where both read as the lowest
     (the worst); a loss stays lowest-is-best."""
@@ -398,16 +400,22 @@ def test_best_is_the_right_way_round_for_a_metric_that_knows_it_and_one_declared
         steps.step()
     steps.finish()
     sweep = _series(tmp_path, "train_steps")
-    assert sweep.modes() == {"acc": "max", "reward": "max"}
+    assert sweep.modes() == {"acc": "max", "reward": "max", "samples_per_s": "max"}
     [run] = sweep.trials(["loss", "acc", "reward"]).to_dict(orient="records")
     assert (run["acc_best"], run["reward_best"], run["loss_best"]) == (1.0, 6.0, pytest.approx((1 / 5 + 1 / 6) / 2))
     assert (run["acc_final"], run["reward_final"]) == (0.0, 6.0)
+    from ray_cmf.cli import main  # the command's table: a count of left-out values has a final, and no best
+
+    assert main(["trials", "--store", str(tmp_path / "store"), "--metrics-name", "train_steps", "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)
+    assert "loss_nonfinite_final" in shown and "loss_nonfinite_best" not in shown and shown["acc_best"] == 1.0
 
 
 @pytest.mark.parametrize(
     ("modes", "error"),
     [
-        ({"rewrd": "max"}, r"modes names \['rewrd'\], which are not among the metrics \['loss'\]"),
+        ({"rewrd": "max"}, r"modes names \['rewrd'\], which are not among the metrics \['loss', 'samples_per_s'\]"),
+        (["loss"], r"modes must be a mapping of metric to 'min' or 'max', got \['loss'\]"),
         ({"loss": "lower"}, r"modes\['loss'\] must be 'min' or 'max', got 'lower'"),
     ],
 )

@@ -174,6 +174,12 @@ def test_the_trial_table_and_show_say_why_a_trial_failed(sweep: dict[str, Any], 
     assert table["error"].isna().sum() == len(GOOD_LRS)
     assert main(["show", late, "--store", str(sweep["store"])]) == 0
     assert "fails after 3 results" in capsys.readouterr().out
+    assert main(["trials", "--store", str(sweep["store"]), "--json"]) == 0  # the whole text
+    errors = {row["trial_id"]: row["error"] for row in json.loads(capsys.readouterr().out)}
+    assert errors[late] == table.loc[late, "error"] and "\n" in errors[late]  # a traceback, not one line
+    assert main(["trials", "--store", str(sweep["store"]), "--status", "FAILED"]) == 0  # its last line
+    out = capsys.readouterr().out
+    assert "RuntimeError: fails after 3 results" in out and "File " not in out
 
 
 def test_a_series_the_trainable_never_committed_is_committed_when_its_trial_ends(sweep: dict[str, Any]) -> None:
@@ -863,8 +869,9 @@ def test_the_error_recorded_is_the_last_failure_without_colours(tmp_path: Path) 
         + "ValueError: diverged at step 3\n"
     )
     error = last_failure(str(path))
-    assert error is not None and error.endswith("ValueError: diverged at step 3")
-    assert "OSError" not in error and "\x1b" not in error and len(error) == 2000
+    assert error is not None and error.startswith("ray::ImplicitFunc.train()\n  frame")
+    assert error.endswith("ValueError: diverged at step 3") and "characters cut" in error
+    assert "OSError" not in error and "\x1b" not in error and len(error) <= 2000
     path.write_text("RuntimeError: no header\n")
     assert last_failure(str(path)) == "RuntimeError: no header"
     assert last_failure(str(tmp_path / "missing.txt")) is None
@@ -891,3 +898,37 @@ def test_modes_declare_which_way_other_results_are_best(ray_session: None, tmp_p
     assert table["loss_best"].to_dict() == {0.1: pytest.approx(0.1 / 3), 0.2: pytest.approx(0.2 / 3)}
     with pytest.raises(ValueError, match=r"modes\['loss'\]='max' and mode='min' disagree"):
         CmfRayLogger("modes", metric="loss", mode="min", modes={"loss": "max"})
+
+
+def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: None, tmp_path: Path) -> None:
+    """Tune retries a trial that fails (``FailureConfig(max_failures=1)``) from scratch: the retry reports
+    steps 1 to 4 again. Its rows were written as the first attempt's, so steps 1 and 2 read twice."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    marker = tmp_path / "failed-once"
+
+    def trainable(config: dict[str, Any]) -> None:
+        for step in range(1, 5):
+            tune.report({"loss": config["lr"] * step})
+            if step == 2 and not marker.exists():
+                marker.touch()
+                raise RuntimeError("fails once")
+
+    logger = CmfRayLogger("retried", metric="loss", store=str(tmp_path / "store"))
+    tune.Tuner(
+        trainable,
+        param_space={"lr": 0.5},
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path / "results"),
+            callbacks=[logger],
+            failure_config=tune.FailureConfig(max_failures=1),
+            verbose=0,
+        ),
+    ).fit()
+    sweep = Sweep(tmp_path / "store")
+    [trial] = sweep.trials(["loss"]).to_dict(orient="records")
+    assert (trial["status"], trial["error"], trial["steps"]) == ("COMPLETE", None, 4)
+    steps = sweep.steps(["loss", "attempt"])
+    assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 5)]
