@@ -44,7 +44,7 @@ from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
 from ray_cmf.exits import on_thread_end
 from ray_cmf.frames import PID_COLUMN
-from ray_cmf.lineage import Artifact
+from ray_cmf.lineage import Artifact, config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
@@ -536,7 +536,11 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                 pipeline=pipeline,
                 stage=stage,
                 type_name=RUN_EXECUTION_TYPE,
-                props={"run_name": run_name, **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {})},
+                props={
+                    **config_properties(self._run_context.train_loop_config or {}),  # what Sweep shows as config
+                    "run_name": run_name,
+                    **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {}),
+                },
                 store=store,
                 environment=self._environment,
                 trial=trial,

@@ -163,6 +163,8 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
     )
     names = {properties(a).get("metrics_name") for a in artifacts}
     assert names == {"train_steps", "train_reports", "system_metrics", None}  # None: the package list
+    [run] = _series(two_workers, "train_reports").trials().to_dict(orient="records")  # its train_loop_config
+    assert (run["config/report_every"], run["config/step_sleep"], run["config/system_metrics"]) == (2, 0.02, 0.1)
     reports = _series(two_workers, "train_reports").steps(["rank", "loss"])
     assert sorted(set(reports["rank"])) == [0, 1]  # every rank, not only rank 0
     assert len(reports) == 2 * (STEPS // SYNC_EVERY // 2)  # the loop's reports only: StepLogger's final one is not
