@@ -232,9 +232,9 @@ _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def last_failure(error_file: str) -> str | None:
-    """The end of the last failure in a trial's error file, where Tune appends each failure under a
-    ``Failure # N (occurred at ...)`` line: the exception and its message close a traceback (Ray colours
-    its first line for terminals; the colour codes are dropped)."""
+    """The last failure in a trial's error file, where Tune appends each failure under a ``Failure # N
+    (occurred at ...)`` line, as the trial records it (see ``recorded_error``). Ray colours its first line
+    for terminals; the colour codes are dropped."""
     try:
         text = Path(error_file).read_text(errors="replace")
     except OSError:
