@@ -136,15 +136,14 @@ def _enclosing_trial() -> str | None:
 def _modes(metrics: MetricCollection, declared: Mapping[str, str]) -> dict[str, str]:
     """The mode properties of a StepLogger's columns: those ``declared``, then those its metrics know, and its
     own throughput."""
-    if not isinstance(declared, Mapping):
-        raise InvalidArgumentError(f"modes must be a mapping of metric to 'min' or 'max', got {declared!r}")
+    checked = mode_properties(declared)  # a mapping of names to 'min' or 'max'
     columns = [*metrics, THROUGHPUT]
     unknown = sorted(set(declared) - set(columns))
     if unknown:
         raise InvalidArgumentError(f"modes names {unknown}, which are not among the metrics {sorted(columns)}")
     better = {name: metric.higher_is_better for name, metric in metrics.items()}
     known = {name: "max" if higher else "min" for name, higher in better.items() if higher is not None}
-    return mode_properties({THROUGHPUT: "max", **known, **declared})
+    return {**mode_properties({THROUGHPUT: "max", **known}), **checked}
 
 
 class StepLogger:
