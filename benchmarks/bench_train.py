@@ -22,7 +22,7 @@ themselves (updates, step/sync, compute): the logging's own cost, which the wall
 with the machine's noise on top. Targets (issue 23): ray_cmf's time inside the logging calls <= 1% of a
 step, and its wall-time overhead (the median over runs) <= 1.5%.
 
-Run: ``.venv/bin/python benchmarks/bench_train.py [--steps 3000 --rounds 7]``
+Run: ``.venv/bin/python benchmarks/bench_train.py [--steps 3000 --rounds 7] [--flush-rows N --tag NAME]``
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def ray_cmf_variant(config: dict[str, Any], split: dict[str, float]) -> tuple[St
 
     start = time.perf_counter()
     metrics = MetricCollection({"loss": Mean(), "accuracy": Accuracy(), "grad_norm_max": Max()})
-    logger = StepLogger(metrics, sync_every=SYNC_EVERY, store=config["store"], pipeline_name="bench_train")
+    flush = {"flush_rows": config["flush_rows"]} if config["flush_rows"] else {}  # else StepLogger's default
+    logger = StepLogger(metrics, sync_every=SYNC_EVERY, store=config["store"], pipeline_name="bench_train", **flush)
     setup = time.perf_counter() - start
 
     def step(logits: torch.Tensor, target: torch.Tensor, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
@@ -174,12 +175,18 @@ def loop(config: dict[str, Any]) -> None:
         )
 
 
-def run(steps: int, tmp: Path, index: int) -> dict[str, Any]:
+def run(steps: int, tmp: Path, index: int, flush_rows: int) -> dict[str, Any]:
     """One TorchTrainer run (one round); the loop's timings from rank 0."""
     out = tmp / f"round-{index}.json"
     TorchTrainer(
         loop,
-        train_loop_config={"steps": steps, "out": str(out), "store": str(tmp / "store"), "run": f"round-{index}"},
+        train_loop_config={
+            "steps": steps,
+            "out": str(out),
+            "store": str(tmp / "store"),
+            "run": f"round-{index}",
+            "flush_rows": flush_rows,
+        },
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(name=f"round-{index}", storage_path=str(tmp / "results")),
     ).fit()
@@ -226,13 +233,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3000, help="training steps per variant")
     parser.add_argument("--rounds", type=int, default=7, help="TorchTrainer runs; the median is reported")
+    parser.add_argument("--flush-rows", type=int, default=0, help="StepLogger's flush_rows (0: its default)")
+    parser.add_argument("--tag", default="", help="appended to the results' name, to keep a variant's apart")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     start_writer(tmp / "store")  # the driver starts the store's writer (CmfTrainCallback would do it)
-    rounds = [run(args.steps, tmp, r) for r in range(args.rounds)]
+    rounds = [run(args.steps, tmp, r, args.flush_rows) for r in range(args.rounds)]
     steps = args.steps // SYNC_EVERY * SYNC_EVERY
-    results = Results("train", command_line(__file__, args))
+    results = Results("train" + (f"_{args.tag}" if args.tag else ""), command_line(__file__, args))
     summary = summarize(rounds, steps)
     for v, figures in summary.items():
         results.figure(v, figures)
