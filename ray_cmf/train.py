@@ -40,7 +40,7 @@ from ray_cmf.constants import (
     TRIAL_PROPERTY,
     WORKER_GROUP_COLUMN,
 )
-from ray_cmf.environment import Environment, capture, seed_props, torch_seed
+from ray_cmf.environment import ENV_PREFIX, Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
 from ray_cmf.exits import on_thread_end
 from ray_cmf.frames import PID_COLUMN
@@ -507,6 +507,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         self._watches: list[Watch] = []  # the workers their nodes' samplers sample
         self._stopping: list[Any] = []  # their hand-overs, once their worker group stops (until an end waits)
         self._worker_groups = 0  # worker groups started: a restarted group's workers get series of their own
+        self._rank0: dict[str, str] = {}  # rank 0's host and node, as its worker group's start reports them
         self._runtime: _CallbackRuntime | None = None
         if ray.is_initialized() and not ray_driver():  # in a Tune trial, say: a clear error now, not a failed run
             connect()  # later (the driver's writer must run: the callback cannot start one here)
@@ -537,6 +538,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                 type_name=RUN_EXECUTION_TYPE,
                 props={
                     **config_properties(self._run_context.train_loop_config or {}),  # what Sweep shows as config
+                    **self._rank0,
                     "run_name": run_name,
                     **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {}),
                 },
@@ -570,6 +572,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         bound later (by rank 0's StepLogger, in a Tune trial's stage, or by the first report): its samples
         wait for it."""
         self._worker_groups += 1
+        self._record_rank0(worker_group)
         if self.system_metrics is None:
             return
         run = self._run_context.get_run_config().name
@@ -591,6 +594,26 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
             worker_group.execute(_leave_sampling_to_the_node)
         except Exception as exc:  # logging never kills training
             log.warning("ray_cmf: the run's workers will not be sampled: %s: %s", type(exc).__name__, exc)
+
+    def _record_rank0(self, worker_group: Any) -> None:
+        """Rank 0's host and node (where StepLogger records its hardware too): for a run that never uses it."""
+        try:
+            [meta] = [w.metadata for w in worker_group.get_workers() if w.distributed_context.world_rank == 0]
+        except Exception as exc:  # logging never kills training
+            log.warning("ray_cmf: the run's host is not recorded: %s: %s", type(exc).__name__, exc)
+            return
+        host = {"host": meta.hostname, "node_id": meta.node_id, "node_ip": meta.node_ip}
+        self._rank0 = {ENV_PREFIX + key: value for key, value in host.items()}
+        if self._runtime is not None:  # a restarted group: rank 0 may be on another node now
+            rt, props = self._runtime, dict(self._rank0)
+            rt.commits.submit(lambda: self._update_run(rt, props))
+
+    def _update_run(self, rt: _CallbackRuntime, props: dict[str, Any]) -> None:
+        """On the commit thread: merge ``props`` into the run's execution."""
+        try:
+            rt.writer.call(StoreWriter.update_binding, binding=rt.binding.result(), props=props)
+        except Exception as exc:  # logging never kills training
+            log.warning("ray_cmf: could not record %s on run %r: %s", sorted(props), rt.run, exc)
 
     @_hook
     def before_worker_group_shutdown(self, worker_group: Any) -> None:

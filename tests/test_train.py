@@ -185,6 +185,8 @@ def test_reports_without_a_step_are_read_by_their_report_index(ray_session: None
     first report read as steps 1 and 2), and the callback's bookkeeping columns are no metrics."""
     _fit(tmp_path, "reports", train=_reports_only, sampling=None)
     reports = _series(tmp_path, "train_reports")
+    [run] = reports.trials().to_dict(orient="records")  # rank 0's host, though no StepLogger recorded it
+    assert run["env/host"] == socket.gethostname()
     steps = reports.steps(["rank", "loss"])
     assert steps.groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 3], 1: [1, 2, 3]}
     assert steps.groupby("rank")["loss"].apply(list).to_dict() == {0: [0.0, 1.0, 2.0], 1: [10.0, 11.0, 12.0]}
