@@ -23,7 +23,7 @@ from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
-from ray_cmf.errors import RayCmfError, RecoveryError
+from ray_cmf.errors import RayCmfError, RecoveryError, exception_of
 from ray_cmf.frames import sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
 from ray_cmf.results import TUNE_BOOKKEEPING, counts
@@ -164,9 +164,15 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     return [*keep, "steps"]
 
 
-def _last_line(text: Any) -> Any:
-    """The last line of a text (where a traceback names its exception); anything else as it is."""
-    return text.strip().rsplit("\n", 1)[-1] if isinstance(text, str) else text
+HEADLINE_CHARS = 80  # of an error's exception, what a table cell shows
+
+
+def _headline(error: Any) -> str | None:
+    """An error as a table cell: the first line of its exception (its type and message), shortened."""
+    if not isinstance(error, str):
+        return None
+    line = exception_of(error).split("\n", 1)[0]
+    return line if len(line) <= HEADLINE_CHARS else line[: HEADLINE_CHARS - 1] + "…"
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -199,8 +205,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
     if args.limit:
         table = table.head(args.limit)
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
-    if "error" in columns and not args.json:  # a table cell holds the exception, `show` the whole text
-        table = table.assign(error=table["error"].map(_last_line))
+    if "error" in columns and not args.json:  # a table cell holds the exception's line, `show` the whole text
+        table = table.assign(error=table["error"].map(_headline))
     _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
 

@@ -95,10 +95,53 @@ class RecoveryError(RayCmfError):
 
 def recorded_error(text: str) -> str:
     """An error's text as a trial or run records it (its ``error``): at most ``ERROR_CHARS`` characters. A
-    longer one keeps its start, which names the exception's type (or the Ray task that raised), and its end,
-    where a traceback names the exception, around a mark that says how much was cut."""
+    longer one keeps its exception (see :func:`exception_of`), whose type and start, and end, are kept
+    whatever its length, and as much of the traceback before it as fits, its innermost frames first. A cut
+    says how much it left out."""
     text = text.strip()
     if len(text) <= ERROR_CHARS:
         return text
-    half = (ERROR_CHARS - 40) // 2
-    return f"{text[:half]} [… {len(text) - 2 * half} characters cut …] {text[-half:]}"
+    trace, exception = _split(text)
+    exception = _cut_middle(exception, ERROR_CHARS // 2 if trace else ERROR_CHARS)
+    room = ERROR_CHARS - len(exception) - 1
+    return f"{_cut_start(trace, room)}\n{exception}" if trace and room > len(_mark(len(trace))) else exception
+
+
+def exception_of(text: str) -> str:
+    """The exception that ends an error's text: what follows a traceback's last frame (its ``File ...`` line
+    and the indented lines under it), or the whole text where it holds no traceback."""
+    return _split(text.strip())[1]
+
+
+def _split(text: str) -> tuple[str, str]:
+    """(the traceback, the exception) of an error's text; the traceback is empty where there is none."""
+    lines = text.split("\n")
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    if not frames:
+        return "", text
+    end = frames[-1] + 1
+    while end < len(lines) and lines[end].startswith((" ", "\t")):
+        end += 1
+    if end == len(lines):
+        return "", text
+    return "\n".join(lines[:end]).rstrip(), "\n".join(lines[end:]).strip()
+
+
+def _mark(cut: int) -> str:
+    return f" [… {cut} characters cut …] "
+
+
+def _cut_middle(text: str, most: int) -> str:
+    """``text`` in at most ``most`` characters: its start and its end around a mark of the cut."""
+    if len(text) <= most:
+        return text
+    keep = (most - len(_mark(len(text)))) // 2
+    return f"{text[:keep]}{_mark(len(text) - 2 * keep)}{text[-keep:]}"
+
+
+def _cut_start(text: str, most: int) -> str:
+    """``text`` in at most ``most`` characters: its end, after a mark of the cut."""
+    if len(text) <= most:
+        return text
+    keep = most - len(_mark(len(text)))
+    return f"{_mark(len(text) - keep).lstrip()}{text[-keep:]}"

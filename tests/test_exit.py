@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import Store, recover
-from ray_cmf.errors import ERROR_CHARS, recorded_error
+from ray_cmf.errors import ERROR_CHARS, exception_of, recorded_error
 from ray_cmf.exits import error_text
 from ray_cmf.lineage import properties
 
@@ -120,19 +120,30 @@ def test_close_with_fewer_rows_than_a_chunk_spills_them(tmp_path: Path) -> None:
     assert sum(b.num_rows for b in read_segments(tmp_path / "spill")) == 7
 
 
-@given(st.text(min_size=0, max_size=6000))
+FRAME = '  File "/venv/lib/ray/tune/trainable/function_trainable.py", line 249, in _trainable_func\n    output = fn()\n'
+
+
+@given(
+    st.text(min_size=0, max_size=300),
+    st.integers(0, 60),
+    st.sampled_from(["ValueError", "ray_cmf.errors.RayCmfError", "KeyboardInterrupt"]),
+    st.text(min_size=0, max_size=6000),
+)
 @settings(max_examples=200, deadline=None)
-def test_a_recorded_error_keeps_its_start_and_end_within_its_bound(text: str) -> None:
-    """However long, an error's text is recorded in at most ERROR_CHARS characters, whole when it fits, else
-    its start (the exception's type) and its end, with how much was cut between them."""
+def test_a_recorded_error_keeps_its_exception_within_its_bound(head: str, frames: int, kind: str, message: str) -> None:
+    """However long, an error (a Ray task's line, a traceback, then the exception) is recorded in at most
+    ERROR_CHARS characters: whole when it fits, else with its exception's type and the start and end of its
+    message, and a mark of what was cut."""
+    text = f"ray::ImplicitFunc.train() {head}\nTraceback (most recent call last):\n{FRAME * frames}{kind}: {message}"
     recorded, whole = recorded_error(text), text.strip()
     assert len(recorded) <= ERROR_CHARS
     if len(whole) <= ERROR_CHARS:
         assert recorded == whole
-    else:
-        kept = ERROR_CHARS // 2 - 20
-        assert recorded.startswith(whole[:kept]) and recorded.endswith(whole[-kept:])
-        assert f"[… {len(whole) - 2 * kept} characters cut …]" in recorded
+        return
+    exception = exception_of(whole)
+    assert exception.startswith(f"{kind}:") or not frames  # without a frame, the text is all exception
+    assert exception[:100] in recorded and recorded.endswith(whole[-100:]) and "characters cut …]" in recorded
+    assert f"{kind}:" in recorded
 
 
 def test_the_type_of_an_exception_with_a_long_message_is_kept() -> None:

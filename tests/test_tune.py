@@ -932,3 +932,17 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     assert (trial["status"], trial["error"], trial["steps"]) == ("COMPLETE", None, 4)
     steps = sweep.steps(["loss", "attempt"])
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 5)]
+
+
+def test_a_long_errors_table_cell_is_its_exception_line() -> None:
+    """A trial that raised ``ValueError("x" * 5000)``: the error keeps the type, and the trials table shows
+    the exception's line, shortened, where it showed the end of the cut message (a row of x's)."""
+    from ray_cmf.cli import HEADLINE_CHARS, _headline
+    from ray_cmf.errors import recorded_error
+
+    trace = '  File "/ray/tune/trainable/function_trainable.py", line 249, in _trainable_func\n    output = fn()\n'
+    error = recorded_error(f"ray::ImplicitFunc.train() (pid=1)\nTraceback:\n{trace * 30}ValueError: {'x' * 5000}")
+    assert "ValueError: xxx" in error and len(error) <= 2000
+    cell = _headline(error)
+    assert cell is not None and cell.startswith("ValueError: xxx") and len(cell) == HEADLINE_CHARS
+    assert _headline(None) is None and _headline("RuntimeError: short") == "RuntimeError: short"
