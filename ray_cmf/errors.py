@@ -95,9 +95,9 @@ class RecoveryError(RayCmfError):
 
 def recorded_error(text: str) -> str:
     """An error's text as a trial or run records it (its ``error``): at most ``ERROR_CHARS`` characters. A
-    longer one keeps its exception (see :func:`exception_of`), whose type and start, and end, are kept
-    whatever its length, and as much of the traceback before it as fits, its innermost frames first. A cut
-    says how much it left out."""
+    longer one keeps the exception that ends it (see :func:`exception_of`): its type and the start and end
+    of its message; then as much of the traceback before it as fits, innermost frames first. A mark says how
+    much was cut."""
     text = text.strip()
     if len(text) <= ERROR_CHARS:
         return text
