@@ -232,10 +232,13 @@ class Sweep:
         return view
 
     def series_names(self) -> list[str]:
-        """The names of the series the compared executions hold, committed or still spilled, sorted."""
-        committed = {str(property_of(a, "metrics_name")) for a in self._step_artifacts()}
+        """The names of the series the compared executions hold, committed or still spilled, sorted.
+
+        The spill is read first: a commit records the new version in MLMD before it empties the spill, so a
+        series committed meanwhile is in one or the other (read the other way round, in neither)."""
         ids = {e.id for e, _ in self.executions()}
         spilled = {m.metrics_name for _, m in self._manifests() if m.execution_id in ids}
+        committed = {str(property_of(a, "metrics_name")) for a in self._step_artifacts()}
         return sorted(committed | spilled)
 
     def _step_artifacts(self) -> list[Artifact]:

@@ -586,3 +586,31 @@ def test_the_global_options_go_before_the_command_or_after_it(
     assert "nothing" in capsys.readouterr().err
     args = parse(["trials", "-v", "--store", root])
     assert args.verbose and args.store == root
+
+
+def test_a_series_committed_while_the_sweep_lists_its_series_is_still_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit registers the new version in MLMD, then empties the spill. A reader that read MLMD first and
+    the spill second could see the series in neither (the report of a sweep being written then failed with
+    "No series 'system_metrics'"). Here the commit lands between the two reads."""
+    from ray_cmf import Cmf
+
+    store = tmp_path / "store"
+    cmf = Cmf(pipeline_name="p", store=store)
+    cmf.create_execution("train", {"lr": 0.1})
+    cmf.log_metric("steps", {"step": 1, "loss": 1.0})
+    cmf.commit_metrics("steps")
+    cmf.log_metric("other", {"step": 1, "x": 1.0})
+    cmf.metrics["other"].flush()  # spilled, not committed
+    listing = Sweep._manifests
+
+    def committed_first(self: Sweep) -> Any:
+        if cmf.metrics["other"].rows and not getattr(cmf, "_other_done", False):
+            cmf._other_done = True  # type: ignore[attr-defined]
+            cmf.commit_metrics("other")
+        return listing(self)
+
+    monkeypatch.setattr(Sweep, "_manifests", committed_first)
+    assert Sweep(store, metrics_name="steps").series_names() == ["other", "steps"]
+    cmf.close()
