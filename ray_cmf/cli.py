@@ -24,7 +24,7 @@ from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import RayCmfError, RecoveryError, exception_of
-from ray_cmf.frames import sort_trials
+from ray_cmf.frames import ERROR_COLUMN, sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
 from ray_cmf.results import TUNE_BOOKKEEPING, counts
 from ray_cmf.store import Store
@@ -149,7 +149,8 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = ["recovered"] if "recovered" in table.columns and table["recovered"].any() else []
     curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
-    curated += [c for c in (NOTE_COLUMN, "error", DELETED_COLUMN) if c in table.columns and table[c].notna().any()]
+    shown = (NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
+    curated += [c for c in shown if c in table.columns and table[c].notna().any()]
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
     for column in table.columns:
@@ -205,8 +206,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
     if args.limit:
         table = table.head(args.limit)
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
-    if "error" in columns and not args.json:  # a table cell holds the exception's line, `show` the whole text
-        table = table.assign(error=table["error"].map(_headline))
+    if ERROR_COLUMN in columns and not args.json:  # a table cell holds the exception's line, `show` the whole text
+        table = table.assign(**{ERROR_COLUMN: table[ERROR_COLUMN].map(_headline)})
     _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
 
@@ -272,7 +273,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "config": sweep.config(args.trial),
         "tags": {c[len(TAG_COLUMN) :]: v for c, v in _tags(row).items()},
         "note": row.get(NOTE_COLUMN),
-        "error": row.get("error"),
+        "error": row.get(ERROR_COLUMN),
         "deleted_at": row.get(DELETED_COLUMN),
         "environment": sweep.environment(args.trial),
         "files": files,

@@ -55,6 +55,7 @@ from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.exits import CRASHED, RECOVERED, abandoned
 from ray_cmf.frames import (
+    ERROR_COLUMN,
     PID_COLUMN,
     RANK_COLUMN,
     SERIES_COLUMN,
@@ -478,7 +479,7 @@ class Sweep:
             [self._recorded(e, stage, first.get(self.key(e))) for e, stage in self.executions()]
         )
         if "trial_id" not in recorded.columns:  # no trial at all: the columns every trial's row has
-            base = ["trial_id", "status", "recovered", "stage", "note", "started_at", "error"]
+            base = ["trial_id", "status", "recovered", "stage", "note", "started_at", ERROR_COLUMN]
             recorded = pd.DataFrame(columns=[*base, *([DELETED_COLUMN] if self.include_deleted else [])])
         if query is not None:
             recorded = _with_tags(recorded, query)
@@ -506,7 +507,7 @@ class Sweep:
             **{f"config/{k}": v for k, v in _config(props).items()},
             **curated_columns(props),
             "started_at": _utc_text(execution.create_time_since_epoch),
-            "error": props.get(ERROR_PROPERTY),
+            ERROR_COLUMN: props.get(ERROR_PROPERTY),
             **deleted,
             **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
             **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},

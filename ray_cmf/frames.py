@@ -23,6 +23,7 @@ TRIAL_COLUMN = "trial_id"
 SERIES_COLUMN = "series"  # which of a trial's series of one name a row is from, where a trial has several
 RANK_COLUMN = "rank"  # a Train rank's rows: a key of the row, not a metric
 PID_COLUMN = "pid"  # the process a system_metrics row sampled: an identifier, not a metric
+ERROR_COLUMN = "error"  # the trial table's: what a FAILED trial or run raised, as it recorded it
 KEY_COLUMNS = (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN)
 
 

@@ -33,6 +33,7 @@ from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.frames import (
     DRAWABLE_MAX,
+    ERROR_COLUMN,
     RANK_COLUMN,
     SERIES_COLUMN,
     TRIAL_COLUMN,
@@ -567,7 +568,7 @@ def content(
             if primary and len(data["params"]) > 1
             else ""
         ),
-        "lineage": _lineage_html(_lineage(sweep), _texts(trials, NOTE_COLUMN), _texts(trials, "error")),
+        "lineage": _lineage_html(_lineage(sweep), _texts(trials, NOTE_COLUMN), _texts(trials, ERROR_COLUMN)),
     }
 
 
