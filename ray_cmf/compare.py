@@ -24,23 +24,19 @@ import pyarrow.dataset as pads
 from ray_cmf._names import check_limit, check_mode, recorded_modes
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
-    CHECKPOINTED_COLUMN,
     CONFIG_JSON,
     DELETED_PROPERTY,
     ERROR_PROPERTY,
     EXACT_FLOAT_INT,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
-    REPORT_COLUMN,
     REPORTS_METRICS_NAME,
     RESULTS_METRICS_NAME,
-    SEQUENCE_COLUMN,
     SPILL_DIR,
     STEP_METRICS_TYPE,
     STEPS_METRICS_NAME,
     SUMMARY_KEY,
     SYSTEM_METRICS_NAME,
-    WORKER_GROUP_COLUMN,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -56,15 +52,17 @@ from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfErr
 from ray_cmf.exits import CRASHED, RECOVERED, abandoned
 from ray_cmf.frames import (
     ERROR_COLUMN,
-    PID_COLUMN,
     RANK_COLUMN,
     SERIES_COLUMN,
+    STEP_CANDIDATES,
+    STEP_COLUMN,
     TRIAL_COLUMN,
     blank,
     exact_frame,
     exact_summary,
     group_keys,
     group_summaries,
+    is_metric,
     is_number,
     mode_of,
     settle_ints,
@@ -92,12 +90,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 log = logging.getLogger(__name__)
-
-STEP_COLUMN = "training_iteration"
-# Tune results, Train steps, Train reports (each rank's copy of a report is one step), any series
-STEP_CANDIDATES = (STEP_COLUMN, "step", REPORT_COLUMN, SEQUENCE_COLUMN)
-_BOOKKEEPING = (ATTEMPT_COLUMN, RANK_COLUMN, PID_COLUMN, WORKER_GROUP_COLUMN, CHECKPOINTED_COLUMN, "wall_time")
-_NOT_METRICS = frozenset({*STEP_CANDIDATES, *_BOOKKEEPING, "__filename"})
 
 
 def unknown_trials(asked: Iterable[str], keys: Iterable[str], pipeline: str | None) -> RayCmfError:
@@ -138,6 +130,22 @@ class TrialFile:
     md5: str
     url: str
     instance: str = ""
+
+
+@dataclass(frozen=True)
+class _Spilled:
+    """The uncommitted rows of one of a trial's series (its ``instance``), as its spill holds them."""
+
+    trial: str
+    instance: str
+    table: pa.Table
+
+    def keyed(self, several: bool) -> pa.Table:
+        """The rows with their trial (and, where a trial holds ``several`` series of the name, their series)."""
+        table = self.table.append_column(TRIAL_COLUMN, _constant(self.trial, self.table.num_rows))
+        if several:
+            table = table.append_column(SERIES_COLUMN, _constant(self.instance, table.num_rows))
+        return _keyed(table)
 
 
 class Sweep:
@@ -315,9 +323,12 @@ class Sweep:
             path = self.store.fetch(props["Commit"]) or path
         return TrialFile(self.key(execution), execution, stage, path, props["Commit"], props["url"], instance)
 
-    def _several(self) -> bool:
-        """Whether some trial holds more than one series of this name (then rows carry a ``series`` key)."""
-        trials = [f.trial_id for f in self.files()]
+    def _several(self, spilled: Iterable[tuple[str, str]] = ()) -> bool:
+        """Whether some trial holds more than one series of this name (then rows carry a ``series`` key),
+        committed or among the ``spilled`` ones (trial, series instance): a running script's one series
+        reads with the same columns before its commit and after."""
+        held = {(f.trial_id, f.instance) for f in self.files()} | set(spilled)
+        trials = [trial for trial, _ in held]
         return len(trials) != len(set(trials))
 
     # -- frames --------------------------------------------------------------------------------------
@@ -350,9 +361,10 @@ class Sweep:
         """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``."""
         spilled = self._spilled(metrics) if live else []  # read once: for the check and for the rows
         if metrics is not None:
-            self._check_metrics(metrics, [table for _, table in spilled] if live else None)
-        mine = [table for trial, table in spilled if trials is None or trial in trials]
-        tables = [t for t in [self._committed(metrics, trials), *mine] if t.num_rows]
+            self._check_metrics(metrics, [s.table for s in spilled] if live else None)
+        several = self._several((s.trial, s.instance) for s in spilled)
+        mine = [s.keyed(several) for s in spilled if trials is None or s.trial in trials]
+        tables = [t for t in [self._committed(metrics, trials, several), *mine] if t.num_rows]
         if not tables:
             return pa.table({})
         table = _concat(tables)
@@ -390,7 +402,7 @@ class Sweep:
         if unknown and (known or spilled is None):
             raise self._unknown(unknown)
 
-    def _committed(self, metrics: list[str] | None, trials: set[str] | None) -> pa.Table:
+    def _committed(self, metrics: list[str] | None, trials: set[str] | None, several: bool) -> pa.Table:
         mine = [f for f in self.files() if trials is None or f.trial_id in trials]
         footers = self._footers(mine)
         files = [f for f in mine if f.path in footers]
@@ -398,13 +410,12 @@ class Sweep:
             return pa.table({})
         schema = unify([schema for schema, _ in footers.values()], _big_ints(footers))
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
-        table = _scan_with_trials(dataset, _columns(schema, metrics), files, series=self._several())
+        table = _scan_with_trials(dataset, _columns(schema, metrics), files, series=several)
         return _keyed(table)
 
-    def _spilled(self, metrics: list[str] | None) -> list[tuple[str, pa.Table]]:
-        """The uncommitted rows of this sweep's series, one table per spill directory, with its trial."""
+    def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
+        """The uncommitted rows of this sweep's series, one table per spill directory."""
         ids = {e.id: self.key(e) for e, _ in self.executions()}
-        several = self._several()
         tables = []
         for directory, manifest in self._manifests():
             trial = ids.get(manifest.execution_id)
@@ -415,11 +426,7 @@ class Sweep:
                 continue
             table = _concat([pa.Table.from_batches([b]) for b in batches])
             present = [m for m in metrics if m in table.column_names] if metrics is not None else None
-            table = table.select(_columns(table.schema, present))
-            table = table.append_column(TRIAL_COLUMN, _constant(trial, table.num_rows))
-            if several or manifest.instance:
-                table = table.append_column(SERIES_COLUMN, _constant(manifest.instance, table.num_rows))
-            tables.append((trial, _keyed(table)))
+            tables.append(_Spilled(trial, manifest.instance, table.select(_columns(table.schema, present))))
         return tables
 
     def trials(
@@ -837,7 +844,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _metric_columns(schema: pa.Schema) -> list[str]:
-    return [f.name for f in schema if f.name not in _NOT_METRICS and not f.name.startswith("__")]
+    return [f.name for f in schema if is_metric(f.name)]
 
 
 def _no_summary(metrics: Sequence[str]) -> pd.DataFrame:

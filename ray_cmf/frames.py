@@ -14,6 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from ray_cmf.constants import (
+    ATTEMPT_COLUMN,
+    CHECKPOINTED_COLUMN,
+    REPORT_COLUMN,
+    SEQUENCE_COLUMN,
+    WORKER_GROUP_COLUMN,
+)
 from ray_cmf.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -25,6 +32,17 @@ RANK_COLUMN = "rank"  # a Train rank's rows: a key of the row, not a metric
 PID_COLUMN = "pid"  # the process a system_metrics row sampled: an identifier, not a metric
 ERROR_COLUMN = "error"  # the trial table's: what a FAILED trial or run raised, as it recorded it
 KEY_COLUMNS = (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN)
+STEP_COLUMN = "training_iteration"
+# Tune results, Train steps, Train reports (each rank's copy of a report is one step), any series
+STEP_CANDIDATES = (STEP_COLUMN, "step", REPORT_COLUMN, SEQUENCE_COLUMN)
+_BOOKKEEPING = (ATTEMPT_COLUMN, PID_COLUMN, WORKER_GROUP_COLUMN, CHECKPOINTED_COLUMN, "wall_time")
+_NOT_METRICS = frozenset({*KEY_COLUMNS, *STEP_CANDIDATES, *_BOOKKEEPING})
+
+
+def is_metric(column: str) -> bool:
+    """Whether a column of a series (as stored or as read) is a metric: not a key, a step, bookkeeping or a
+    private (``__``) column. The one rule for the trial table, the plots and the report alike."""
+    return column not in _NOT_METRICS and not column.startswith("__")
 
 
 def is_number(arrow_type: pa.DataType) -> bool:

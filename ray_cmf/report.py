@@ -43,6 +43,7 @@ from ray_cmf.frames import (
     group_keys,
     group_label,
     group_summaries,
+    is_metric,
     log_spread,
     mode_of,
     numbers_as_text,
@@ -418,7 +419,7 @@ def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
 
 
 def _logged(steps: pd.DataFrame) -> list[str]:
-    return [c for c in steps.columns if c not in ("trial_id", "step")]
+    return [c for c in steps.columns if is_metric(c)]
 
 
 def _shown(metrics: Iterable[str]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -614,3 +615,32 @@ def test_a_series_committed_while_the_sweep_lists_its_series_is_still_listed(
     monkeypatch.setattr(Sweep, "_manifests", committed_first)
     assert Sweep(store, metrics_name="steps").series_names() == ["other", "steps"]
     cmf.close()
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "COMPLETE"])
+@pytest.mark.parametrize("instances", [["77781e41"], ["12345678", "nan"]], ids=["one", "two"])
+def test_a_series_key_or_bookkeeping_column_is_never_read_as_a_metric(
+    tmp_path: Path, status: str, instances: list[str]
+) -> None:
+    """Each plain ``Cmf`` names its series by 8 random hex digits, and some read as numbers (``77781e41`` is
+    7.7781e45). A running script's one series was read with that key as a ``series`` column, and the report
+    drew it as a metric and ranked the trial by it; so it drew a rank or a pid. A series is keyed only where
+    a trial holds several, live or committed alike, and no key or bookkeeping column is a metric anywhere."""
+    from ray_cmf.frames import SERIES_COLUMN
+    from ray_cmf.report import content
+
+    rows = [{"step": s, "rank": 0, "pid": 4242, "attempt": 1, "loss": 1.0 / (s + 1)} for s in range(20)]
+    store = write_trials(
+        tmp_path / "store", [Trial("run", {"lr": 0.1}, dict.fromkeys(instances, rows), status)], metrics_name="m"
+    )
+    sweep = Sweep(store, metrics_name="m")
+    live = sweep.steps(live=True)
+    assert (SERIES_COLUMN in live.columns) == (len(instances) > 1)
+    assert set(live.columns) - {SERIES_COLUMN} == {"trial_id", "step", "rank", "loss"}  # the pid identifies, never read
+    if len(instances) > 1:
+        assert sorted(set(live[SERIES_COLUMN])) == sorted(instances)  # kept as the text it is
+    for options in ({"live": True}, {}) if status == "COMPLETE" else ({"live": True},):  # nothing committed
+        parts = content(sweep, **options)
+        assert [s["metric"] for s in parts["data"]["sections"]] == ["loss"], options
+        assert parts["data"]["primary"] == "loss"
+        assert not {"series_best", "rank_best", "pid_best"} & set(re.findall(r"<th[^>]*>([^<]+)</th>", parts["table"]))
