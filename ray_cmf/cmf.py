@@ -298,7 +298,8 @@ class Cmf:
         indexed by SequenceNumber.
 
         It reads only what the current execution committed, never another execution's series of the same
-        name: rows logged but not committed yet are not returned (commit them first), and asking for them
+        name, and of a name this Cmf logged, its own series (another Cmf of the execution logs its own).
+        Rows logged but not committed yet are not returned (commit them first), and asking for them
         raises :class:`MetricsNotFoundError` saying so. A Cmf without a current execution reads the
         pipeline's series when one execution alone committed that name (or the version ``commit``).
 
@@ -307,6 +308,7 @@ class Cmf:
         ints and a null stays distinct from a NaN.
         """
         binding = self._binding
+        sink = self._sinks.get(metrics_name)
         try:
             table = self._writer.call(
                 StoreWriter.read,
@@ -315,6 +317,7 @@ class Cmf:
                 metrics_name=metrics_name,
                 commit=commit,
                 execution_id=binding.execution_id if binding is not None else None,
+                instance=sink.key.instance if sink is not None and commit is None else None,
             )
         except MetricsNotFoundError:
             buffer = self.metrics.get(metrics_name)

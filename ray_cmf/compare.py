@@ -296,7 +296,8 @@ class Sweep:
 
     def files(self) -> list[TrialFile]:
         """The latest committed version of every ``metrics_name`` series of every execution (a trial may hold
-        several: one per Train rank, say), in execution order."""
+        several: one per Train rank, say), in execution order, then in the order a trial's series began
+        (their first commit): the rows a trial logged last are read last, which is what its ``_final`` is."""
         if self._files is None:
             artifacts = {
                 a.id: a
@@ -308,7 +309,7 @@ class Sweep:
                 latest.setdefault(output.execution_id, {})[output.instance] = artifacts[output.artifact_id]
             self._files = []
             for execution, stage in self.executions():
-                for instance, artifact in sorted(latest.get(execution.id, {}).items()):
+                for instance, artifact in latest.get(execution.id, {}).items():
                     file = self._file(execution, stage, instance, properties(artifact))
                     if file is not None:
                         self._files.append(file)

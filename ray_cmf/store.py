@@ -417,10 +417,16 @@ class Store:
 
     # -- reads ---------------------------------------------------------------------------------------
     def find_series(
-        self, pipeline: str, metrics_name: str, commit: str | None = None, execution_id: int | None = None
+        self,
+        pipeline: str,
+        metrics_name: str,
+        commit: str | None = None,
+        execution_id: int | None = None,
+        instance: str | None = None,
     ) -> str:
         """The url of the newest committed version of ``metrics_name`` (or of its version ``commit``) that
-        ``execution_id`` produced.
+        ``execution_id`` produced: of its series ``instance`` when given (one logger's, where several logged
+        the name).
 
         Without an execution, the pipeline's: by ``commit``, or the newest version when one execution alone
         has committed that name (which execution is meant is otherwise ambiguous, and that is an error).
@@ -434,7 +440,9 @@ class Store:
             outputs = lineage.producers([a.id for a in lineage.artifacts(contexts, STEP_METRICS_TYPE)])
             where = f"pipeline {pipeline!r}"
         versions = [
-            (o, props) for o, props in self._series_outputs(outputs, metrics_name) if commit in (None, props["Commit"])
+            (o, props)
+            for o, props in self._series_outputs(outputs, metrics_name)
+            if commit in (None, props["Commit"]) and instance in (None, o.instance)
         ]
         if not versions:
             which = f" with md5 {commit!r}" if commit else ""

@@ -358,11 +358,12 @@ class StoreWriter:
         metrics_name: str,
         commit: str | None = None,
         execution_id: int | None = None,
+        instance: str | None = None,
     ) -> pa.Table:
-        """A committed series of an execution (the latest, or the version whose md5 is ``commit``), read where
-        the store is (see :meth:`Store.find_series`)."""
+        """A committed series of an execution (the latest, or the version whose md5 is ``commit``; of its series
+        ``instance`` when given), read where the store is (see :meth:`Store.find_series`)."""
         live = self._open(store)
-        return pq.read_table(live.resolve(live.find_series(pipeline, metrics_name, commit, execution_id)))
+        return pq.read_table(live.resolve(live.find_series(pipeline, metrics_name, commit, execution_id, instance)))
 
     # -- series --------------------------------------------------------------------------------------
     def _series_of(self, key: SeriesKey) -> _Series:

@@ -361,6 +361,29 @@ def test_a_second_execution_of_one_cmf_gets_its_own_series(store_dir: Path) -> N
     assert first.read_metrics("m")["v"].tolist() == [1.0]
 
 
+def test_each_cmf_of_a_shared_execution_reads_back_its_own_series(store_dir: Path) -> None:
+    """Two Cmf objects on one execution (a notebook cell run twice, a resumed script): each logs its own
+    series, and ``read_metrics`` gave both the one committed last. A Cmf that logged nothing of the name
+    still reads the execution's newest version."""
+    a, b = Cmf(pipeline_name="p", store=store_dir), Cmf(pipeline_name="p", store=store_dir)
+    a.create_execution("run", execution_name="shared")
+    b.create_execution("run", execution_name="shared", create_new_execution=False)
+    for i in range(3):
+        a.log_metric("m", {"step": i, "v": float(i)})
+        b.log_metric("m", {"step": i, "v": 10.0 + i})
+    a.commit_metrics("m")
+    b.commit_metrics("m")
+    assert a.read_metrics("m")["v"].tolist() == [0.0, 1.0, 2.0]
+    assert b.read_metrics("m")["v"].tolist() == [10.0, 11.0, 12.0]
+    reader = Cmf(pipeline_name="p", store=store_dir)
+    reader.create_execution("run", execution_name="shared", create_new_execution=False)
+    assert reader.read_metrics("m")["v"].tolist() == [10.0, 11.0, 12.0]
+    md5 = properties(a.commit_metrics("m"))["Commit"]
+    assert b.read_metrics("m", commit=md5)["v"].tolist() == [0.0, 1.0, 2.0]  # a version named: of the execution
+    for cmf in (a, b, reader):
+        cmf.close()
+
+
 def test_a_with_block_that_raises_records_why_the_execution_failed(tmp_path: Path) -> None:
     """The exception that ends a ``with Cmf(...)`` block is the FAILED execution's error."""
     from ray_cmf import Sweep

@@ -644,3 +644,27 @@ def test_a_series_key_or_bookkeeping_column_is_never_read_as_a_metric(
         assert [s["metric"] for s in parts["data"]["sections"]] == ["loss"], options
         assert parts["data"]["primary"] == "loss"
         assert not {"series_best", "rank_best", "pid_best"} & set(re.findall(r"<th[^>]*>([^<]+)</th>", parts["table"]))
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "COMPLETE"])
+def test_a_trials_final_value_is_its_last_series_last_value_whatever_the_series_are_called(
+    tmp_path: Path, status: str
+) -> None:
+    """An execution reopened by name logs a second series (each Cmf its own, named by random hex digits):
+    ``_final`` is the value the later series logged last. It was the last row of the series whose name
+    sorted last, so it changed from run to run for the same data."""
+    first = [{"step": s, "v": float(s)} for s in range(3)]
+    later = [{"step": s, "v": float(10 + s)} for s in range(3, 6)]
+    store = write_trials(
+        tmp_path / "store", [Trial("run", {}, {"ffff0000": first, "0000ffff": later}, status)], metrics_name="m"
+    )
+    sweep = Sweep(store, metrics_name="m")
+    summaries = [sweep.trials()] if status == "COMPLETE" else []
+    from ray_cmf.report import content
+
+    table = content(sweep, live=True)["table"]
+    cells = re.findall(r'data-v="([^"]+)"', table)
+    assert cells == ["0.0", "15.0", "6.0"]  # v_best, v_final, steps
+    for summary in summaries:
+        [row] = summary.to_dict(orient="records")
+        assert (row["v_final"], row["v_best"], row["steps"]) == (15.0, 0.0, 6)
