@@ -181,18 +181,22 @@ def blank(value: Any) -> bool:
 
 
 def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] = "min") -> pd.DataFrame:
-    """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode``, any other
-    ascending (numbers before text, whatever mix a config key holds); blanks last."""
+    """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode`` (its finite
+    values: ±inf never ranks best, and comes after them), any other ascending (numbers before text, whatever
+    mix a config key holds); blanks last."""
     if column not in table.columns:
         if not len(table):  # nothing was picked: a summary column of no trial is nothing to sort by, not an error
             return table
         raise InvalidArgumentError(f"sort {column!r} is not a column; the table has {list(table.columns)}")
     summary = column.removesuffix("_mean")  # a group's mean of a summary sorts as the summary
     metric = summary.rsplit("_", 1)[0]
-    descending = summary.endswith(("_best", "_final")) and mode_of(mode, metric) == "max"
+    ranked = summary.endswith(("_best", "_final"))
+    descending = ranked and mode_of(mode, metric) == "max"
     values = table[column].tolist()
     present = [i for i, v in enumerate(values) if not blank(v)]
     present.sort(key=lambda i: _order(values[i]), reverse=descending)
+    if ranked:  # a diverged trial's -inf (or +inf) is no best: after the finite values, before the blanks
+        present.sort(key=lambda i: _order(values[i])[0] == 0 and math.isinf(values[i]))
     return table.iloc[present + [i for i, v in enumerate(values) if blank(v)]]
 
 

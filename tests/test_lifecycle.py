@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import Cmf, InvalidArgumentError, MetricBuffer, RayCmfError, Store, StoreError, Sweep
@@ -163,6 +163,29 @@ def test_a_missing_value_equals_nothing_not_even_itself_and_only_null_finds_it(v
         assert holds("x != y", nan_is_null) == unlike and holds("x == y", nan_is_null) == [not u for u in unlike]
         assert holds("x == nan", nan_is_null) == nan and holds("x != nan", nan_is_null) == [not n for n in nan]
         assert holds("x < nan", nan_is_null) == [False] * len(values)
+
+
+summary_values = st.one_of(st.floats(), st.integers(-(2**62), 2**62), st.none())
+
+
+@given(st.lists(summary_values, max_size=12), st.sampled_from(["min", "max"]), st.sampled_from(["_best", "_final"]))
+@example([0.1, -math.inf, math.nan, None, math.inf], "min", "_final")
+def test_sorting_by_a_summary_puts_the_best_finite_values_first_then_the_non_finite_then_blanks(
+    values: list[Any], mode: str, part: str
+) -> None:
+    """``--sort loss_final`` put a trial that diverged to -inf first, as the best: non-finite values never
+    rank best, in a sort as in ``_best``."""
+    from ray_cmf.frames import sort_trials
+
+    column = f"loss{part}"
+    table = pd.DataFrame({"trial_id": [str(i) for i in range(len(values))], column: pd.Series(values, dtype=object)})
+    ordered = sort_trials(table, column, mode)[column].tolist()
+    finite = [v for v in ordered if v is not None and math.isfinite(v)]
+    assert finite == sorted(finite, reverse=mode == "max") and ordered[: len(finite)] == finite
+    rest = ordered[len(finite) :]
+    infinite = [v for v in rest if v is not None and math.isinf(v)]
+    assert rest[: len(infinite)] == infinite and all(v is None or math.isnan(v) for v in rest[len(infinite) :])
+    assert sorted(map(repr, ordered)) == sorted(map(repr, values))
 
 
 def test_where_sort_and_limit_over_configs_of_mixed_types_tags_and_summaries(
