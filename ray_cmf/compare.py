@@ -411,7 +411,8 @@ class Sweep:
             return pa.table({})
         schema = unify([schema for schema, _ in footers.values()], _big_ints(footers))
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
-        table = _scan_with_trials(dataset, _columns(schema, metrics), files, series=several)
+        steps_of = [schema for schema, _ in footers.values()]
+        table = _scan_with_trials(dataset, _columns(schema, metrics, steps_of), files, series=several)
         return _keyed(table)
 
     def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
@@ -868,32 +869,33 @@ def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
     return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
 
 
-def _columns(schema: pa.Schema, metrics: list[str] | None) -> list[str]:
-    """The step columns (see :func:`_keyed`), the metric columns (all by default), and the rank and attempt
-    columns, to read."""
+def _columns(schema: pa.Schema, metrics: list[str] | None, files: Sequence[pa.Schema] = ()) -> list[str]:
+    """The step columns (see :func:`_keyed`) of the series and of each of its ``files``, the metric columns
+    (all by default), and the rank and attempt columns, to read."""
     names = schema.names
-    step = next((c for c in STEP_CANDIDATES if c in names), None)
-    if step is None:
-        raise RayCmfError(f"The series has no step column (one of {list(STEP_CANDIDATES)}); it has {names}")
-    steps = [step, "step"] if step == STEP_COLUMN and "step" in names else [step]  # Tune results: both
+    steps = []
+    for of in (schema, *files):
+        first = next((c for c in STEP_CANDIDATES if c in of.names), None)
+        if first is None:
+            raise RayCmfError(f"The series has no step column (one of {list(STEP_CANDIDATES)}); it has {of.names}")
+        steps += [first, STEP_COLUMN] if first == "step" and STEP_COLUMN in of.names else [first]  # Tune's: both
     chosen = [m for m in metrics if m in names] if metrics is not None else _metric_columns(schema)
     keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN) if c in names]
     return list(dict.fromkeys([*steps, *chosen, *keys]))
 
 
 def _keyed(table: pa.Table) -> pa.Table:
-    """A scanned table with its step column named ``step`` (Tune results, Train steps and plain series alike).
-
-    Tune results are keyed by ``training_iteration``, except where the trainable reported a ``step`` of its own:
-    that is the step the user counts in (a row without one keeps its iteration)."""
-    names = table.column_names
-    if STEP_COLUMN in names and "step" in names:
-        reported, iteration = table.column("step"), table.column(STEP_COLUMN)
-        if pa.types.is_integer(reported.type) or pa.types.is_floating(reported.type):
-            table = table.set_column(names.index("step"), "step", pc.coalesce(reported, iteration.cast(reported.type)))
-        return table.drop_columns([STEP_COLUMN])
-    step = next(c for c in STEP_CANDIDATES if c in names)
-    return table.rename_columns(["step" if name == step else name for name in names])
+    """A scanned table with its step column named ``step`` (Tune results, Train steps and plain series alike):
+    each row's first step column that holds a value (see :data:`STEP_CANDIDATES`). A Tune trainable's own
+    ``step`` is the step the user counts in, and a row without one keeps its iteration; a trial that logged no
+    ``step`` beside trials that did is read at its row numbers, as it is alone."""
+    present = [c for c in STEP_CANDIDATES if c in table.column_names]
+    step = table.column(present[0])
+    for other in present[1:] if is_number(step.type) else ():
+        if step.null_count:
+            step = pc.coalesce(step, table.column(other).cast(step.type))
+    table = table.drop_columns(present[1:])
+    return table.set_column(table.column_names.index(present[0]), "step", step)
 
 
 def _tidy(frame: pd.DataFrame, metrics: list[str] | None, *, overlap: bool = False) -> pd.DataFrame:

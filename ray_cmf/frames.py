@@ -33,8 +33,9 @@ PID_COLUMN = "pid"  # the process a system_metrics row sampled: an identifier, n
 ERROR_COLUMN = "error"  # the trial table's: what a FAILED trial or run raised, as it recorded it
 KEY_COLUMNS = (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN)
 STEP_COLUMN = "training_iteration"
-# Tune results, Train steps, Train reports (each rank's copy of a report is one step), any series
-STEP_CANDIDATES = (STEP_COLUMN, "step", REPORT_COLUMN, SEQUENCE_COLUMN)
+# A row's step, the first of these it holds: the step it logged (a Tune trainable's reported one too), else
+# Tune's iteration, a Train report's index (each rank's copy of a report is one step), its row number
+STEP_CANDIDATES = ("step", STEP_COLUMN, REPORT_COLUMN, SEQUENCE_COLUMN)
 _BOOKKEEPING = (ATTEMPT_COLUMN, PID_COLUMN, WORKER_GROUP_COLUMN, CHECKPOINTED_COLUMN, "wall_time")
 _NOT_METRICS = frozenset({*KEY_COLUMNS, *STEP_CANDIDATES, *_BOOKKEEPING})
 

@@ -668,3 +668,30 @@ def test_a_trials_final_value_is_its_last_series_last_value_whatever_the_series_
     for summary in summaries:
         [row] = summary.to_dict(orient="records")
         assert (row["v_final"], row["v_best"], row["steps"]) == (15.0, 0.0, 6)
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "COMPLETE"])
+def test_a_trial_that_logged_no_step_is_read_at_its_row_numbers_beside_trials_that_did(
+    tmp_path: Path, status: str
+) -> None:
+    """Read alone, a series without a ``step`` is read at its row numbers. Beside a trial that logged one,
+    its steps were all null, and its curve drew nothing."""
+    from ray_cmf.report import content
+
+    with_step = [{"step": 10 * s, "loss": 2.0 / (s + 1)} for s in range(3)]
+    no_step = [{"loss": 1.0 / (s + 1)} for s in range(3)]
+    store = write_trials(
+        tmp_path / "store",
+        [Trial("with_step", {}, {"": with_step}, status), Trial("no_step", {}, {"": no_step}, status)],
+        metrics_name="m",
+    )
+    sweep = Sweep(store, metrics_name="m")
+    steps = sweep.steps(live=True).set_index("trial_id")
+    assert steps.loc["with_step", "step"].tolist() == [0, 10, 20]
+    assert steps.loc["no_step", "step"].tolist() == [1, 2, 3]  # its SequenceNumber, as when read alone
+    assert "SequenceNumber" not in steps.columns
+    [section] = content(sweep, live=True)["data"]["sections"]
+    assert {trace["meta"]: trace["x"] for trace in section["traces"]} == {
+        "with_step": [0.0, 10.0, 20.0],
+        "no_step": [1.0, 2.0, 3.0],
+    }
