@@ -132,6 +132,7 @@ class Cmf:
         self._binding: Binding | None = None
         self._running: Binding | None = None  # the execution this Cmf started and ends (see close())
         self._sinks: dict[str, WriterSink] = {}  # by metrics_name: where its buffer's rows go
+        self._committed: dict[str, int] = {}  # by metrics_name: the rows its last commit held
         self._continued = False  # whether a series continues across the execution's attempts (a trial's)
 
     # -- contexts and executions ---------------------------------------------------------------------
@@ -178,7 +179,7 @@ class Cmf:
         if custom_properties and CONFIG_JSON not in custom_properties:  # what Sweep shows as config/<key>
             props[CONFIG_JSON] = config_properties(custom_properties)[CONFIG_JSON]  # warns of keys it cannot show
         self.close()  # the previous execution ended: its series' rows go to it
-        self.metrics, self._sinks = {}, {}
+        self.metrics, self._sinks, self._committed = {}, {}, {}
         self._binding, self.execution = self._writer.call(
             StoreWriter.execution,
             pipeline=self.pipeline_name,
@@ -283,7 +284,10 @@ class Cmf:
                 f"(logged names: {sorted(self.metrics)})"
             )
         try:
-            return self._sinks[metrics_name].commit(buffer, custom=custom_properties)
+            rows = buffer.rows
+            artifact = self._sinks[metrics_name].commit(buffer, custom=custom_properties)
+            self._committed[metrics_name] = rows
+            return artifact
         except Exception as exc:  # logging never kills training
             log.warning(
                 "ray_cmf: could not commit %r (%s). Its rows are kept, spilled or in memory: commit again once "
@@ -396,11 +400,11 @@ class Cmf:
             log.warning("ray_cmf: the store did not take every row within %g s (%r); they are kept", timeout, exc)
 
     def close(self, state: str | None = None) -> None:
-        """Hand every buffer's rows to the writer's spill (uncommitted rows stay there for
-        :func:`ray_cmf.recover`) and end the execution this Cmf started: ``state`` (default: how the process
-        is ending: ``COMPLETE``, or ``FAILED`` after an uncaught exception, whose text becomes the execution's
-        ``error``, ``CANCELED`` on SIGTERM or Ctrl-C). Called at exit too; a Tune trial's Cmf leaves the
-        trial's state to CmfRayLogger.
+        """Commit every series with rows logged since its last commit (marked ``at_end``; one that cannot be
+        committed stays spilled for :func:`ray_cmf.recover`) and end the execution this Cmf started:
+        ``state`` (default: how the process is ending: ``COMPLETE``, or ``FAILED`` after an uncaught exception,
+        whose text becomes the execution's ``error``, ``CANCELED`` on SIGTERM or Ctrl-C). Called at exit too;
+        a Tune trial's Cmf leaves its rows and state to CmfRayLogger, which commits them at the trial's end.
 
         Raises:
             InvalidArgumentError: ``state`` is not one of :data:`ENDED_STATES`.
@@ -411,8 +415,12 @@ class Cmf:
         self._end(state or ending, error if state is None else None)
 
     def _end(self, state: str, error: str | None) -> None:
-        """Close the buffers and mark the execution ``state``, with ``error`` when it FAILED."""
-        for buffer in self.metrics.values():
+        """Commit what was logged since the last commits, close the buffers and mark the execution ``state``,
+        with ``error`` when it FAILED."""
+        for name, buffer in self.metrics.items():  # at exit, a buffer may have been closed first: its rows are spilled
+            if not self._continued and buffer.rows > self._committed.get(name, 0):
+                self.commit_metrics(name, {"at_end": True})
+                self._committed[name] = buffer.rows  # tried once: what failed is left to recover
             buffer.close()
         binding, self._running = self._running, None
         if binding is not None:

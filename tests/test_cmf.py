@@ -395,3 +395,38 @@ def test_a_with_block_that_raises_records_why_the_execution_failed(tmp_path: Pat
         raise ValueError("bad batch 7")
     [row] = Sweep(store).trials(metrics=[]).to_dict(orient="records")
     assert (row["status"], row["error"]) == ("FAILED", "ValueError: bad batch 7")
+
+
+@pytest.mark.parametrize("ending", ["exit", "raise", "close", "next_execution"])
+def test_rows_logged_but_never_committed_are_committed_when_the_execution_ends(tmp_path: Path, ending: str) -> None:
+    """A script that logs and forgets ``commit_metrics`` (or logs more after its last commit) read as COMPLETE
+    with 0 steps until ``ray-cmf recover``. Its execution's end commits them, marked ``at_end``, as a Tune
+    trial's end does, however it ends."""
+    store = tmp_path / "store"
+    script = f"""
+from ray_cmf import Cmf
+cmf = Cmf(pipeline_name="p", store={str(store)!r})
+cmf.create_execution("train", {{"lr": 0.1}}, execution_name="run")
+for step in range(5):
+    cmf.log_metric("m", {{"step": step, "loss": 1.0 / (step + 1)}})
+cmf.commit_metrics("m")
+for step in range(5, 7):
+    cmf.log_metric("m", {{"step": step, "loss": 1.0 / (step + 1)}})
+cmf.log_metric("other", {{"step": 0, "x": 1.0}})
+if {ending!r} == "raise":
+    raise RuntimeError("diverged")
+if {ending!r} == "close":
+    cmf.close()
+if {ending!r} == "next_execution":
+    cmf.create_execution("eval", execution_name="eval")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == (1 if ending == "raise" else 0), done.stderr[-2000:]
+    sweep = Sweep(store, metrics_name="m")
+    [row] = sweep.trials().to_dict(orient="records")[:1]
+    assert (row["trial_id"], row["steps"], row["loss_final"]) == ("run", 7, 1.0 / 7)
+    assert row["status"] == ("FAILED" if ending == "raise" else "COMPLETE")
+    assert Sweep(store, metrics_name="other").steps()["x"].tolist() == [1.0]
+    assert not list((store / "spill").iterdir())  # nothing left for recover
+    [at_end] = [a for a in sweep.lineage.store.get_artifacts() if properties(a).get("metrics_name") == "other"]
+    assert properties(at_end)["at_end"] is True

@@ -2,8 +2,9 @@
 what the model says was committed, whatever the interleaving.
 
 Several pipelines and executions, several series each; ``log_metric``, ``commit_metrics``, ``read_metrics``
-(the latest version, and an older one by its md5), a new ``Cmf`` bound to an existing execution, and a
-process that ends without committing followed by ``recover``. Values cover the whole range: ints, floats
+(its own latest version, the execution's where it logged nothing of the name, and an older one by its md5),
+a new ``Cmf`` bound to an existing execution (each Cmf logs its own series), and a process that ends
+without committing (its end commits what is pending). Values cover the whole range: ints, floats
 with ±inf, NaN, -0.0 and subnormals, None, bools, strings; names are unicode.
 """
 
@@ -41,6 +42,7 @@ rows = st.fixed_dictionaries({}, optional={key: st.none() | values for key, valu
 class Version:
     md5: str
     rows: list[dict[str, Any]]
+    owner: int  # the id() of the Handle whose Cmf committed it
 
 
 @dataclass
@@ -97,23 +99,31 @@ class CmfModel(RuleBasedStateMachine):
 
     def _committed(self, handle: Handle, series: str, md5: str) -> None:
         rows = list(handle.logged[series])
-        self.versions.setdefault((handle.execution, series), []).append(Version(md5, rows))
+        self.versions.setdefault((handle.execution, series), []).append(Version(md5, rows, id(handle)))
         handle.committed[series] = len(rows)
 
     @rule(handle=consumes(handles))
-    def end_without_committing_then_recover(self, handle: Handle) -> None:
-        """The process ends (its rows are handed over, nothing is committed) and ``recover`` commits them."""
-        handle.cmf.close()
-        recovered = {properties(a)["metrics_name"]: properties(a) for a in recover(self.store, force=True)}
+    def end_without_committing(self, handle: Handle) -> None:
+        """The process ends with rows not committed: its end commits them (``at_end``), and nothing is left
+        for ``recover``."""
         pending = {s for s, rows in handle.logged.items() if len(rows) > handle.committed.get(s, 0)}
-        assert set(recovered) == pending
-        for series in pending:  # (identical content may be an artifact committed before: "recovered" not set)
-            self._committed(handle, series, str(recovered[series]["Commit"]))
+        handle.cmf.close()
+        assert recover(self.store, force=True) == []
+        lineage = handle.cmf.store.lineage
+        outputs = lineage.outputs([handle.cmf.execution.id])
+        found = {a.id: properties(a) for a in lineage.store.get_artifacts_by_id([o.artifact_id for o in outputs])}
+        for series in pending:
+            instance = handle.cmf._sinks[series].key.instance
+            [*_, newest] = [found[o.artifact_id] for o in outputs if o.instance == instance]
+            assert newest["metrics_name"] == series  # (identical content may be an artifact committed before)
+            self._committed(handle, series, str(newest["Commit"]))
 
     # -- reading -------------------------------------------------------------------------------------
     @rule(handle=handles, series=st.sampled_from(SERIES))
     def read_latest(self, handle: Handle, series: str) -> None:
-        versions = self.versions.get((handle.execution, series))
+        versions = self.versions.get((handle.execution, series), [])
+        if series in handle.logged:  # its own series, never another Cmf's of the same execution
+            versions = [v for v in versions if v.owner == id(handle)]
         if not versions:  # never another execution's series, whatever it committed under this name
             with pytest.raises(MetricsNotFoundError):
                 handle.cmf.read_metrics(series)

@@ -1,7 +1,7 @@
 """Exit paths: a process that logged rows and never committed keeps every row, however it ends (but SIGKILL).
 
-Each case is a real child process: it exits normally, raises, or is sent SIGTERM or SIGINT for real. Then
-``recover`` must commit every logged row.
+Each case is a real child process: it exits normally, raises, or is sent SIGTERM or SIGINT for real. Its
+end must commit every logged row, and leave nothing for ``recover``.
 """
 
 from __future__ import annotations
@@ -66,8 +66,12 @@ def _run(store: Path, how: str, send: signal.Signals | None = None) -> subproces
     return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
 
-def _recovered_steps(store: Path) -> list[int]:
-    [artifact] = recover(Store(store))
+def _committed_steps(store: Path) -> list[int]:
+    """The steps of the one version the process's end committed (``at_end``), once ``recover`` found nothing."""
+    assert recover(Store(store)) == []
+    lineage = Store(store).lineage
+    [artifact] = [a for a in lineage.store.get_artifacts() if properties(a).get("metrics_name") == "train"]
+    assert properties(artifact)["at_end"] is True
     return pq.read_table(Store(store).resolve(properties(artifact)["url"])).column("step").to_pylist()
 
 
@@ -104,7 +108,7 @@ def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(
     assert state_name(execution) == state
     expected_error = "RuntimeError: training blew up" if how == "raise" else None  # why it FAILED, when it did
     assert properties(execution).get("error") == expected_error
-    assert _recovered_steps(store) == list(range(ROWS))
+    assert _committed_steps(store) == list(range(ROWS))
     if how == "chained-sigterm":
         assert (store / "handler-ran").read_text() == "yes"
 

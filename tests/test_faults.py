@@ -91,14 +91,16 @@ def test_torn_spill_segment_keeps_its_complete_batches(tmp_path: Path) -> None:
     store = tmp_path / "store"
     child = textwrap.dedent(
         """
-        import sys
+        import os, sys
         from ray_cmf import Cmf
         cmf = Cmf(pipeline_name="p", store=sys.argv[1], flush_rows=100)
         for i in range(1000):
             cmf.log_metric("s", {"i": i})
+        cmf.flush()
+        os._exit(0)  # dies with its exit hooks unrun, as under SIGKILL
         """
     )
-    subprocess.run([sys.executable, "-c", child, str(store)], check=True)  # exits: all 1000 rows spilled
+    subprocess.run([sys.executable, "-c", child, str(store)], check=True)  # dies: all 1000 rows spilled
     [segment] = (store / SPILL_DIR).glob("*/seg-*.arrows")
     segment.write_bytes(segment.read_bytes()[:-50])  # the last batch is torn
     [artifact] = recover(Store(store))
