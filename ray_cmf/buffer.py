@@ -24,14 +24,27 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from ray_cmf.constants import DEFAULT_FLUSH_ROWS, DEFAULT_FLUSH_SECONDS, EXACT_FLOAT_INT, SEQUENCE_COLUMN
+from ray_cmf.constants import (
+    ATTEMPT_COLUMN,
+    DEFAULT_FLUSH_ROWS,
+    DEFAULT_FLUSH_SECONDS,
+    EXACT_FLOAT_INT,
+    SEQUENCE_COLUMN,
+)
 from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, RayCmfError, SchemaError
 from ray_cmf.exits import track
+from ray_cmf.frames import SERIES_COLUMN, TRIAL_COLUMN
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_FILLED_BY_RAY_CMF = {  # columns that ray_cmf gives the rows itself: a metric of that name would be lost
+    SEQUENCE_COLUMN: "numbers the rows in that column itself",
+    ATTEMPT_COLUMN: "marks in that column which start of a restored trial or restarted run logged a row",
+    TRIAL_COLUMN: "names each row's trial in that column when a sweep is read",
+    SERIES_COLUMN: "names each row's series in that column where a trial holds several",
+}
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -302,8 +315,9 @@ class MetricBuffer:
             raise PrecisionError(key, row, value, "does not fit in int64")
         known = self._kinds.get(key)
         if known is None:
-            if key == SEQUENCE_COLUMN:
-                raise InvalidNameError("metric name", key, "ray_cmf numbers the rows in that column itself")
+            if key in _FILLED_BY_RAY_CMF:
+                why = f"ray_cmf {_FILLED_BY_RAY_CMF[key]}; log it under another name"
+                raise InvalidNameError("metric name", key, why)
             self._row_keys.append((row, key, None))  # a column this row adds: a rejected row takes it back
             known = kind
         if known != kind:

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ray_cmf.errors import PrecisionError, SchemaError
+from ray_cmf.errors import InvalidNameError, PrecisionError, SchemaError
 
 if TYPE_CHECKING:
     from ray_cmf.buffer import MetricBuffer
@@ -100,3 +100,6 @@ def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> Non
         except (SchemaError, PrecisionError) as exc:
             log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.key, exc.reason)
             row.pop(exc.key)
+        except InvalidNameError as exc:  # a name ray_cmf fills itself
+            log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.name, exc)
+            row.pop(exc.name)

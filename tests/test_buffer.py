@@ -196,3 +196,33 @@ def test_a_buffer_is_sealed_only_by_the_thread_that_appends_to_it(tmp_path: Path
     table = pq.read_table(done.path)
     assert table.column("step").to_pylist() == list(range(30_000))
     assert table.column("SequenceNumber").to_pylist() == list(range(1, 30_001))
+
+
+@pytest.mark.parametrize("name", ["trial_id", "series", "attempt", "SequenceNumber"])
+def test_a_column_ray_cmf_fills_itself_is_refused_by_name_and_its_row_kept_out(tmp_path: Path, name: str) -> None:
+    """Logged under a name that ray_cmf gives the rows itself, a metric came back replaced (``trial_id``,
+    ``attempt``) or not at all (``series``), and a logged ``attempt`` column made the reader drop rows as
+    older attempts. It is refused at once, by name, and the row is not half-logged."""
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=10)
+    buffer.append({"step": 0, "loss": 1.0})
+    with pytest.raises(RayCmfError, match=rf"{name!r}.*ray_cmf"):
+        buffer.append({"step": 1, "loss": 0.5, name: 3})
+    buffer.append({"step": 2, "loss": 0.25})
+    buffer.close()
+    [table] = [b for b in read_segments(tmp_path / "spill")]
+    assert table.column_names == ["SequenceNumber", "step", "loss"] and table.column("step").to_pylist() == [0, 2]
+
+
+def test_a_result_with_a_column_ray_cmf_fills_itself_keeps_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Tune result that reports ``attempt`` of its own keeps its other metrics; the value is dropped and named
+    (the writer overwrote it with the trial's attempt before, without a word)."""
+    from ray_cmf.results import append_result
+
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=10)
+    append_result(buffer, {"training_iteration": 1, "loss": 0.5, "attempt": 7}, "trial t at step 1")
+    buffer.close()
+    [table] = [b for b in read_segments(tmp_path / "spill")]
+    assert table.column_names == ["SequenceNumber", "training_iteration", "loss"]
+    assert "dropping metric 'attempt'" in caplog.text and "trial t at step 1" in caplog.text
