@@ -569,6 +569,12 @@ class Sweep:
             if any(m not in whole.names for m in unknown):
                 raise self._unknown(unknown)
             numeric += _numeric(whole)
+        keys = [m for m in chosen if not is_metric(m)]
+        if keys:
+            raise InvalidArgumentError(
+                f"{keys} are steps, keys or bookkeeping, not metrics: they have no best or final; "
+                f"the numeric metrics are {list(dict.fromkeys(numeric))}"
+            )
         other = [m for m in chosen if m not in numeric]
         if other:
             raise InvalidArgumentError(

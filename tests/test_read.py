@@ -629,7 +629,7 @@ def test_a_series_key_or_bookkeeping_column_is_never_read_as_a_metric(
     from ray_cmf.frames import SERIES_COLUMN
     from ray_cmf.report import content
 
-    rows = [{"step": s, "rank": 0, "pid": 4242, "attempt": 1, "loss": 1.0 / (s + 1)} for s in range(20)]
+    rows = [{"step": s, "rank": 0, "pid": 4242, "loss": 1.0 / (s + 1)} for s in range(20)]
     store = write_trials(
         tmp_path / "store", [Trial("run", {"lr": 0.1}, dict.fromkeys(instances, rows), status)], metrics_name="m"
     )
@@ -639,6 +639,9 @@ def test_a_series_key_or_bookkeeping_column_is_never_read_as_a_metric(
     assert set(live.columns) - {SERIES_COLUMN} == {"trial_id", "step", "rank", "loss"}  # the pid identifies, never read
     if len(instances) > 1:
         assert sorted(set(live[SERIES_COLUMN])) == sorted(instances)  # kept as the text it is
+    if status == "COMPLETE":
+        with pytest.raises(InvalidArgumentError, match=r"\['rank'\] are steps, keys or bookkeeping, not metrics"):
+            sweep.trials(["rank"])
     for options in ({"live": True}, {}) if status == "COMPLETE" else ({"live": True},):  # nothing committed
         parts = content(sweep, **options)
         assert [s["metric"] for s in parts["data"]["sections"]] == ["loss"], options
