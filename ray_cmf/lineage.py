@@ -524,22 +524,28 @@ class Lineage:
 
     def files_of(self, execution_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
         """Per execution, every artifact it used or made (inputs and outputs, every version), as the rows
-        that ``ray-cmf show`` and the report list: event, type, name, version, md5, rows, rows lost, url, and
-        whether ``ray-cmf gc`` freed its file."""
+        that ``ray-cmf show`` and the report list: event, type, name, version (the execution's versions of
+        one name, counted from 1 in the order it recorded them), md5, rows, rows lost, url, and whether
+        ``ray-cmf gc`` freed its file."""
         events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
         ids = list({e.artifact_id for e in events})
         artifacts = {a.id: a for a in self.store.get_artifacts_by_id(ids)} if ids else {}
         types = {t.id: t.name for t in self.store.get_artifact_types()}
         out: dict[int, list[dict[str, Any]]] = {}
-        for event in sorted(events, key=lambda e: (e.execution_id, e.artifact_id)):
+        counted: dict[tuple[int, str, str, str], int] = {}
+        for event in sorted(events, key=lambda e: (e.execution_id, e.milliseconds_since_epoch, e.artifact_id)):
             artifact = artifacts[event.artifact_id]
             props = properties(artifact)
+            kind = "input" if event.type == mlpb.Event.INPUT else "output"
+            name = props.get("metrics_name", artifact.name.split(":")[0])
+            number = (event.execution_id, kind, types.get(artifact.type_id, "?"), name)
+            counted[number] = counted.get(number, 0) + 1
             out.setdefault(event.execution_id, []).append(
                 {
-                    "event": "input" if event.type == mlpb.Event.INPUT else "output",
-                    "type": types.get(artifact.type_id, "?"),
-                    "name": props.get("metrics_name", artifact.name.split(":")[0]),
-                    "version": artifact.id,
+                    "event": kind,
+                    "type": number[2],
+                    "name": name,
+                    "version": counted[number],
                     "md5": props.get("Commit", ""),
                     "rows": props.get("rows"),
                     "rows_lost": props.get("rows_lost"),

@@ -430,3 +430,22 @@ if {ending!r} == "next_execution":
     assert not list((store / "spill").iterdir())  # nothing left for recover
     [at_end] = [a for a in sweep.lineage.store.get_artifacts() if properties(a).get("metrics_name") == "other"]
     assert properties(at_end)["at_end"] is True
+
+
+def test_the_versions_a_run_shows_are_its_own_numbered_from_one(store_dir: Path) -> None:
+    """``show`` and the report listed a series' versions by their database ids (2 and 3 for the first run's
+    two commits, 4 for the second run's first): each execution's versions of a name count from 1."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    for name, commits in (("A", 2), ("B", 1)):
+        cmf.create_execution("train", execution_name=name)
+        for step in range(commits):
+            cmf.log_metric("m", {"step": step, "v": float(step)})
+            cmf.commit_metrics("m")
+    cmf.close()
+    sweep = Sweep(store_dir, metrics_name="m")
+    files = sweep.lineage.files_of([e.id for e, _ in sweep.executions()])
+    versions = {
+        sweep.key(e): [(f["version"], f["rows"]) for f in files[e.id] if f["type"] == STEP_METRICS_TYPE]
+        for e, _ in sweep.executions()
+    }
+    assert versions == {"A": [(1, 1), (2, 2)], "B": [(1, 1)]}
