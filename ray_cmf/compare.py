@@ -109,11 +109,23 @@ def unknown_trials(asked: Iterable[str], keys: Iterable[str], pipeline: str | No
 
 
 def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[str] = ()) -> pd.DataFrame:
-    """One row per step (per ``by`` group): where a restored trial re-reported steps, keep the latest attempt."""
+    """The rows of the run as its last attempt left it, one per step (per ``by`` group): each attempt of a
+    restored or retried trial supersedes what earlier attempts logged from its first step on (a restore
+    resumes at its checkpoint, a retry at the start: what came after that point is no longer the run's)."""
+    import pandas as pd
+
     if step not in frame.columns or ATTEMPT_COLUMN not in frame.columns:
         return frame
+    kept = frame
+    if pd.api.types.is_numeric_dtype(frame[step]):
+        attempts = [*by, ATTEMPT_COLUMN]
+        starts = frame.groupby(attempts, dropna=False, observed=True)[step].min().reset_index(name="_start")
+        latest_first = starts[::-1].groupby(list(by) or (lambda _: 0), dropna=False, observed=True)["_start"]
+        starts["_until"] = latest_first.transform(lambda later: later.cummin().shift(1))  # a later one's first step
+        cut = frame.merge(starts[[*attempts, "_until"]], on=attempts, how="left")
+        kept = cut[~(cut[step] >= cut["_until"]).fillna(False).astype(bool)].drop(columns="_until")
     keys = [*by, step]
-    ordered = frame.sort_values([*keys, ATTEMPT_COLUMN], kind="stable")
+    ordered = kept.sort_values([*keys, ATTEMPT_COLUMN], kind="stable")
     return ordered.drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
 
 

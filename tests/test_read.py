@@ -698,3 +698,27 @@ def test_a_trial_that_logged_no_step_is_read_at_its_row_numbers_beside_trials_th
         "with_step": [0.0, 10.0, 20.0],
         "no_step": [1.0, 2.0, 3.0],
     }
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5)), min_size=1, max_size=5))
+@example([(1, 4), (1, 2)])  # a retry from scratch that stops short of where the failed attempt got
+@example([(1, 5), (3, 4), (2, 1)])  # restores from ever earlier checkpoints
+def test_a_later_attempt_supersedes_what_earlier_ones_logged_from_its_first_step_on(
+    attempts: list[tuple[int, int]],
+) -> None:
+    """Attempt ``a`` logs ``count`` steps from ``start`` (a restore resumes at its checkpoint, a retry at the
+    start). What earlier attempts logged from ``start`` on is not in the run any more: the read is the
+    timeline of the last attempt, as TensorBoard purges the steps a restarted run logs again."""
+    import pandas as pd
+
+    from ray_cmf.compare import dedup_attempts
+
+    rows, timeline = [], []
+    for attempt, (start, count) in enumerate(attempts, start=1):
+        mine = [{"trial_id": "t", "step": start + i, "attempt": attempt, "v": attempt * 100 + i} for i in range(count)]
+        rows += mine
+        if mine:
+            timeline = [r for r in timeline if r["step"] < start] + mine
+    frame = pd.DataFrame(rows, columns=["trial_id", "step", "attempt", "v"])
+    read = dedup_attempts(frame, "step", by=["trial_id"])
+    assert read[["step", "v"]].values.tolist() == [[r["step"], r["v"]] for r in timeline]

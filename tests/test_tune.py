@@ -902,7 +902,9 @@ def test_modes_declare_which_way_other_results_are_best(ray_session: None, tmp_p
 
 def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: None, tmp_path: Path) -> None:
     """Tune retries a trial that fails (``FailureConfig(max_failures=1)``) from scratch: the retry reports
-    steps 1 to 4 again. Its rows were written as the first attempt's, so steps 1 and 2 read twice."""
+    steps 1 and 2 again, and ends there. Its rows were written as the first attempt's, so steps 1 and 2 read
+    twice; then the first attempt's steps 3 and 4, which the run that completed never reached, still read as
+    its last steps (its final and its steps were the failed attempt's)."""
     from ray import tune
 
     from ray_cmf import CmfRayLogger
@@ -910,11 +912,12 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     marker = tmp_path / "failed-once"
 
     def trainable(config: dict[str, Any]) -> None:
-        for step in range(1, 5):
-            tune.report({"loss": config["lr"] * step})
-            if step == 2 and not marker.exists():
-                marker.touch()
-                raise RuntimeError("fails once")
+        first = not marker.exists()
+        marker.touch()
+        for step in range(1, 5 if first else 3):
+            tune.report({"loss": config["lr"] * step * (10 if first else 1)})
+        if first:
+            raise RuntimeError("fails once")
 
     logger = CmfRayLogger("retried", metric="loss", store=str(tmp_path / "store"))
     tune.Tuner(
@@ -929,9 +932,10 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     ).fit()
     sweep = Sweep(tmp_path / "store")
     [trial] = sweep.trials(["loss"]).to_dict(orient="records")
-    assert (trial["status"], trial["error"], trial["steps"]) == ("COMPLETE", None, 4)
+    assert (trial["status"], trial["error"], trial["steps"]) == ("COMPLETE", None, 2)
+    assert (trial["loss_best"], trial["loss_final"]) == (0.5, 1.0)
     steps = sweep.steps(["loss", "attempt"])
-    assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 5)]
+    assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 3)]
 
 
 def test_a_long_errors_table_cell_is_its_exception_line() -> None:
