@@ -65,6 +65,8 @@ from ray_cmf.frames import (
     is_metric,
     is_number,
     mode_of,
+    numbers_as_text,
+    numeric,
     settle_ints,
     sort_trials,
     summarize,
@@ -772,6 +774,11 @@ class Sweep:
             raise InvalidArgumentError(f"No trial of these {len(trials)} logged {metric!r}: there is no curve to plot")
         steps = steps[steps["trial_id"].isin(logged)]  # a trial without the metric has no curve to count or list
         trials = trials[trials["trial_id"].isin(logged)]
+        if not (numeric(column) or numbers_as_text(column) or pd.api.types.is_bool_dtype(column)):
+            raise InvalidArgumentError(
+                f"{metric!r} holds values that are not numbers (text, or numbers in some trials and bools or text "
+                "in others), so it has no curve"
+            )
         return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
 
     def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str | None = None) -> Path:

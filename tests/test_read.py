@@ -722,3 +722,23 @@ def test_a_later_attempt_supersedes_what_earlier_ones_logged_from_its_first_step
     frame = pd.DataFrame(rows, columns=["trial_id", "step", "attempt", "v"])
     read = dedup_attempts(frame, "step", by=["trial_id"])
     assert read[["step", "v"]].values.tolist() == [[r["step"], r["v"]] for r in timeline]
+
+
+def test_plotting_a_metric_that_reads_as_text_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A metric one trial logged as floats and another as bools reads as text: ``plot`` failed with a
+    traceback (could not convert string to float: 'true') where the other commands name the metric."""
+    store = write_trials(
+        tmp_path / "store",
+        [
+            Trial("floats", {}, {"": [{"step": s, "m": 0.5 * s, "loss": 1.0} for s in range(3)]}),
+            Trial("bools", {}, {"": [{"step": s, "m": s % 2 == 0, "loss": 1.0} for s in range(3)]}),
+        ],
+        metrics_name="m_series",
+    )
+    with pytest.raises(InvalidArgumentError, match=r"'m' .*not numbers"):
+        Sweep(store, metrics_name="m_series").plot_curves("m", tmp_path / "m.png")
+    out = str(tmp_path / "m.png")
+    code = main(["--store", str(store.root), "plot", "--metrics-name", "m_series", "--metric", "m", "-o", out])
+    assert code == 2 and "'m'" in capsys.readouterr().err and not (tmp_path / "m.png").exists()
