@@ -206,10 +206,16 @@ def cmd_trials(args: argparse.Namespace) -> int:
     if args.limit:
         table = table.head(args.limit)
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
-    if ERROR_COLUMN in columns and not args.json:  # a table cell holds the exception's line, `show` the whole text
-        table = table.assign(**{ERROR_COLUMN: table[ERROR_COLUMN].map(_headline)})
-    _emit(args, _frame_rows(table[columns]), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
+    _emit(args, _trial_rows(args, table, columns), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
     return EXIT_OK
+
+
+def _trial_rows(args: argparse.Namespace, table: Any, columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of a trial table to print: as text, an error cell holds the exception's line (``show`` and
+    ``--json`` the whole text)."""
+    if ERROR_COLUMN in columns and not args.json:
+        table = table.assign(**{ERROR_COLUMN: table[ERROR_COLUMN].map(_headline)})
+    return _frame_rows(table[columns])
 
 
 def _python(value: Any) -> Any:
@@ -246,7 +252,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     mode = sweep.mode_for(args.metric[0], args.mode)
     best = sweep.best(args.metric[0], mode, n=args.top)
     columns = _summary_columns(best, args.metric)
-    _emit(args, _frame_rows(best[columns]), f"top {args.top} by {args.metric[0]} ({mode})")
+    _emit(args, _trial_rows(args, best, columns), f"top {args.top} by {args.metric[0]} ({mode})")
     return EXIT_OK
 
 

@@ -25,6 +25,7 @@ class Trial:
     config: Mapping[str, Any] = field(default_factory=dict)
     series: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     status: str = "COMPLETE"
+    error: str | None = None  # what a FAILED trial raised, as it is recorded
 
 
 def write_trials(
@@ -58,5 +59,6 @@ def write_trials(
             if trial.status != "RUNNING" and rows:
                 client.call(StoreWriter.commit, key=key)
         if trial.status != "RUNNING":
-            client.call(StoreWriter.end, binding=binding, props={"status": trial.status}, state=trial.status)
+            props = {"status": trial.status, **({"error": trial.error} if trial.error else {})}
+            client.call(StoreWriter.end, binding=binding, props=props, state=trial.status)
     return store

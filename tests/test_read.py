@@ -742,3 +742,23 @@ def test_plotting_a_metric_that_reads_as_text_is_a_clear_error(
     out = str(tmp_path / "m.png")
     code = main(["--store", str(store.root), "plot", "--metrics-name", "m_series", "--metric", "m", "-o", out])
     assert code == 2 and "'m'" in capsys.readouterr().err and not (tmp_path / "m.png").exists()
+
+
+def test_every_trial_table_shows_an_error_as_its_exception_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``compare`` printed a failed trial's whole traceback in its table (47 lines for 8 trials) where
+    ``trials`` prints the exception's line; ``--json`` keeps the whole text in both."""
+    trace = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n'
+    error = trace + "RuntimeError: diverged at step 2"
+    rows = [{"step": s, "loss": 1.0 / (s + 1)} for s in range(3)]
+    store = write_trials(
+        tmp_path / "store", [Trial("ok", {}, {"": rows}), Trial("bad", {}, {"": rows}, "FAILED", error)]
+    )
+    root = str(store.root)
+    for command in (["trials"], ["compare", "--metric", "loss", "--top", "2"]):
+        assert main(["--store", root, *command]) == 0
+        out = capsys.readouterr().out
+        assert "RuntimeError: diverged at step 2" in out and "Traceback" not in out, command
+        code, rows_read = _cli(capsys, "--store", root, *command)
+        assert code == 0 and {r["trial_id"]: r["error"] for r in rows_read}["bad"] == error, command
