@@ -478,8 +478,9 @@ class Sweep:
         """
         query = parse(where) if where is not None else None
         check_limit(limit)
+        own = mode is None  # each trial by its own sweep's modes, where the sweeps viewed disagree
         mode = self.modes() if mode is None else mode
-        table = self._trial_table(metrics, mode, query)
+        table = self._trial_table(metrics, mode, query, own)
         table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
         tail = ["steps", "md5", "url", "verified"]
         table = table[[c for c in table.columns if c not in tail] + [c for c in tail if c in table.columns]]
@@ -491,7 +492,7 @@ class Sweep:
         return (table.head(limit) if limit is not None else table).reset_index(drop=True)
 
     def _trial_table(
-        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], query: Query | None
+        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], query: Query | None, own: bool
     ) -> pd.DataFrame:
         """The recorded columns joined with the summaries, the rows ``query`` keeps. A query over recorded
         columns only is answered first, so that only the kept trials' footers are read."""
@@ -508,13 +509,43 @@ class Sweep:
             recorded = _with_tags(recorded, query)
             if set(query.names()) <= set(recorded.columns):
                 recorded, query = recorded[query.mask(recorded)], None
-        chosen = set(recorded["trial_id"])
-        summary = self._summary_from_footers(metrics, mode, chosen)
-        if summary is None:
-            summary = self._summary_from_scan(metrics, mode, chosen)
+        metrics = list(metrics) if metrics is not None else None
+        groups = self._mode_groups(set(recorded["trial_id"])) if own else [(mode, set(recorded["trial_id"]))]
+        summary = pd.concat([self._summary(metrics, group_mode, trials) for group_mode, trials in groups])
         table = settle_ints(recorded.join(summary, on="trial_id"))
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
         return table[query.mask(table, nan_is_null=summary.columns)] if query is not None else table
+
+    def _summary(
+        self, metrics: list[str] | None, mode: str | Mapping[str, str], trials: set[str]
+    ) -> pd.DataFrame:
+        """best/final/steps of ``trials`` under ``mode``: from the files' footers where they can tell, else
+        from a scan."""
+        summary = self._summary_from_footers(metrics, mode, trials)
+        return summary if summary is not None else self._summary_from_scan(metrics, mode, trials)
+
+    def _mode_groups(self, trials: set[str]) -> list[tuple[dict[str, str], set[str]]]:
+        """``trials`` by the modes their own sweeps declared (see :meth:`modes`): one group where the sweeps
+        viewed agree; where they do not (two sweeps of a pipeline ranking a metric both ways), each trial is
+        read by its own sweep's, so that its ``_best`` agrees with its ``top_rank``, and a warning says so."""
+        sweep = self.modes()
+        groups: dict[tuple[tuple[str, str], ...], set[str]] = {}
+        for execution, _ in self.executions():
+            if (trial := self.key(execution)) in trials:
+                ranked, declared = _declared_modes(properties(execution))
+                mine = {**sweep, **declared, **ranked}
+                groups.setdefault(tuple(sorted(mine.items())), set()).add(trial)
+        if len(groups) <= 1:
+            return [(sweep, trials)]
+        each = [dict(key) for key in groups]
+        both = sorted({m for one in each for m, v in one.items() if any(o.get(m, v) != v for o in each)})
+        log.warning(
+            "ray_cmf: the sweeps of %s rank %s both ways (min and max): each trial's best is by its own sweep's "
+            "mode, and an order by it mixes them; pass mode=... (--mode) to read all one way",
+            self.pipeline,
+            ", ".join(map(repr, both)),
+        )
+        return [(dict(key), mine) for key, mine in groups.items()]
 
     def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
         """A trial's row of the table as MLMD records it (no file read); ``file`` is its first series'."""
@@ -628,16 +659,13 @@ class Sweep:
         and a StepLogger's metrics that know it themselves (``Accuracy``: ``max``). What reading defaults
         to; a metric none declares is read as ``min``."""
         if self._modes is None:
-            self._modes = {}
+            ranked: dict[str, str] = {}
             declared: dict[str, str] = {}
             for execution, _ in self.executions():
-                props = properties(execution)
-                metric, mode = props.get(RANKED_BY_PROPERTY), props.get(RANKED_MODE_PROPERTY)
-                if isinstance(metric, str) and mode in ("min", "max"):
-                    self._modes.setdefault(metric, str(mode))
-                for metric, mode in recorded_modes(props).items():
-                    declared.setdefault(metric, mode)
-            self._modes = {**declared, **self._modes}
+                its_ranked, its_declared = _declared_modes(properties(execution))
+                ranked = {**its_ranked, **ranked}  # the first execution's wins
+                declared = {**its_declared, **declared}
+            self._modes = {**declared, **ranked}
         return dict(self._modes)
 
     def mode_for(self, metric: str, mode: str | None = None) -> str:
@@ -868,6 +896,13 @@ def _same(a: Any, b: Any) -> bool:
     if blank(a) and blank(b):
         return True
     return isinstance(a, bool) == isinstance(b, bool) and bool(a == b)
+
+
+def _declared_modes(props: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The modes an execution declares: of the metric its sweep ranked it by, and those named per metric."""
+    metric, mode = props.get(RANKED_BY_PROPERTY), props.get(RANKED_MODE_PROPERTY)
+    ranked = {metric: str(mode)} if isinstance(metric, str) and mode in ("min", "max") else {}
+    return ranked, recorded_modes(props)
 
 
 def _metric_columns(schema: pa.Schema) -> list[str]:

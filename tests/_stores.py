@@ -26,6 +26,7 @@ class Trial:
     series: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     status: str = "COMPLETE"
     error: str | None = None  # what a FAILED trial raised, as it is recorded
+    props: Mapping[str, Any] = field(default_factory=dict)  # more execution properties (modes, say)
 
 
 def write_trials(
@@ -40,7 +41,7 @@ def write_trials(
     store = Store(store_dir)
     client = WriterClient(StoreWriter(store))
     for trial in trials:
-        props = {**config_properties(trial.config), "trial_id": trial.trial_id, "status": "RUNNING"}
+        props = {**config_properties(trial.config), "trial_id": trial.trial_id, "status": "RUNNING", **trial.props}
         binding = client.call(
             StoreWriter.bind,
             kind="trial",

@@ -762,3 +762,27 @@ def test_every_trial_table_shows_an_error_as_its_exception_line(
         assert "RuntimeError: diverged at step 2" in out and "Traceback" not in out, command
         code, rows_read = _cli(capsys, "--store", root, *command)
         assert code == 0 and {r["trial_id"]: r["error"] for r in rows_read}["bad"] == error, command
+
+
+def test_each_trial_is_summarised_by_its_own_sweeps_mode_when_the_sweeps_of_a_pipeline_disagree(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two sweeps of one pipeline rank ``score`` both ways: every trial's ``score_best`` was by the first
+    sweep's mode, so the second sweep's best contradicted its own ranking. Each trial is now read by its own
+    sweep's mode, and the reader is told that the two disagree."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+
+    rows = [{"step": s, "score": v} for s, v in enumerate([1.0, 5.0, 3.0])]
+    store_dir = tmp_path / "store"
+    for stage, mode in (("sweep_min", "min"), ("sweep_max", "max")):
+        ranked = {RANKED_BY_PROPERTY: "score", RANKED_MODE_PROPERTY: mode}
+        write_trials(store_dir, [Trial(f"t_{mode}", {}, {"": rows}, props=ranked)], stage=stage)
+    table = Sweep(store_dir).trials(["score"]).set_index("trial_id")
+    assert table.loc["t_min", "score_best"] == 1.0 and table.loc["t_max", "score_best"] == 5.0
+    assert "'score'" in caplog.text and "its own sweep" in caplog.text
+    for stage, best in (("sweep_min", 1.0), ("sweep_max", 5.0)):  # one sweep alone: as before, no warning
+        caplog.clear()
+        [row] = Sweep(store_dir, stage=stage).trials(["score"]).to_dict(orient="records")
+        assert row["score_best"] == best and "its own sweep" not in caplog.text
+    explicit = Sweep(store_dir).trials(["score"], mode="max").set_index("trial_id")  # a mode asked for: for all
+    assert explicit["score_best"].tolist() == [5.0, 5.0]
