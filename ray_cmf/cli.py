@@ -314,9 +314,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if not args.all_columns:  # Tune's own timing differs between any two trials: shown when asked for
         diff = diff[[not _bookkeeping(str(field)) for field in diff.index]]
     pairs = zip(diff.index, diff.values, strict=True)
-    rows = [{"field": field, args.trial_a: a, args.trial_b: b} for field, (a, b) in pairs]
+    shown = (lambda value: value) if args.json else _literal
+    rows = [{"field": field, args.trial_a: shown(a), args.trial_b: shown(b)} for field, (a, b) in pairs]
     _emit(args, rows, f"what differs between {args.trial_a} and {args.trial_b}")
     return EXIT_OK
+
+
+def _literal(value: Any) -> Any:
+    """A value that differs, written as what it is: text quoted, a list as a list, None as null (so that
+    ``"0.3"`` and ``0.3``, or ``[64]`` and ``64``, do not print alike); numbers and bools as they are."""
+    return dumps(value, ensure_ascii=False) if value is None or isinstance(value, str | list | tuple | dict) else value
 
 
 def _bookkeeping(field: str) -> bool:

@@ -891,10 +891,10 @@ def _side_by_side(values: Sequence[Mapping[str, Any]], columns: pd.Index) -> pd.
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two recorded values are the same: two blanks (None, "", NaN) are, and a bool is only ever the
-    same as a bool (``True == 1`` in Python)."""
+    """Whether two recorded values are the same: None and NaN (nothing recorded, a NaN logged) are, an empty
+    text only as an empty text, and a bool only ever as a bool (``True == 1`` in Python)."""
     if blank(a) and blank(b):
-        return True
+        return isinstance(a, str) == isinstance(b, str)
     return isinstance(a, bool) == isinstance(b, bool) and bool(a == b)
 
 

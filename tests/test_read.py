@@ -475,19 +475,25 @@ def test_config_keys_that_flatten_to_one_name_keep_one_value_and_say_so(
     assert sweep.config(execution.name)["a.b"] == 1 and sweep.trials()["config/a.b"].tolist() == [1]
 
 
-def test_diff_tells_configs_apart_as_recorded(tmp_path: Path) -> None:
+def test_diff_tells_configs_apart_as_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``diff`` compared the table's cells: a list config and a config of its text were the same ('[1, 2]'),
-    and so were True and 1 (``True == 1``)."""
+    and so were True and 1 (``True == 1``), and "" and None; its text table showed ``[64]`` as ``64``, ``[]``
+    as nothing, and ``"0.3"`` as ``0.3``, on rows that said they differ."""
     rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
     configs = (
-        {"lst": [1, 2], "flag": True, "lr": 1, "same": 0.5},
-        {"lst": "[1, 2]", "flag": 1, "lr": 1.0, "same": 0.5},
+        {"lst": [1, 2], "flag": True, "lr": 1, "same": 0.5, "layers": [64], "rate": 0.3, "drop": ""},
+        {"lst": "[1, 2]", "flag": 1, "lr": 1.0, "same": 0.5, "layers": [], "rate": "0.3", "drop": None},
     )
-    sweep = Sweep(write_trials(tmp_path / "store", [Trial(t, c, rows) for t, c in zip("ab", configs, strict=True)]))
+    store = write_trials(tmp_path / "store", [Trial(t, c, rows) for t, c in zip("ab", configs, strict=True)])
+    sweep = Sweep(store)
     differs = sweep.diff("a", "b")
-    assert {"config/lst", "config/flag"} <= set(differs.index) and "config/same" not in differs.index
+    assert {"config/lst", "config/flag", "config/drop"} <= set(differs.index) and "config/same" not in differs.index
     assert differs.loc["config/lst", "a"] == [1, 2] and differs.loc["config/lst", "b"] == "[1, 2]"
     assert "config/lr" not in differs.index  # 1 and 1.0 are one number
+    assert main(["--store", str(store.root), "diff", "a", "b"]) == 0
+    shown = {line.split()[1]: line.split()[3:6:2] for line in capsys.readouterr().out.splitlines() if "config/" in line}
+    assert shown["config/layers"] == ["[64]", "[]"] and shown["config/rate"] == ["0.3", '"0.3"']
+    assert shown["config/drop"] == ['""', "null"]
 
 
 def _drawn_pixels(png: Path) -> int:
