@@ -71,7 +71,7 @@ def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
             if not isinstance(value, bool | int | float) and value is not None:
                 continue
             if name in row:  # {"val/acc": ..., "val": {"acc": ...}}: one name for two values
-                _warn_once(name)
+                _warn_once("collided", name, f"a result holds two values that flatten to {name!r}; the first is kept")
                 continue
             row[name] = value
 
@@ -79,14 +79,14 @@ def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-_COLLIDED: set[str] = set()
+_WARNED: set[tuple[str, str]] = set()
 
 
-def _warn_once(name: str) -> None:
-    """Say, once per process and name, that a result held two values under one flattened name."""
-    if name not in _COLLIDED:
-        _COLLIDED.add(name)
-        log.warning("ray_cmf: a result holds two values that flatten to %r; the first is kept", name)
+def _warn_once(kind: str, name: str, message: str) -> None:
+    """Log ``message`` once per process, ``kind`` of trouble and name: every result repeats it."""
+    if (kind, name) not in _WARNED:
+        _WARNED.add((kind, name))
+        log.warning("ray_cmf: %s", message)
 
 
 def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> None:
@@ -100,6 +100,6 @@ def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> Non
         except (SchemaError, PrecisionError) as exc:
             log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.key, exc.reason)
             row.pop(exc.key)
-        except InvalidNameError as exc:  # a name ray_cmf fills itself
-            log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.name, exc)
+        except InvalidNameError as exc:  # a name ray_cmf fills itself: every result holds it
+            _warn_once("reserved", exc.name, f"results drop their metric {exc.name!r} (first at {source}): {exc}")
             row.pop(exc.name)

@@ -221,8 +221,10 @@ def test_a_result_with_a_column_ray_cmf_fills_itself_keeps_the_rest(
     from ray_cmf.results import append_result
 
     buffer = MetricBuffer(tmp_path / "spill", flush_rows=10)
-    append_result(buffer, {"training_iteration": 1, "loss": 0.5, "attempt": 7}, "trial t at step 1")
+    for step in (1, 2):
+        append_result(buffer, {"training_iteration": step, "loss": 0.5, "attempt": 7}, f"trial t at step {step}")
     buffer.close()
     [table] = [b for b in read_segments(tmp_path / "spill")]
-    assert table.column_names == ["SequenceNumber", "training_iteration", "loss"]
-    assert "dropping metric 'attempt'" in caplog.text and "trial t at step 1" in caplog.text
+    assert table.column_names == ["SequenceNumber", "training_iteration", "loss"] and table.num_rows == 2
+    assert "drop their metric 'attempt' (first at trial t at step 1)" in caplog.text
+    assert caplog.text.count("'attempt'") == 2  # said once (its message names it twice), not at every result
