@@ -222,6 +222,7 @@ class Sweep:
         self._artifacts: list[Artifact] | None = None
         self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
         self._modes: dict[str, str] | None = None  # see ``modes``
+        self._declared: dict[str, tuple[dict[str, str], dict[str, str]]] | None = None  # see ``_declarations``
         held = self.series_names()
         if held and self.metrics_name not in held:
             obvious = _obvious_series(held)
@@ -530,9 +531,8 @@ class Sweep:
         read by its own sweep's, so that its ``_best`` agrees with its ``top_rank``, and a warning says so."""
         sweep = self.modes()
         groups: dict[tuple[tuple[str, str], ...], set[str]] = {}
-        for execution, _ in self.executions():
-            if (trial := self.key(execution)) in trials:
-                ranked, declared = _declared_modes(properties(execution))
+        for trial, (ranked, declared) in self._declarations().items():
+            if trial in trials:
                 mine = {**sweep, **declared, **ranked}
                 groups.setdefault(tuple(sorted(mine.items())), set()).add(trial)
         if len(groups) <= 1:
@@ -661,12 +661,17 @@ class Sweep:
         if self._modes is None:
             ranked: dict[str, str] = {}
             declared: dict[str, str] = {}
-            for execution, _ in self.executions():
-                its_ranked, its_declared = _declared_modes(properties(execution))
+            for its_ranked, its_declared in self._declarations().values():
                 ranked = {**its_ranked, **ranked}  # the first execution's wins
                 declared = {**its_declared, **declared}
             self._modes = {**declared, **ranked}
         return dict(self._modes)
+
+    def _declarations(self) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+        """Per trial, in execution order: the modes it declares (see :func:`_declared_modes`), read once."""
+        if self._declared is None:
+            self._declared = {self.key(e): _declared_modes(properties(e)) for e, _ in self.executions()}
+        return self._declared
 
     def mode_for(self, metric: str, mode: str | None = None) -> str:
         """``mode`` if given, else the sweep's mode for ``metric`` (see :meth:`modes`), else ``min``."""
