@@ -973,8 +973,25 @@ def _tidy(frame: pd.DataFrame, metrics: list[str] | None, *, overlap: bool = Fal
         frame = frame.drop_duplicates([*keys, "step"], keep="last")
     if ATTEMPT_COLUMN in frame.columns and ATTEMPT_COLUMN not in (metrics or []):
         frame = frame.drop(columns=[ATTEMPT_COLUMN])
+    if SERIES_COLUMN in frame.columns:
+        frame = _series_in_step_order(frame)
     rest = [c for c in frame.columns if c not in keys and c != "step"]
     return frame[[*keys, "step", *rest]].reset_index(drop=True)
+
+
+def _series_in_step_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """A trial's several series ordered by the step each starts at (ties: as committed), its trials as they
+    were: the rows a trial logged furthest on come last, which is what its ``_final`` is, whichever series
+    was committed last (a crashed run's spill that ``recover`` committed after the run that resumed it)."""
+    import pandas as pd
+
+    if not pd.api.types.is_numeric_dtype(frame["step"]):
+        return frame
+    series = [TRIAL_COLUMN, SERIES_COLUMN]
+    starts = frame.groupby(series, dropna=False, observed=True, sort=False)["step"].transform("min")
+    trials = frame.groupby(TRIAL_COLUMN, dropna=False, observed=True, sort=False).ngroup()
+    order = pd.DataFrame({"trial": trials, "start": starts.astype("float64")}, index=frame.index)
+    return frame.loc[order.sort_values(["trial", "start"], kind="stable").index]
 
 
 def _scan_with_trials(

@@ -660,13 +660,13 @@ def test_a_trials_final_value_is_its_last_series_last_value_whatever_the_series_
     tmp_path: Path, status: str
 ) -> None:
     """An execution reopened by name logs a second series (each Cmf its own, named by random hex digits):
-    ``_final`` is the value the later series logged last. It was the last row of the series whose name
-    sorted last, so it changed from run to run for the same data."""
+    ``_final`` is the value the series that goes furthest logged last. It was the last row of the series
+    whose name sorted last, so it changed from run to run for the same data; then of the series committed
+    last, which is the crashed first run's when ``recover`` commits it after the second run."""
     first = [{"step": s, "v": float(s)} for s in range(3)]
     later = [{"step": s, "v": float(10 + s)} for s in range(3, 6)]
-    store = write_trials(
-        tmp_path / "store", [Trial("run", {}, {"ffff0000": first, "0000ffff": later}, status)], metrics_name="m"
-    )
+    series = {"0000ffff": later, "ffff0000": first}  # committed last: the crashed run's, by a later recover
+    store = write_trials(tmp_path / "store", [Trial("run", {}, series, status)], metrics_name="m")
     sweep = Sweep(store, metrics_name="m")
     summaries = [sweep.trials()] if status == "COMPLETE" else []
     from ray_cmf.report import content
