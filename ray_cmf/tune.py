@@ -249,7 +249,8 @@ class _TrialState:
     """What the driver keeps per trial; ``persisted()`` is what survives a Tune restore (the attempt is not:
     the store counts a trial's starts, see :meth:`StoreWriter.bind`)."""
 
-    best: float | None = None
+    ranked: list[tuple[float, float | None]] = field(default_factory=list)  # (step, value) of the ranked metric
+    started: bool = False  # a start (or a retry, a restore) whose first result is still to come
     committed: bool = False
     binding: Reply | None = None  # the trial's registration with the writer
     buffer: MetricBuffer | None = None
@@ -260,7 +261,33 @@ class _TrialState:
     watch: Future[Watch | None] | None = None  # its process, as its node's sampler samples it
 
     def persisted(self) -> dict[str, Any]:
-        return {"best": self.best, "committed": self.committed}
+        return {"ranked": list(self.ranked), "committed": self.committed}
+
+    def rank(self, step: Any, value: Any) -> None:
+        """Note a result's value of the ranked metric at ``step``, as the series reads (see
+        :func:`ray_cmf.compare.dedup_attempts`): the first result of a retry or a restore supersedes what
+        earlier attempts reported from its step on."""
+        at = float(step) if isinstance(step, int | float) and not isinstance(step, bool) else math.nan
+        if not math.isfinite(at):
+            at = self.ranked[-1][0] + 1 if self.ranked else 1.0
+        if self.started:
+            self.started = False
+            self.ranked = [(s, v) for s, v in self.ranked if s < at]
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        self.ranked.append((at, float(value) if number else None))
+
+    def best(self, mode: str) -> float | None:
+        """The best finite value of the ranked metric in the results as they stand."""
+        values = [v for _, v in self.ranked if v is not None]
+        return (min(values) if mode == "min" else max(values)) if values else None
+
+
+def _ranked_of(saved: Mapping[str, Any]) -> list[tuple[float, float | None]]:
+    """A trial's ranked results from a saved experiment state (one of an earlier version kept only the best,
+    which then stands before every step)."""
+    if "ranked" in saved:
+        return [(float(step), value) for step, value in saved["ranked"]]
+    return [(-math.inf, saved["best"])] if saved.get("best") is not None else []
 
 
 @dataclass
@@ -475,7 +502,7 @@ class CmfRayLogger(tune.Callback):
     @_hook
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         state = self._trials.setdefault(trial.trial_id, _TrialState())
-        state.committed = False
+        state.committed, state.started = False, True
         if state.buffer is not None:  # Tune retries it (FailureConfig): the rows so far are the last attempt's
             earlier, state.buffer = state.buffer, None
             self._rt.futures.append(self._rt.executor.submit(earlier.close))  # handed over off the event loop
@@ -512,7 +539,8 @@ class CmfRayLogger(tune.Callback):
         step = row.get("step", row.get("training_iteration"))  # what the results are keyed by when read
         append_result(state.buffer, row, f"trial {trial.trial_id}, result at step {step}")  # type: ignore[arg-type]
         state.keys.update(row)
-        self._track_best(state, row.get(self.metric) if self.metric else None)
+        if self.metric:
+            state.rank(step, row.get(self.metric))
         self._record_host(state, result)
         model_path = result.get("model_path")
         if isinstance(model_path, str) and model_path not in state.models and os.path.exists(model_path):
@@ -529,12 +557,6 @@ class CmfRayLogger(tune.Callback):
             state.host = host
             props = {"env_host": host, **({"env_node_ip": result["node_ip"]} if "node_ip" in result else {})}
             self._send(StoreWriter.update_binding, binding=state.binding, props=props)
-
-    def _track_best(self, state: _TrialState, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return
-        if state.best is None or (value < state.best if self.mode == "min" else value > state.best):
-            state.best = float(value)
 
     @_hook
     def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
@@ -556,7 +578,8 @@ class CmfRayLogger(tune.Callback):
         state.committed = True
         props: dict[str, Any] = {"status": status}
         if self.metric is not None:
-            props[f"best_{self.metric}"] = state.best if state.best is not None else math.nan
+            best = state.best(self.mode)
+            props[f"best_{self.metric}"] = best if best is not None else math.nan
             if state.keys and self.metric not in state.keys and not self._rt.warned_metric:
                 self._rt.warned_metric = True  # a typo in metric= (once a sweep)
                 log.warning(
@@ -622,7 +645,7 @@ class CmfRayLogger(tune.Callback):
         self._runtime = None
 
     def _mark_top_n(self, trials: list[Any]) -> None:
-        bests = {t.trial_id: self._trials[t.trial_id].best for t in trials if t.trial_id in self._trials}
+        bests = {t.trial_id: self._trials[t.trial_id].best(self.mode) for t in trials if t.trial_id in self._trials}
         ranked = sorted(
             ((best, trial_id) for trial_id, best in bests.items() if best is not None), reverse=self.mode == "max"
         )
@@ -661,6 +684,6 @@ class CmfRayLogger(tune.Callback):
         reopens the stage's trials of its ids, whoever's."""
         self._sweep, self._restored = state.get("sweep"), True
         self._trials = {
-            tid: _TrialState(best=saved.get("best"), committed=saved.get("committed", False))
+            tid: _TrialState(ranked=_ranked_of(saved), committed=saved.get("committed", False))
             for tid, saved in state.get("trials", {}).items()
         }

@@ -904,7 +904,8 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     """Tune retries a trial that fails (``FailureConfig(max_failures=1)``) from scratch: the retry reports
     steps 1 and 2 again, and ends there. Its rows were written as the first attempt's, so steps 1 and 2 read
     twice; then the first attempt's steps 3 and 4, which the run that completed never reached, still read as
-    its last steps (its final and its steps were the failed attempt's)."""
+    its last steps (its final and its steps were the failed attempt's). Its recorded best (what ranks it)
+    counted the failed attempt's values too, and disagreed with its ``loss_best``."""
     from ray import tune
 
     from ray_cmf import CmfRayLogger
@@ -915,7 +916,7 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
         first = not marker.exists()
         marker.touch()
         for step in range(1, 5 if first else 3):
-            tune.report({"loss": config["lr"] * step * (10 if first else 1)})
+            tune.report({"loss": config["lr"] * step * (0.1 if first else 1)})  # the failed attempt's: lower
         if first:
             raise RuntimeError("fails once")
 
@@ -934,6 +935,8 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     [trial] = sweep.trials(["loss"]).to_dict(orient="records")
     assert (trial["status"], trial["error"], trial["steps"]) == ("COMPLETE", None, 2)
     assert (trial["loss_best"], trial["loss_final"]) == (0.5, 1.0)
+    [execution] = [e for e, _ in sweep.executions()]
+    assert properties(execution)["best_loss"] == 0.5  # what ranks it: the read's best, not the failed attempt's
     steps = sweep.steps(["loss", "attempt"])
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 3)]
 
