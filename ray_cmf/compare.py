@@ -311,8 +311,8 @@ class Sweep:
 
     def files(self) -> list[TrialFile]:
         """The latest committed version of every ``metrics_name`` series of every execution (a trial may hold
-        several: one per Train rank, say), in execution order, then in the order a trial's series began
-        (their first commit): the rows a trial logged last are read last, which is what its ``_final`` is."""
+        several: one per Train rank, say), in execution order, then in the order a trial's series were first
+        committed (a read orders them by the step each starts at, see :func:`_series_in_step_order`)."""
         if self._files is None:
             artifacts = {
                 a.id: a
