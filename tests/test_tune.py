@@ -485,16 +485,23 @@ def test_a_trial_the_experiments_end_stops_is_canceled_not_complete(ray_session:
     assert statuses == ["CANCELED", "CANCELED"]
 
 
-def test_a_diverged_result_never_becomes_a_trials_best(tmp_path: Path) -> None:
-    """Tune's driver-side best (MLMD's best_<metric> and the top-N) skips NaN and ±inf."""
-    from ray_cmf import CmfRayLogger
+def test_a_diverged_result_never_becomes_a_trials_best() -> None:
+    """Tune's driver-side best (MLMD's best_<metric> and the top-N) skips NaN and ±inf, and reads the results
+    as the series does: a retry's first result supersedes what the failed attempt reported from its step on."""
     from ray_cmf.tune import _TrialState
 
     for mode, expected in (("min", 0.4), ("max", 0.5)):
-        logger, state = CmfRayLogger("p", metric="loss", mode=mode, store=str(tmp_path)), _TrialState()
-        for value in (0.5, -math.inf, math.nan, math.inf, 0.4):
-            logger._track_best(state, value)
-        assert state.best == expected
+        state = _TrialState()
+        for step, value in enumerate((0.5, -math.inf, math.nan, math.inf, 0.4), start=1):
+            state.rank(step, value)
+        assert state.best(mode) == expected
+    retried = _TrialState()
+    for step, value in ((1, 0.9), (2, 0.01), (3, 0.02)):
+        retried.rank(step, value)
+    retried.started = True  # Tune retries it from its checkpoint after step 1
+    for step, value in ((2, 0.6), (3, 0.5)):
+        retried.rank(step, value)
+    assert retried.best("min") == 0.5 and retried.ranked == [(1.0, 0.9), (2.0, 0.6), (3.0, 0.5)]
 
 
 def test_a_data_dir_that_does_not_exist_is_refused_before_any_trial_starts(tmp_path: Path) -> None:
