@@ -537,15 +537,16 @@ class Lineage:
             artifact = artifacts[event.artifact_id]
             props = properties(artifact)
             kind = "input" if event.type == mlpb.Event.INPUT else "output"
+            type_name = types.get(artifact.type_id, "?")
             name = props.get("metrics_name", artifact.name.split(":")[0])
-            number = (event.execution_id, kind, types.get(artifact.type_id, "?"), name)
-            counted[number] = counted.get(number, 0) + 1
+            series = (event.execution_id, kind, type_name, name)
+            counted[series] = counted.get(series, 0) + 1
             out.setdefault(event.execution_id, []).append(
                 {
                     "event": kind,
-                    "type": number[2],
+                    "type": type_name,
                     "name": name,
-                    "version": counted[number],
+                    "version": counted[series],
                     "md5": props.get("Commit", ""),
                     "rows": props.get("rows"),
                     "rows_lost": props.get("rows_lost"),

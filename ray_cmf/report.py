@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 _TEMPLATE = string.Template((resources.files("ray_cmf") / "report_template.html").read_text(encoding="utf-8"))
 
 DEFAULT_MAX_POINTS = 200  # per curve
-AXES = frozenset({"wall_time", "timestamp", "SequenceNumber"})  # clocks and row numbers: x-axes, not metrics
+AXES = frozenset({"timestamp"})  # a clock: an x-axis, not a metric (row numbers and wall_time are never metrics)
 
 
 # -- downsampling --------------------------------------------------------------------------------------
