@@ -398,9 +398,14 @@ class MetricBuffer:
                 "appending thread, or wait there for sealed() and hand its future to the other thread"
             )
 
-    def seal(self) -> None:
-        """Hand the current rows to the spill thread now, without waiting for the write."""
-        self._check_owner("seal")
+    def seal(self, *, exclusive: bool = False) -> None:
+        """Hand the current rows to the spill thread now, without waiting for the write.
+
+        ``exclusive``: the caller holds a lock that every append to this buffer holds too, so it may seal
+        from any thread (see :class:`ray_cmf.stall.StallWatch`).
+        """
+        if not exclusive:
+            self._check_owner("seal")
         self._seal()
 
     def sealed(self) -> Future[None]:

@@ -44,6 +44,7 @@ HAND_OVER_WAIT_S = 10.0  # how long a trial's or run's end waits for its process
 
 DEFAULT_FLUSH_ROWS = 10_000
 DEFAULT_FLUSH_SECONDS = 30.0
+STEP_FLUSH_SECONDS = 1.0  # StepLogger batches its rows for at most this long while the loop makes progress
 
 # What users curate on an execution after the fact, under a prefix no config key can take (config_properties
 # keeps such keys in config_json only).

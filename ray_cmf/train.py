@@ -28,13 +28,14 @@ from ray_cmf.buffer import MetricBuffer
 from ray_cmf.client import Reply, WriterClient
 from ray_cmf.constants import (
     CHECKPOINTED_COLUMN,
-    DEFAULT_FLUSH_SECONDS,
+    DEFAULT_FLUSH_ROWS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
     ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
     REPORT_COLUMN,
     REPORTS_METRICS_NAME,
     RUN_EXECUTION_TYPE,
+    STEP_FLUSH_SECONDS,
     STEPS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
     TRIAL_PROPERTY,
@@ -50,6 +51,7 @@ from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.node_sampler import Bound, Watch, handed_over, watch_process
 from ray_cmf.results import append_result, result_row
+from ray_cmf.stall import StallWatch
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
@@ -169,9 +171,10 @@ class StepLogger:
         registration_timeout: How long rank 0 waits for ``trial_id``'s registration by the driver (and the
             other ranks for the run's), in seconds.
         flush_rows, flush_seconds: Rank 0 sends its rows to the writer every ``flush_rows`` rows or
-            ``flush_seconds`` seconds. The default sends each row as it is logged (one per sync interval): a
-            rank that Ray Train stops while it waits in a sync, because another rank failed, neither returns
-            nor raises, and would lose the rows it still held.
+            ``flush_seconds`` seconds while the loop makes progress, and at once when it stops stepping for
+            0.1 s or is about to wait for a sync that has not arrived: a rank that Ray Train stops while it
+            waits in a collective, because another rank failed, neither returns nor raises, and would lose
+            the rows it still held. ``flush_rows=1`` sends each row as it is logged.
         modes: ``{metric: "min" | "max"}``: whether lower or higher is better, recorded with the run so that
             reading it gives ``<metric>_best`` the right way round. A metric that knows it needs none
             (``Accuracy``: ``max``); one none declares reads as ``min``.
@@ -201,8 +204,8 @@ class StepLogger:
         trial_id: str | None = None,
         run_name: str | None = None,
         group: Any = None,
-        flush_rows: int = 1,
-        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+        flush_rows: int = DEFAULT_FLUSH_ROWS,
+        flush_seconds: float = STEP_FLUSH_SECONDS,
         system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
         registration_timeout: float = _BIND_TIMEOUT_S,
         modes: Mapping[str, str] | None = None,
@@ -231,6 +234,7 @@ class StepLogger:
         self._samples = 0
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
+        self._watch: StallWatch | None = None  # rank 0's: its rows leave once the loop stalls
         self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
         self._finished = False
         self._sampler: SystemSampler | None = None
@@ -242,6 +246,7 @@ class StepLogger:
             self._key = lambda: SeriesKey(run.result(), self.metrics_name, attempts=True)
             self._sink = self._writer.sink(self._key)
             self._buffer = MetricBuffer(sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds)
+            self._watch = StallWatch(self._buffer)
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice
                 extra = {"rank": self.rank, PID_COLUMN: os.getpid()}  # the same columns as a node sampler's rows
@@ -262,6 +267,8 @@ class StepLogger:
         stop it; without ``finish``, rank 0 asks the writer to commit them (``at_end``): Train tells no one else."""
         if self._sampler is not None:
             self._sampler.stop()
+        if self._watch is not None:
+            self._watch.stop()
         if self._buffer is not None:
             self._buffer.close()
             if not self._finished:
@@ -319,6 +326,8 @@ class StepLogger:
         otherwise.
         """
         self.steps_done += 1
+        if self._watch is not None:
+            self._watch.beat()
         if samples is not None:
             self._samples += samples  # host-side count: no tensor op per step
         row = self._complete() if self._pending is not None else None
@@ -354,6 +363,8 @@ class StepLogger:
         assert self._pending is not None
         handle, step, launched = self._pending
         self._pending = None
+        if self._watch is not None and not handle.is_completed():
+            self._watch.seal()  # the other ranks are late, or dead: rank 0's rows must not wait with it
         row = self.metrics.to_row(handle.wait())
         lowest, highest = row.pop(STEPS_MIN), row.pop(STEPS_MAX)
         if lowest != highest:
@@ -373,8 +384,8 @@ class StepLogger:
         row = {"step": step, **row, "wall_time": launched}
         if samples:
             row[THROUGHPUT] = samples / elapsed if elapsed > 0 else float("nan")
-        if self._buffer is not None:
-            self._buffer.append(row)
+        if self._watch is not None:
+            self._watch.append(row)
         self._syncs += 1
         if self.report_every is not None and self._context is not None and self._syncs % self.report_every == 0:
             ray.train.report(row)
@@ -383,9 +394,9 @@ class StepLogger:
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state: the step and the global metric state. Makes rows so far durable."""
         self._drain()
-        if self._buffer is not None:
+        if self._watch is not None:
             try:
-                self._buffer.flush()
+                self._watch.flush()
             except RayCmfError as exc:  # logging never kills training
                 log.warning("ray_cmf: rows before this checkpoint may not be durable: %s", exc)
         return {"step": self.steps_done, "metrics": self.metrics.state_dict()}
@@ -412,6 +423,8 @@ class StepLogger:
         self._finished = True
         if self._sampler is not None:  # its rows reach the writer before this rank's final report
             self._sampler.stop()
+        if self._watch is not None:
+            self._watch.stop()
         artifact = None
         if self._buffer is not None:
             try:

@@ -1,0 +1,67 @@
+"""Rows that leave a training loop in batches, yet never stay behind when the loop stops making progress.
+
+A loop whose every row is sent to the writer as it is logged wakes the sending thread, the writer and
+Ray's raylet once per row; where the training workers fill the cores, those wakes cost the run wall time
+(benchmarks/RESULTS.md §5). Batching the rows risks the last ones: a rank that blocks in a collective
+whose peer has died neither returns nor raises until Ray stops it, and its unsent rows die with it.
+:class:`StallWatch` batches, and seals the waiting rows as soon as the loop stalls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ray_cmf.buffer import MetricBuffer
+
+STALL_SECONDS = 0.1  # a loop that has not stepped for this long may be blocked for good
+_POLL_SECONDS = 0.05
+
+
+class StallWatch:
+    """Hands ``buffer``'s rows to its sink once the loop has not called :meth:`beat` for ``STALL_SECONDS``.
+
+    The loop thread appends through :meth:`append` (under the lock that makes a seal from the watching
+    thread safe), calls :meth:`beat` once per step, and :meth:`seal` before anything that may block for good.
+    The buffer's own ``flush_rows`` / ``flush_seconds`` batch the rows while the loop makes progress.
+    """
+
+    def __init__(self, buffer: MetricBuffer) -> None:
+        self.buffer = buffer
+        self._lock = threading.Lock()
+        self._last_beat = time.monotonic()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ray_cmf-stall-watch", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        """The loop made progress."""
+        self._last_beat = time.monotonic()
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Append a row to the buffer."""
+        with self._lock:
+            self.buffer.append(row)
+
+    def seal(self) -> None:
+        """Hand the waiting rows to the sink now (the loop is about to wait for something that may never come)."""
+        with self._lock:
+            if self.buffer.pending_rows:
+                self.buffer.seal(exclusive=True)
+
+    def flush(self) -> None:
+        """Hand every row to the sink and wait until it holds them (see :meth:`MetricBuffer.flush`)."""
+        with self._lock:
+            self.buffer.flush()
+
+    def stop(self) -> None:
+        """Stop watching; the loop thread owns the buffer alone again."""
+        self._stopped.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(_POLL_SECONDS):
+            if self.buffer.pending_rows and time.monotonic() - self._last_beat >= STALL_SECONDS:
+                self.seal()
