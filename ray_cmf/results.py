@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Tune bookkeeping that is not a training metric (strings are dropped anyway).
+# Tune bookkeeping that is not a training metric, dropped without a word.
 _DROPPED = frozenset(
     {
         "config",
@@ -54,7 +54,8 @@ def counts(metric: str) -> bool:
 def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
     """The loggable part of a Tune result: numbers, bools and None (nested dicts flattened with ``/``).
 
-    Config keys, Tune's bookkeeping and strings are dropped; NaN and inf are kept as data.
+    Config keys and Tune's bookkeeping are dropped; any other value that is not a number (text, a list, an
+    array) is dropped and named once. NaN and inf are kept as data.
     """
     row: dict[str, Any] = {}
 
@@ -69,6 +70,9 @@ def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
             if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
                 value = value.item()  # numpy / torch scalars
             if not isinstance(value, bool | int | float) and value is not None:
+                kind = type(value).__name__
+                why = "results keep numbers, bools and None (report a list as one number per element)"
+                _warn_once("not a number", name, f"ray_cmf does not record {name!r} of a result, a {kind}: {why}")
                 continue
             if name in row:  # {"val/acc": ..., "val": {"acc": ...}}: one name for two values
                 _warn_once("collided", name, f"a result holds two values that flatten to {name!r}; the first is kept")

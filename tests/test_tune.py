@@ -238,6 +238,32 @@ def test_result_row_filters_values() -> None:
     assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4}
 
 
+def test_a_result_value_that_is_not_a_number_is_named_once_as_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """``tune.report({"per_class_acc": [0.9, 0.7]})`` or a text metric vanished from the trial's series without
+    a word. Each such metric is now named once (its type too), and the rest of the result is kept."""
+    import numpy as np
+    import torch
+
+    from ray_cmf.results import result_row
+
+    result = {
+        "loss": 0.5,
+        "per_class_acc": [0.9, 0.7],
+        "confusion": np.eye(2),
+        "logits": torch.ones(3),
+        "phase": "warmup",
+        "val": {"hist": (1, 2)},
+        "hostname": "node-1",  # Tune's own text: dropped without a word
+    }
+    for _ in range(3):
+        assert result_row(result) == {"loss": 0.5}
+    dropped = [r.getMessage() for r in caplog.records if "does not record" in r.getMessage()]
+    named = {"per_class_acc": "list", "confusion": "ndarray", "logits": "Tensor", "phase": "str", "val/hist": "tuple"}
+    assert len(dropped) == len(named)  # once per metric, not once per result
+    for name, kind in named.items():
+        assert any(repr(name) in m and kind in m for m in dropped), (name, dropped)
+
+
 def test_a_sweep_ranked_by_max_is_read_back_by_max(
     ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
