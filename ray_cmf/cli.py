@@ -153,6 +153,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     curated += [c for c in shown if c in table.columns and table[c].notna().any()]
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
+    keep += [c for c in table.columns if c.startswith("metrics/")]  # log_execution_metrics: few, and results
     for column in table.columns:
         if not column.endswith(("_best", "_final")):
             continue
@@ -282,6 +283,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "error": row.get(ERROR_COLUMN),
         "deleted_at": row.get(DELETED_COLUMN),
         "environment": sweep.environment(args.trial),
+        "execution_metrics": sweep.execution_metrics(args.trial),
         "files": files,
         "last_rows": _frame_rows(last),
     }
@@ -303,6 +305,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if payload["error"]:
         console.print(f"error: {payload['error']}", markup=False, highlight=False, soft_wrap=True)
     _emit(args, [{"field": k, "value": v} for k, v in payload["environment"].items()], "environment and seeds")
+    if payload["execution_metrics"]:
+        rows = [{"metric": k, "value": v} for k, v in payload["execution_metrics"].items()]
+        _emit(args, rows, "execution metrics")
     _emit(args, files, "lineage: files")
     _emit(args, payload["last_rows"], f"last {args.rows} rows")
     return EXIT_OK

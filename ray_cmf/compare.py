@@ -220,6 +220,7 @@ class Sweep:
         self._executions: list[tuple[Execution, str]] | None = None
         self._keys: dict[int, str] = {}  # execution id -> trial id in the tables (see ``key``)
         self._artifacts: list[Artifact] | None = None
+        self._execution_metrics: dict[int, dict[str, Any]] | None = None  # see ``_logged_metrics``
         self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
         self._modes: dict[str, str] | None = None  # see ``modes``
         self._declared: dict[str, tuple[dict[str, str], dict[str, str]]] | None = None  # see ``_declarations``
@@ -465,7 +466,9 @@ class Sweep:
         ``min`` for the others); ``verify=True`` re-hashes every file
         against its recorded md5. ``<metric>_best`` is the best finite value (a diverged value, NaN or
         ±inf, never ranks best) and ``<metric>_final`` the last value logged (non-finite included); over
-        every series of a trial that holds several. ``steps`` counts the trial's rows.
+        every series of a trial that holds several. ``steps`` counts the trial's rows. What a trial logged
+        with ``log_execution_metrics(name, values)`` shows as ``metrics/<name>/<key>`` columns (of a name
+        logged twice, the later values).
 
         ``where`` keeps the trials an expression holds for (``'config/lr < 0.01 and status == "COMPLETE"'``;
         see :mod:`ray_cmf.query`); one that reads only recorded columns (config, status, tags, times) is
@@ -565,9 +568,17 @@ class Sweep:
             **deleted,
             **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
             **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
+            **{f"metrics/{k}": v for k, v in self._logged_metrics(execution).items()},
             "md5": file.md5 if file else None,
             "url": file.url if file else None,
         }
+
+    def _logged_metrics(self, execution: Execution) -> dict[str, Any]:
+        """What a trial logged with ``log_execution_metrics`` (``{"<metrics_name>/<key>": value}``), read for
+        every trial of the sweep at once."""
+        if self._execution_metrics is None:
+            self._execution_metrics = self.lineage.execution_metrics({e.id for e, _ in self.executions()})
+        return self._execution_metrics.get(execution.id, {})
 
     def _verified(self, trial_id: str) -> bool | None:
         """Whether every committed file of a trial matches its md5 (None: it has none)."""
@@ -703,15 +714,23 @@ class Sweep:
         text."""
         return dict(sorted(_config(self._properties(trial_id), as_json=False).items()))
 
+    def execution_metrics(self, trial_id: str) -> dict[str, Any]:
+        """What a trial logged with ``log_execution_metrics``: ``{"<metrics_name>/<key>": value}`` (of a name
+        logged twice, the later values); its ``metrics/...`` columns in :meth:`trials`."""
+        return self._logged_metrics(self._execution(trial_id))
+
     def _properties(self, trial_id: str) -> dict[str, Any]:
+        return properties(self._execution(trial_id))
+
+    def _execution(self, trial_id: str) -> Execution:
         for execution, _ in self.executions():
             if self.key(execution) == trial_id:
-                return properties(execution)
+                return execution
         raise unknown_trials([trial_id], [self.key(e) for e, _ in self.executions()], self.pipeline)
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
-        """Config, environment, seed and metric values that differ between two trials (rows: field;
-        columns: the two trials)."""
+        """Config, environment, seed and metric values (summaries and execution metrics) that differ between
+        two trials (rows: field; columns: the two trials)."""
         import pandas as pd
 
         table = self.trials().set_index("trial_id")
@@ -720,7 +739,7 @@ class Sweep:
                 raise unknown_trials([trial], table.index, self.pipeline)
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
-        fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f == "steps"]
+        fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f.startswith("metrics/") or f == "steps"]
         configs = [{f"config/{k}": v for k, v in self.config(t).items()} for t in pair.columns]  # a list is no cell
         environments = [self.environment(t) for t in pair.columns]
         pair = pd.concat(

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -26,6 +26,7 @@ from ray_cmf._json import NONFINITE_TEXT, float_of
 from ray_cmf.connection import connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,
+    EXECUTION_METRICS_TYPE,
     NAME_PROPERTY,
     OWNER_PROPERTY,
     PIPELINE_CONTEXT_TYPE,
@@ -554,6 +555,19 @@ class Lineage:
                     "freed": collected(artifact),  # gc took its bytes; the record stays
                 }
             )
+        return out
+
+    def execution_metrics(self, execution_ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        """Per execution, what it logged with ``log_execution_metrics``, as ``{"<metrics_name>/<key>": value}``;
+        a name logged again takes the later values. One query when none were logged."""
+        artifacts = {a.id: a for a in self.store.get_artifacts_by_type(EXECUTION_METRICS_TYPE)}
+        events = self.store.get_events_by_artifact_ids(list(artifacts)) if artifacts else []
+        out: dict[int, dict[str, Any]] = {}
+        for output in _outputs(events):
+            if output.execution_id in execution_ids:
+                values = properties(artifacts[output.artifact_id])
+                name = values.pop("metrics_name", "")
+                out.setdefault(output.execution_id, {}).update({f"{name}/{k}": v for k, v in values.items()})
         return out
 
     def outputs(self, execution_ids: list[int]) -> list[Output]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow.dataset as pads
 import pytest
 from hypothesis import given, settings
@@ -211,6 +213,42 @@ def test_trials_with_identical_series_each_get_their_rows(tmp_path: Path) -> Non
     steps = sweep.steps()
     assert steps.groupby("trial_id", observed=True).size().to_dict() == {"a": 5, "b": 5, "c": 5}
     assert sweep.trials()["steps"].tolist() == [5, 5, 5]
+
+
+def test_execution_metrics_are_columns_of_the_trial_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``log_execution_metrics("test", {"acc": 0.9})`` (cmflib's final metrics of a run) was recorded in MLMD
+    and shown nowhere: not by ``trials``, ``compare`` or ``--sort``. Each is now a ``metrics/<name>/<key>``
+    column of the trial's row, the latest logged under a name winning, NaN kept."""
+    logged = {
+        "a": [{"acc": 0.7}, {"acc": 0.9, "loss": math.nan}],  # logged twice: the second is the trial's
+        "b": [{"acc": 0.8, "split": "held-out"}],
+        "c": [],
+    }
+    for name, values in logged.items():
+        cmf = Cmf(pipeline_name="final", store=tmp_path / "store")
+        cmf.create_execution("trial", execution_name=name)
+        cmf.log_metric("s", {"step": 1, "loss": 1.0})
+        cmf.commit_metrics("s")
+        for one in values:
+            cmf.log_execution_metrics("test", one)
+        cmf.close()
+    sweep = Sweep(tmp_path / "store", metrics_name="s")
+    table = sweep.trials(sort="metrics/test/acc").set_index("trial_id")
+    assert table.index.tolist() == ["b", "a", "c"]  # ascending, blanks last: it is not a _best column
+    assert table["metrics/test/acc"].tolist()[:2] == [0.8, 0.9] and pd.isna(table.loc["c", "metrics/test/acc"])
+    assert math.isnan(table.loc["a", "metrics/test/loss"]) and table.loc["b", "metrics/test/split"] == "held-out"
+    kept = sweep.trials(where="`metrics/test/acc` > 0.85")["trial_id"].tolist()
+    assert kept == ["a"]
+    store = str(tmp_path / "store")
+    code, out, _ = _cli(capsys, "trials", "--store", store, "--metrics-name", "s", "--sort", "metrics/test/acc")
+    assert code == 0 and "metrics/test/acc" in out and "0.9" in out and "held-out" in out, out
+    code, out, _ = _cli(capsys, "diff", "a", "b", "--store", store, "--metrics-name", "s", "--json")
+    differs = {row["field"]: (row["a"], row["b"]) for row in json.loads(out)}
+    assert differs["metrics/test/acc"] == (0.9, 0.8) and differs["metrics/test/split"] == (None, "held-out")
+    code, out, _ = _cli(capsys, "show", "b", "--store", store, "--metrics-name", "s", "--json")
+    assert code == 0 and json.loads(out)["execution_metrics"] == {"test/acc": 0.8, "test/split": "held-out"}
+    code, _, _ = _cli(capsys, "report", "--store", store, "--metrics-name", "s", "-o", str(tmp_path / "r.html"))
+    assert code == 0 and "<th>metrics/test/acc</th>" in (tmp_path / "r.html").read_text()
 
 
 def _stderr_on_a_terminal(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
