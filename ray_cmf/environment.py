@@ -57,7 +57,8 @@ def capture(*, code: bool = True, software: bool = True, hardware: bool = True) 
     list (``software``), host, CPU, GPU and torch's seed (``hardware``)."""
     props: dict[str, Any] = {}
     if code:
-        props |= code_version(script_directory())
+        script = script_path()
+        props |= code_version(script.parent if script else Path.cwd(), script)
     if software:
         props |= software_versions()
     if hardware:
@@ -65,11 +66,10 @@ def capture(*, code: bool = True, software: bool = True, hardware: bool = True) 
     return Environment(props, package_list() if software else "")
 
 
-def script_directory() -> Path:
-    """The directory of the script that ``python`` ran (the current directory for an interactive session)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    return Path(path).resolve().parent if path else Path.cwd()
+def script_path() -> Path | None:
+    """The script that ``python`` ran (None for an interactive session)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return Path(path).resolve() if path else None
 
 
 def _git(directory: Path, *args: str) -> str | None:
@@ -82,10 +82,11 @@ def _git(directory: Path, *args: str) -> str | None:
     return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else None
 
 
-def code_version(directory: Path) -> dict[str, Any]:
+def code_version(directory: Path, script: Path | None = None) -> dict[str, Any]:
     """Commit, branch, dirty flag, the md5 of the uncommitted diff and the remote (no credentials) of the
-    git repository that holds ``directory``; empty when it is not in one (or git is missing). One ``git
-    status`` gives the first three: each git call costs a run's first ``log_metric`` a few milliseconds."""
+    git repository that holds ``directory``; empty when it is not in one (or git is missing). A ``script``
+    that git does not track makes it dirty, its text part of the diff. One ``git status`` gives the first
+    three: each git call costs a run's first ``log_metric`` a few milliseconds."""
     status = _git(directory, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
     if status is None:
         return {}
@@ -93,13 +94,19 @@ def code_version(directory: Path) -> dict[str, Any]:
     commit = header.get("branch.oid", "")
     if not commit or commit == "(initial)":
         return {}
-    dirty = any(not line.startswith("#") for line in status.splitlines())
+    untracked = script is not None and _git(directory, "ls-files", "--error-unmatch", "--", str(script)) is None
+    dirty = untracked or any(not line.startswith("#") for line in status.splitlines())
+    diff = b""
+    if dirty:
+        diff = (_git(directory, "diff", "HEAD") or "").encode()
+        if untracked and script is not None and script.is_file():
+            diff += script.read_bytes()
     branch = header.get("branch.head", "")
     props: dict[str, Any] = {
         "git_commit": commit,
         "git_branch": "HEAD" if branch == "(detached)" else branch,
         "git_dirty": dirty,
-        "git_diff_md5": hashlib.md5((_git(directory, "diff", "HEAD") or "").encode()).hexdigest() if dirty else "",
+        "git_diff_md5": hashlib.md5(diff).hexdigest() if dirty else "",
     }
     remote = _git(directory, "remote", "get-url", "origin")
     if remote:

@@ -43,10 +43,10 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _run_script(directory: Path, store: Path, name: str) -> None:
+def _run_script(directory: Path, store: Path, name: str, script_name: str = "train.py", extra: str = "") -> None:
     """Run the user's script from ``directory`` (its code version is that directory's git state)."""
-    script = directory / "train.py"
-    script.write_text(SCRIPT)
+    script = directory / script_name
+    script.write_text(SCRIPT + extra)
     env = {**os.environ, "RAY_CMF_TEST_SECRET": SECRET}
     subprocess.run([sys.executable, str(script), str(store), name], check=True, env=env, cwd=directory, timeout=120)
 
@@ -89,6 +89,20 @@ def test_execution_records_the_commit_dirty_flag_and_no_secrets(repo: Path, tmp_
     assert clean["seed_numpy"] == 7 and clean["seed_huge"] == str(2**64 - 1)
     leaked = [p for p in store.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaked == []  # neither the remote's password nor the environment variable reached the store
+
+
+def test_a_script_that_git_does_not_track_makes_the_code_version_dirty(repo: Path, tmp_path: Path) -> None:
+    """A new script, never added to git, ran in a clean checkout: ``git_dirty`` said False, as if the commit
+    held the code that ran. It is now dirty, and its diff md5 tells one version of the script from another."""
+    store = tmp_path / "store"
+    _run_script(repo, store, "tracked")
+    _run_script(repo, store, "untracked", "sweep.py")
+    _run_script(repo, store, "edited", "sweep.py", "# another version\n")
+    props = _execution_props(store)
+    assert props["tracked"]["env_git_dirty"] is False and props["tracked"]["env_git_diff_md5"] == ""
+    untracked, edited = props["untracked"], props["edited"]
+    assert untracked["env_git_dirty"] is True and edited["env_git_dirty"] is True
+    assert len(untracked["env_git_diff_md5"]) == 32 and untracked["env_git_diff_md5"] != edited["env_git_diff_md5"]
 
 
 def test_outside_a_git_repository_no_code_version_is_recorded(tmp_path: Path) -> None:
