@@ -26,6 +26,24 @@ _DRIVER_WRITER: dict[tuple[str, str], Any] = {}
 _FOUND_WRITER: dict[str, WriterClient] = {}
 
 
+class WriterActor:
+    """The writer as a Ray actor, with one method: a request names a :class:`StoreWriter` method.
+
+    Every process that finds an actor builds its handle from the methods of the actor's class (their
+    signatures, Ray's tracing wrappers); StoreWriter's thirty-odd made that about 4 ms more in every trial
+    and Train worker than one method does.
+    """
+
+    def __init__(self) -> None:
+        self._writer = StoreWriter()
+
+    def request(self, method: str, /, **kwargs: Any) -> Any:
+        """Run ``StoreWriter.<method>(**kwargs)`` (positional-only: many requests take a ``name``)."""
+        if method.startswith("_"):
+            raise RayCmfError(f"{method!r} is not a request of the ray_cmf writer")
+        return getattr(self._writer, method)(**kwargs)
+
+
 def ray_driver() -> bool:
     """Whether this process is a Ray driver (not a trial, a Train worker or the Train controller)."""
     import ray
@@ -53,7 +71,7 @@ def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: s
     if job not in _DRIVER_WRITER:
         _DRIVER_WRITER.clear()
         _DRIVER_WRITER[job] = (
-            ray.remote(StoreWriter)
+            ray.remote(WriterActor)
             .options(
                 name=WRITER_NAME,
                 get_if_exists=True,

@@ -80,7 +80,7 @@ class WriterClient:
             except Exception as exc:
                 return Reply(error=exc)
         refs = {k: v.ref if isinstance(v, Reply) else v for k, v in kwargs.items()}
-        return Reply(ref=getattr(self._target, request.__name__).remote(**refs))
+        return Reply(ref=self._target.request.remote(request.__name__, **refs))  # see actor.WriterActor
 
     def call(self, request: Callable[..., T], **kwargs: Any) -> T:
         """Run a request and return its result (its error is raised here)."""
