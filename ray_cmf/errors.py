@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,25 @@ ERROR_CHARS = 2000  # of an error's text, what a trial or run records at most (s
 
 class RayCmfError(Exception):
     """Base class of every error raised by ray_cmf."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies and pickles rebuild the error from its message and fields, not by calling ``__init__`` with
+        its message: Tune copies a failed trial's error, and Ray pickles it across processes."""
+        state = {k: v for k, v in self.__dict__.items() if _picklable(v)}
+        return (_rebuilt, (type(self), self.args), state)
+
+
+def _rebuilt(cls: type[RayCmfError], args: tuple[Any, ...]) -> RayCmfError:
+    """An error of ``cls`` with ``args`` (its message), its ``__init__`` not run: pickle then sets its fields."""
+    return cls.__new__(cls, *args)
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 class InvalidNameError(RayCmfError, ValueError):

@@ -81,6 +81,35 @@ def test_non_scalar_values_raise_naming_key_and_type(tmp_path: Path, value: obje
     assert buf.rows == 0
 
 
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"flag": 2},  # after a bool: SchemaError
+        {"big": 2**70},  # PrecisionError
+        {"attempt": 1},  # a name ray_cmf fills: InvalidNameError
+        {"obj": object()},  # InvalidValueError, its value not picklable
+    ],
+)
+def test_a_logging_error_survives_copy_and_pickle(tmp_path: Path, row: dict[str, Any]) -> None:
+    """Tune copies the error of a failed trial, and Ray pickles it: ``SchemaError.__init__() missing 3
+    required positional arguments`` was what a trial recorded when its ``log_metric`` raised, never the
+    error itself. Each error now copies and pickles with its message and its fields."""
+    import copy
+    import pickle
+
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=10)
+    buffer.append({"flag": True})
+    with pytest.raises(RayCmfError) as raised:
+        buffer.append(row)
+    buffer.close()
+    error = raised.value
+    for again in (copy.copy(error), pickle.loads(pickle.dumps(error))):
+        assert type(again) is type(error) and str(again) == str(error)
+        assert {k: v for k, v in vars(again).items() if k != "value"} == {
+            k: v for k, v in vars(error).items() if k != "value"
+        }
+
+
 def test_nan_and_inf_are_data_not_nulls(tmp_path: Path) -> None:
     buf = MetricBuffer(tmp_path / "spill")
     for v in (float("nan"), float("inf"), -float("inf"), np.float32(1.5), np.int64(3)):
