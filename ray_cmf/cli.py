@@ -214,9 +214,11 @@ def cmd_trials(args: argparse.Namespace) -> int:
 def _trial_rows(args: argparse.Namespace, table: Any, columns: list[str]) -> list[dict[str, Any]]:
     """The rows of a trial table to print: as text, an error cell holds the exception's line (``show`` and
     ``--json`` the whole text)."""
-    if ERROR_COLUMN in columns and not args.json:
-        table = table.assign(**{ERROR_COLUMN: table[ERROR_COLUMN].map(_headline)})
-    return _frame_rows(table[columns])
+    rows = _frame_rows(table[columns])
+    if ERROR_COLUMN in columns and not args.json:  # on the records: a text column of pandas holds None as NaN
+        for row in rows:
+            row[ERROR_COLUMN] = _headline(row[ERROR_COLUMN])
+    return rows
 
 
 def _python(value: Any) -> Any:

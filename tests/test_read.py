@@ -766,6 +766,7 @@ def test_every_trial_table_shows_an_error_as_its_exception_line(
         assert main(["--store", root, *command]) == 0
         out = capsys.readouterr().out
         assert "RuntimeError: diverged at step 2" in out and "Traceback" not in out, command
+        assert "NaN" not in out, out  # the trial without an error: a blank cell, as every other missing value
         code, rows_read = _cli(capsys, "--store", root, *command)
         assert code == 0 and {r["trial_id"]: r["error"] for r in rows_read}["bad"] == error, command
 
