@@ -420,9 +420,11 @@ class MetricBuffer:
         self._spiller.queue.put(done)
         return done
 
-    def flush(self) -> None:
-        """Seal the current rows and block until every sealed chunk is written (or acknowledged) by the sink."""
-        self._check_owner("flush")
+    def flush(self, *, exclusive: bool = False) -> None:
+        """Seal the current rows and block until every sealed chunk is written (or acknowledged) by the sink
+        (``exclusive``: as for :meth:`seal`)."""
+        if not exclusive:
+            self._check_owner("flush")
         self._seal()
         self._handed_over()
         self._sink.flush()

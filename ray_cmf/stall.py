@@ -52,9 +52,10 @@ class StallWatch:
                 self.buffer.seal(exclusive=True)
 
     def flush(self) -> None:
-        """Hand every row to the sink and wait until it holds them (see :meth:`MetricBuffer.flush`)."""
+        """Hand every row to the sink and wait until it holds them (see :meth:`MetricBuffer.flush`), from any
+        thread: Ray stops a process whose loop thread waits in a collective for good."""
         with self._lock:
-            self.buffer.flush()
+            self.buffer.flush(exclusive=True)
 
     def stop(self) -> None:
         """Stop watching; the loop thread owns the buffer alone again."""

@@ -12,13 +12,19 @@ import logging
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerGroupCallback
+from ray.train.v2._internal.execution.callback import (
+    ControllerCallback,
+    ReportCallback,
+    WorkerCallback,
+    WorkerGroupCallback,
+)
 
 from ray_cmf._hooks import never_raises
 from ray_cmf._names import check_name, mode_properties
@@ -62,6 +68,8 @@ FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
 THROUGHPUT = "samples_per_s"  # a column of StepLogger's own: best highest
 STEPS_MAX, STEPS_MIN = "ray_cmf_steps_max", "ray_cmf_steps_min"  # every sync carries the ranks' step counts
+_LAST_SYNC_WAIT_S = 2.0  # how long a loop's end without finish() waits for the sync of its last step
+_ROWS_HELD: weakref.WeakSet[StallWatch] = weakref.WeakSet()  # this process's rank-0 StepLoggers' rows
 _NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)
 _BIND_TIMEOUT_S = 60.0  # how long a worker waits for rank 0 to register the run
 _hook = never_raises("training")
@@ -247,6 +255,7 @@ class StepLogger:
             self._sink = self._writer.sink(self._key)
             self._buffer = MetricBuffer(sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds)
             self._watch = StallWatch(self._buffer)
+            _ROWS_HELD.add(self._watch)
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice
                 extra = {"rank": self.rank, PID_COLUMN: os.getpid()}  # the same columns as a node sampler's rows
@@ -267,6 +276,8 @@ class StepLogger:
         stop it; without ``finish``, rank 0 asks the writer to commit them (``at_end``): Train tells no one else."""
         if self._sampler is not None:
             self._sampler.stop()
+        if self._buffer is not None and self._pending is not None:
+            self._last_row()
         if self._watch is not None:
             self._watch.stop()
         if self._buffer is not None:
@@ -375,7 +386,17 @@ class StepLogger:
             )
         return row, step, launched
 
-    def _complete(self) -> dict[str, float]:
+    def _last_row(self) -> None:
+        """As the loop's thread ends without ``finish``: the row of the sync its last step started. Every rank
+        started it too, unless one failed: then it is given up after a moment."""
+        assert self._pending is not None
+        try:
+            self._pending[0].wait_within(_LAST_SYNC_WAIT_S, "the sync of the loop's last step")
+            self._complete(report=False)
+        except RayCmfError as exc:
+            log.warning("ray_cmf: the row of step %d is not logged: %s", self.steps_done, exc)
+
+    def _complete(self, report: bool = True) -> dict[str, float]:
         """Wait for the sync in flight; rank 0 appends its row; every ``report_every`` syncs, report it."""
         row, step, launched = self._wait()
         samples = row.pop(SAMPLES, 0.0)
@@ -387,7 +408,8 @@ class StepLogger:
         if self._watch is not None:
             self._watch.append(row)
         self._syncs += 1
-        if self.report_every is not None and self._context is not None and self._syncs % self.report_every == 0:
+        every = self.report_every
+        if report and every is not None and self._context is not None and self._syncs % every == 0:
             ray.train.report(row)
         return row
 
@@ -458,7 +480,7 @@ class _CallbackRuntime:
     ended: str | None = None  # the state its last end committed (a failure, StepLogger's final report)
 
 
-class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
+class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, WorkerCallback):
     """Train callback (runs in the controller actor): every rank's reports in the run's report series, and
     every worker's process sampled from its node.
 
@@ -533,7 +555,16 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
                 writer.call(StoreWriter.push_after_commit, store=self.store)
             if self._environment is None:
                 self._environment = capture(hardware=False)
-        return {**self.__dict__, "_runtime": None}
+        return {**self.__dict__, "_runtime": None, "_watches": [], "_stopping": []}  # a copy runs in each worker
+
+    def before_worker_shutdown(self) -> None:
+        """In each worker, before Ray Train stops it (also while its loop waits for good in a collective,
+        because another rank failed): rank 0's batched rows reach the writer, for the run's end to commit."""
+        for watch in list(_ROWS_HELD):
+            try:
+                watch.flush()
+            except Exception as exc:  # logging never kills training
+                log.warning("ray_cmf: rows of a stopped worker may not have reached the writer: %s", exc)
 
     def _rt(self) -> _CallbackRuntime:
         """Bind the run on first use: fire-and-forget, so the controller never waits (but, inside a Tune
@@ -664,7 +695,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback):
         did so already), then wait for the commits, which the controller's end would cut short."""
         rt = self._rt()  # a run that never reported is bound now: its workers' samples wait for it
         status = "FAILED" if getattr(result, "error", None) is not None else "COMPLETE"
-        if rt.ended != status or self._stopping:  # a run that failed once, then completed; samples handed over
+        # a run that failed once, then completed; samples handed over; rows its stopped workers handed over
+        if rt.ended != status or self._stopping or status == "FAILED":
             self._commit(rt, {"status": status}, status, end=True)  # after StepLogger's final report
         rt.commits.shutdown(wait=True)
 
