@@ -110,6 +110,14 @@ def unknown_trials(asked: Iterable[str], keys: Iterable[str], pipeline: str | No
     return RayCmfError("; ".join(lines))
 
 
+def _queried_metrics(query: Query | None, metrics: list[str] | None) -> list[str]:
+    """The metrics whose ``_best``/``_final`` a query reads beyond ``metrics`` (None: every metric is read)."""
+    if query is None or metrics is None:
+        return []
+    named = [n.rsplit("_", 1)[0] for n in query.names() if n.endswith(("_best", "_final"))]
+    return [m for m in dict.fromkeys(named) if m not in metrics]
+
+
 def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[str] = ()) -> pd.DataFrame:
     """The rows of the run as its last attempt left it, one per step (per ``by`` group): each attempt of a
     restored or retried trial supersedes what earlier attempts logged from its first step on (a restore
@@ -514,11 +522,16 @@ class Sweep:
             if set(query.names()) <= set(recorded.columns):
                 recorded, query = recorded[query.mask(recorded)], None
         metrics = list(metrics) if metrics is not None else None
+        queried = _queried_metrics(query, metrics)  # read for the query, not shown
+        read = [*metrics, *queried] if metrics is not None else None
         groups = self._mode_groups(set(recorded["trial_id"])) if own else [(mode, set(recorded["trial_id"]))]
-        summary = pd.concat([self._summary(metrics, group_mode, trials) for group_mode, trials in groups])
+        summary = pd.concat([self._summary(read, group_mode, trials) for group_mode, trials in groups])
         table = settle_ints(recorded.join(summary, on="trial_id"))
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
-        return table[query.mask(table, nan_is_null=summary.columns)] if query is not None else table
+        if query is None:
+            return table
+        hidden = [f"{m}_{kind}" for m in queried for kind in ("best", "final") if f"{m}_{kind}" in table.columns]
+        return table[query.mask(table, nan_is_null=summary.columns)].drop(columns=hidden)
 
     def _summary(
         self, metrics: list[str] | None, mode: str | Mapping[str, str], trials: set[str]

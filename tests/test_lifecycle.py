@@ -218,6 +218,22 @@ def test_where_sort_and_limit_over_configs_of_mixed_types_tags_and_summaries(
     capsys.readouterr()
 
 
+def test_where_reads_a_metric_that_the_table_does_not_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trials --metric loss --where 'acc_best > 0.5'`` said "no column 'acc_best'": the metrics asked for
+    limited what the query could read. A metric the query names is now read for it, and the table still shows
+    the metrics asked for."""
+    store = write_trials(
+        tmp_path / "store",
+        [
+            Trial("a", {}, {"": [{"training_iteration": 1, "loss": 0.1, "acc": 0.9}]}),
+            Trial("b", {}, {"": [{"training_iteration": 1, "loss": 0.2, "acc": 0.3}]}),
+        ],
+    )
+    assert Sweep(store).trials(["loss"], where="acc_best > 0.5")["trial_id"].tolist() == ["a"]
+    code, found = _cli(capsys, "trials", "--store", str(store.root), "--metric", "loss", "--where", "acc_best > 0.5")
+    assert code == 0 and [r["trial_id"] for r in found] == ["a"] and "acc_best" not in found[0], found
+
+
 def test_a_nan_config_is_a_value_that_nan_finds_and_null_does_not(tmp_path: Path) -> None:
     """A config of NaN is recorded (``trials`` shows it, ``group_by`` keeps it apart): ``== nan`` finds it and
     ``== null`` does not, which finds the trials without a value. (Both used to treat NaN as missing, so
