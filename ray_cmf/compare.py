@@ -33,6 +33,7 @@ from ray_cmf.constants import (
     REPORTS_METRICS_NAME,
     RESULTS_METRICS_NAME,
     SPILL_DIR,
+    STARTS_PREFIX,
     STEP_METRICS_TYPE,
     STEPS_METRICS_NAME,
     SUMMARY_KEY,
@@ -118,10 +119,18 @@ def _queried_metrics(query: Query | None, metrics: list[str] | None) -> list[str
     return [m for m in dict.fromkeys(named) if m not in metrics]
 
 
-def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[str] = ()) -> pd.DataFrame:
+def dedup_attempts(
+    frame: pd.DataFrame,
+    step: str = STEP_COLUMN,
+    by: Sequence[str] = (),
+    resumed: Mapping[str, Mapping[int, int]] | None = None,
+) -> pd.DataFrame:
     """The rows of the run as its last attempt left it, one per step (per ``by`` group): each attempt of a
     restored or retried trial supersedes what earlier attempts logged from its first step on (a restore
-    resumes at its checkpoint, a retry at the start: what came after that point is no longer the run's)."""
+    resumes at its checkpoint, a retry at the start: what came after that point is no longer the run's).
+    ``resumed`` (``{trial_id: {attempt: step}}``, with ``by`` holding the trial column) says where attempts
+    resumed, logged rows or not: each then supersedes every step after that one (steps count in whole
+    numbers)."""
     import pandas as pd
 
     if step not in frame.columns or ATTEMPT_COLUMN not in frame.columns:
@@ -130,6 +139,14 @@ def dedup_attempts(frame: pd.DataFrame, step: str = STEP_COLUMN, by: Sequence[st
     if pd.api.types.is_numeric_dtype(frame[step]):
         attempts = [*by, ATTEMPT_COLUMN]
         starts = frame.groupby(attempts, dropna=False, observed=True)[step].min().reset_index(name="_start")
+        recorded = [(t, a, s + 1) for t, of in (resumed or {}).items() for a, s in of.items()]
+        if recorded:
+            known = pd.DataFrame(recorded, columns=[TRIAL_COLUMN, ATTEMPT_COLUMN, "_start"])
+            groups = frame[list(by)].drop_duplicates()  # each group of the trial (its series, its ranks)
+            known = groups.merge(known, on=TRIAL_COLUMN)[[*attempts, "_start"]]
+            known = known.astype({ATTEMPT_COLUMN: starts[ATTEMPT_COLUMN].dtype})
+            both = pd.concat([starts, known], ignore_index=True)
+            starts = both.groupby(attempts, dropna=False, observed=True)["_start"].min().reset_index()
         latest_first = starts[::-1].groupby(list(by) or (lambda _: 0), dropna=False, observed=True)["_start"]
         starts["_until"] = latest_first.transform(lambda later: later.cummin().shift(1))  # a later one's first step
         cut = frame.merge(starts[[*attempts, "_until"]], on=attempts, how="left")
@@ -380,7 +397,7 @@ class Sweep:
         table = self._step_table(metrics, set(trials) if trials is not None else None, live=live)
         if not table.num_rows:
             return _no_steps(metrics)
-        return _tidy(exact_frame(table, arrow_numbers=exact), metrics, overlap=live)
+        return _tidy(exact_frame(table, arrow_numbers=exact), metrics, overlap=live, starts=self._starts())
 
     def _step_table(self, metrics: list[str] | None, trials: set[str] | None, *, live: bool) -> pa.Table:
         """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``."""
@@ -593,6 +610,17 @@ class Sweep:
             self._execution_metrics = self.lineage.execution_metrics({e.id for e, _ in self.executions()})
         return self._execution_metrics.get(execution.id, {})
 
+    def _starts(self) -> dict[str, dict[int, int]]:
+        """Per trial, the later starts of this series that recorded the step they resumed after (see
+        :meth:`StoreWriter.record_start`): ``{trial_id: {attempt: step}}``."""
+        prefix = f"{STARTS_PREFIX}{self.metrics_name}:"
+        found: dict[str, dict[int, int]] = {}
+        for execution, _ in self.executions():
+            for key, value in properties(execution).items():
+                if key.startswith(prefix):
+                    found.setdefault(self.key(execution), {})[int(key[len(prefix) :])] = int(value)
+        return found
+
     def _verified(self, trial_id: str) -> bool | None:
         """Whether every committed file of a trial matches its md5 (None: it has none)."""
         mine = [f for f in self.files() if f.trial_id == trial_id]
@@ -610,8 +638,10 @@ class Sweep:
         mine = [f for f in self.files() if f.trial_id in trials]
         footers = self._footers(mine)
         summaries = {f.trial_id: footers[f.path][1] for f in mine if f.path in footers}
+        restarted = set(self._starts())
         if self._several() or any(
-            s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 for s in summaries.values()
+            s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 or t in restarted
+            for t, s in summaries.items()
         ):
             return None
         chosen = self._summarised(self._schema(mine), metrics)
@@ -674,7 +704,7 @@ class Sweep:
         table = self._step_table(chosen if metrics is not None else None, trials, live=False)
         if not table.num_rows:
             return _no_summary(chosen)
-        return summarize(_tidy(exact_frame(table, arrow_numbers=True), chosen), chosen, mode)
+        return summarize(_tidy(exact_frame(table, arrow_numbers=True), chosen, starts=self._starts()), chosen, mode)
 
     def modes(self) -> dict[str, str]:
         """Whether lower (``min``) or higher (``max``) is better, by metric (``{metric: mode}``), as the
@@ -995,12 +1025,20 @@ def _keyed(table: pa.Table) -> pa.Table:
     return table.set_column(table.column_names.index(present[0]), "step", step)
 
 
-def _tidy(frame: pd.DataFrame, metrics: list[str] | None, *, overlap: bool = False) -> pd.DataFrame:
+def _tidy(
+    frame: pd.DataFrame,
+    metrics: list[str] | None,
+    *,
+    overlap: bool = False,
+    starts: Mapping[str, Mapping[int, int]] | None = None,
+) -> pd.DataFrame:
     """(trial_id, [series], [rank], step, metrics…) with re-run steps resolved to their latest attempt
-    (``overlap``: also where a committed version and its spill hold the same step)."""
+    (``overlap``: also where a committed version and its spill hold the same step; ``starts``: the steps
+    later attempts resumed after, see :func:`dedup_attempts`)."""
     keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in frame.columns]
-    if ATTEMPT_COLUMN in frame.columns and len(frame) and frame[ATTEMPT_COLUMN].max() > 1:
-        frame = dedup_attempts(frame, "step", by=keys)
+    starts = {t: s for t, s in (starts or {}).items() if TRIAL_COLUMN in keys and t in set(frame[TRIAL_COLUMN])}
+    if ATTEMPT_COLUMN in frame.columns and len(frame) and (frame[ATTEMPT_COLUMN].max() > 1 or starts):
+        frame = dedup_attempts(frame, "step", by=keys, resumed=starts)
     if overlap:
         frame = frame.drop_duplicates([*keys, "step"], keep="last")
     if ATTEMPT_COLUMN in frame.columns and ATTEMPT_COLUMN not in (metrics or []):

@@ -243,6 +243,7 @@ class StepLogger:
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
         self._watch: StallWatch | None = None  # rank 0's: its rows leave once the loop stalls
+        self._run: Reply | None = None  # rank 0's registration, until its first step records where it resumes
         self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
         self._finished = False
         self._sampler: SystemSampler | None = None
@@ -251,6 +252,7 @@ class StepLogger:
             self._writer = connect(named)
         if self.rank == 0:
             run = self._bind(pipeline_name, pipeline_stage, named)
+            self._run = run
             self._key = lambda: SeriesKey(run.result(), self.metrics_name, attempts=True)
             self._sink = self._writer.sink(self._key)
             self._buffer = MetricBuffer(sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds)
@@ -336,6 +338,10 @@ class StepLogger:
         row. Returns that row (on every rank) on the step after each sync step, else None. No host sync
         otherwise.
         """
+        if self._run is not None:  # this start's first step: it resumes after the steps done (a checkpoint's)
+            resumes = {"metrics_name": self.metrics_name, "step": self.steps_done}
+            self._writer.send(StoreWriter.record_start, binding=self._run, **resumes)
+            self._run = None
         self.steps_done += 1
         if self._watch is not None:
             self._watch.beat()

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ray_cmf.binding import Binding, SeriesKey
-from ray_cmf.constants import ATTEMPT_COLUMN, ATTEMPT_PROPERTY, DATASET_TYPE, SEQUENCE_COLUMN
+from ray_cmf.constants import ATTEMPT_COLUMN, ATTEMPT_PROPERTY, DATASET_TYPE, SEQUENCE_COLUMN, STARTS_PREFIX
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, owner_of, properties
@@ -303,6 +303,14 @@ class StoreWriter:
     def update_binding(self, *, binding: Binding, props: Mapping[str, Any]) -> Execution:
         """Merge properties into a bound execution (``binding`` may be the reply of its :meth:`bind`)."""
         return self._open(binding.store).update_execution(binding.execution_id, props)
+
+    def record_start(self, *, binding: Binding, metrics_name: str, step: int) -> None:
+        """A later start of a trial or run resumes its ``metrics_name`` series after ``step``: what earlier
+        starts logged beyond it is no longer the run's, even where this start fails before it logs a row
+        (``binding`` may be the reply of its :meth:`bind`)."""
+        if binding.attempt > 1:
+            key = f"{STARTS_PREFIX}{metrics_name}:{binding.attempt}"
+            self._open(binding.store).update_execution(binding.execution_id, {key: step})
 
     def update_execution(
         self,

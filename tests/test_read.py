@@ -706,15 +706,17 @@ def test_a_trial_that_logged_no_step_is_read_at_its_row_numbers_beside_trials_th
     }
 
 
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5)), min_size=1, max_size=5))
-@example([(1, 4), (1, 2)])  # a retry from scratch that stops short of where the failed attempt got
-@example([(1, 5), (3, 4), (2, 1)])  # restores from ever earlier checkpoints
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5)), min_size=1, max_size=5), st.booleans())
+@example([(1, 4), (1, 2)], False)  # a retry from scratch that stops short of where the failed attempt got
+@example([(1, 5), (3, 4), (2, 1)], False)  # restores from ever earlier checkpoints
+@example([(1, 5), (1, 0)], True)  # a retry from scratch that fails before its first row
 def test_a_later_attempt_supersedes_what_earlier_ones_logged_from_its_first_step_on(
-    attempts: list[tuple[int, int]],
+    attempts: list[tuple[int, int]], recorded: bool
 ) -> None:
     """Attempt ``a`` logs ``count`` steps from ``start`` (a restore resumes at its checkpoint, a retry at the
     start). What earlier attempts logged from ``start`` on is not in the run any more: the read is the
-    timeline of the last attempt, as TensorBoard purges the steps a restarted run logs again."""
+    timeline of the last attempt, as TensorBoard purges the steps a restarted run logs again. Where the
+    attempts ``recorded`` where they resumed, that holds for an attempt that logged no row too."""
     import pandas as pd
 
     from ray_cmf.compare import dedup_attempts
@@ -723,10 +725,11 @@ def test_a_later_attempt_supersedes_what_earlier_ones_logged_from_its_first_step
     for attempt, (start, count) in enumerate(attempts, start=1):
         mine = [{"trial_id": "t", "step": start + i, "attempt": attempt, "v": attempt * 100 + i} for i in range(count)]
         rows += mine
-        if mine:
+        if mine or recorded:
             timeline = [r for r in timeline if r["step"] < start] + mine
     frame = pd.DataFrame(rows, columns=["trial_id", "step", "attempt", "v"])
-    read = dedup_attempts(frame, "step", by=["trial_id"])
+    resumed = {"t": {a: start - 1 for a, (start, _) in enumerate(attempts, start=1) if a > 1}} if recorded else None
+    read = dedup_attempts(frame, "step", by=["trial_id"], resumed=resumed)
     assert read[["step", "v"]].values.tolist() == [[r["step"], r["v"]] for r in timeline]
 
 

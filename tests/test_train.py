@@ -77,8 +77,13 @@ def loop(config: dict[str, Any]) -> None:
         steps.step(samples=4)
         if sum(counts.values()) > before:  # a sync started in this call
             per_sync.append(sum(counts.values()) - before)
-        if config.get("raise_at") == step and rank == 1:
+        if config.get("raise_at") == step and rank == 1 and not config.get("raise_again_at"):
             raise RuntimeError(f"rank 1 fails at step {step}")  # rank 0 waits in its next sync until it is stopped
+        again = Path(config["store"]) / "raised_once"
+        fails_at = config.get("raise_again_at") if again.exists() else config.get("raise_at")
+        if rank == 1 and config.get("raise_again_at") and step == fails_at:
+            again.touch(exist_ok=True)
+            raise RuntimeError(f"rank 1 fails at step {step}")  # Ray Train restarts the workers once
         if config.get("own_collective"):  # as DDP's backward does: rank 0 waits here once rank 1 is gone
             torch.distributed.all_reduce(torch.zeros(1))
         crash = Path(config["store"]) / "crashed"
@@ -377,6 +382,24 @@ def test_rows_rank_0_logged_survive_another_rank_that_raises_while_it_waits_in_t
     steps = _series(tmp_path, "train_steps").steps()
     assert steps["step"].tolist() == list(range(SYNC_EVERY, 27, SYNC_EVERY))
     assert steps["loss"].tolist() == [_closed_form(s, 2)["loss"] for s in steps["step"]]
+
+
+def test_a_restart_that_fails_before_its_first_row_leaves_none_of_the_rows_it_replaced(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """Rank 1 fails at step 27, Ray Train restarts the run from scratch (no checkpoint), and rank 1 fails
+    again at step 3 (every step all-reduces, so rank 0 has stepped too), before the restart logged a row.
+    The series read back the first start's rows of steps 5
+    to 25 as the run's, since nothing of the restart superseded them; with one row logged, it would have
+    dropped them all. Each start now records the step it resumes after, as it takes its first step."""
+    from ray.train import TrainingFailedError
+
+    with pytest.raises(TrainingFailedError):
+        _fit(tmp_path, "again", max_failures=1, raise_at=27, raise_again_at=3, own_collective=True)
+    sweep = _series(tmp_path, "train_steps")
+    assert sweep.steps()["step"].tolist() == []
+    [run] = sweep.trials().to_dict(orient="records")
+    assert run["status"] == "FAILED" and run["steps"] == 0 and "step 3" in run["error"]
 
 
 @pytest.mark.timeout(300)
