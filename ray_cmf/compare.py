@@ -246,6 +246,7 @@ class Sweep:
         self._keys: dict[int, str] = {}  # execution id -> trial id in the tables (see ``key``)
         self._artifacts: list[Artifact] | None = None
         self._execution_metrics: dict[int, dict[str, Any]] | None = None  # see ``_logged_metrics``
+        self._resumed: dict[str, dict[int, int]] | None = None  # see ``_starts``
         self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
         self._modes: dict[str, str] | None = None  # see ``modes``
         self._declared: dict[str, tuple[dict[str, str], dict[str, str]]] | None = None  # see ``_declarations``
@@ -613,13 +614,15 @@ class Sweep:
     def _starts(self) -> dict[str, dict[int, int]]:
         """Per trial, the later starts of this series that recorded the step they resumed after (see
         :meth:`StoreWriter.record_start`): ``{trial_id: {attempt: step}}``."""
-        prefix = f"{STARTS_PREFIX}{self.metrics_name}:"
-        found: dict[str, dict[int, int]] = {}
-        for execution, _ in self.executions():
-            for key, value in properties(execution).items():
-                if key.startswith(prefix):
-                    found.setdefault(self.key(execution), {})[int(key[len(prefix) :])] = int(value)
-        return found
+        if self._resumed is None:
+            prefix = f"{STARTS_PREFIX}{self.metrics_name}:"
+            self._resumed = {}
+            for execution, _ in self.executions():
+                for key in execution.custom_properties:  # the keys alone: a sweep may hold thousands of trials
+                    if key.startswith(prefix):
+                        step = property_of(execution, key)
+                        self._resumed.setdefault(self.key(execution), {})[int(key[len(prefix) :])] = int(step)
+        return self._resumed
 
     def _verified(self, trial_id: str) -> bool | None:
         """Whether every committed file of a trial matches its md5 (None: it has none)."""
