@@ -1039,7 +1039,8 @@ def _tidy(
     (``overlap``: also where a committed version and its spill hold the same step; ``starts``: the steps
     later attempts resumed after, see :func:`dedup_attempts`)."""
     keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in frame.columns]
-    starts = {t: s for t, s in (starts or {}).items() if TRIAL_COLUMN in keys and t in set(frame[TRIAL_COLUMN])}
+    present = set(frame[TRIAL_COLUMN]) if starts and TRIAL_COLUMN in keys else set()
+    starts = {t: s for t, s in (starts or {}).items() if t in present}
     if ATTEMPT_COLUMN in frame.columns and len(frame) and (frame[ATTEMPT_COLUMN].max() > 1 or starts):
         frame = dedup_attempts(frame, "step", by=keys, resumed=starts)
     if overlap:

@@ -9,15 +9,20 @@ whose peer has died neither returns nor raises until Ray stops it, and its unsen
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from ray_cmf.buffer import MetricBuffer
 
+log = logging.getLogger(__name__)
+
 STALL_SECONDS = 0.1  # a loop that has not stepped for this long may be blocked for good
 _POLL_SECONDS = 0.05
+_WATCHED: weakref.WeakSet[StallWatch] = weakref.WeakSet()  # this process's watches not stopped yet
 
 
 class StallWatch:
@@ -35,6 +40,7 @@ class StallWatch:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="ray_cmf-stall-watch", daemon=True)
         self._thread.start()
+        _WATCHED.add(self)
 
     def beat(self) -> None:
         """The loop made progress."""
@@ -59,6 +65,7 @@ class StallWatch:
 
     def stop(self) -> None:
         """Stop watching; the loop thread owns the buffer alone again."""
+        _WATCHED.discard(self)
         self._stopped.set()
         self._thread.join()
 
@@ -66,3 +73,13 @@ class StallWatch:
         while not self._stopped.wait(_POLL_SECONDS):
             if self.buffer.pending_rows and time.monotonic() - self._last_beat >= STALL_SECONDS:
                 self.seal()
+
+
+def flush_every_watch() -> None:
+    """Hand the rows of every watch of this process to its sink, from any thread (the process is about to be
+    stopped); a failure is a warning: logging never kills training."""
+    for watch in list(_WATCHED):
+        try:
+            watch.flush()
+        except Exception as exc:
+            log.warning("ray_cmf: rows of a stopped worker may not have reached the writer: %s", exc)

@@ -12,7 +12,6 @@ import logging
 import os
 import time
 import uuid
-import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,7 +56,7 @@ from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.node_sampler import Bound, Watch, handed_over, watch_process
 from ray_cmf.results import append_result, result_row
-from ray_cmf.stall import StallWatch
+from ray_cmf.stall import StallWatch, flush_every_watch
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
@@ -69,7 +68,6 @@ SAMPLES = "samples"
 THROUGHPUT = "samples_per_s"  # a column of StepLogger's own: best highest
 STEPS_MAX, STEPS_MIN = "ray_cmf_steps_max", "ray_cmf_steps_min"  # every sync carries the ranks' step counts
 _LAST_SYNC_WAIT_S = 2.0  # how long a loop's end without finish() waits for the sync of its last step
-_ROWS_HELD: weakref.WeakSet[StallWatch] = weakref.WeakSet()  # this process's rank-0 StepLoggers' rows
 _NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)
 _BIND_TIMEOUT_S = 60.0  # how long a worker waits for rank 0 to register the run
 _hook = never_raises("training")
@@ -257,7 +255,6 @@ class StepLogger:
             self._sink = self._writer.sink(self._key)
             self._buffer = MetricBuffer(sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds)
             self._watch = StallWatch(self._buffer)
-            _ROWS_HELD.add(self._watch)
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice
                 extra = {"rank": self.rank, PID_COLUMN: os.getpid()}  # the same columns as a node sampler's rows
@@ -566,11 +563,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
     def before_worker_shutdown(self) -> None:
         """In each worker, before Ray Train stops it (also while its loop waits for good in a collective,
         because another rank failed): rank 0's batched rows reach the writer, for the run's end to commit."""
-        for watch in list(_ROWS_HELD):
-            try:
-                watch.flush()
-            except Exception as exc:  # logging never kills training
-                log.warning("ray_cmf: rows of a stopped worker may not have reached the writer: %s", exc)
+        flush_every_watch()
 
     def _rt(self) -> _CallbackRuntime:
         """Bind the run on first use: fire-and-forget, so the controller never waits (but, inside a Tune
