@@ -634,8 +634,8 @@ class Sweep:
     ) -> pd.DataFrame | None:
         """best/final/steps per trial from the summaries in the files' footers: no data scan.
 
-        None when a file lacks a current summary, holds re-reported steps (a restored trial) or is one of
-        several series of a trial: those need the scan.
+        None when a file lacks a current summary, holds re-reported steps (a restored trial) or several
+        ranks' rows, or is one of several series of a trial: those need the scan.
         """
 
         mine = [f for f in self.files() if f.trial_id in trials]
@@ -643,7 +643,10 @@ class Sweep:
         summaries = {f.trial_id: footers[f.path][1] for f in mine if f.path in footers}
         restarted = set(self._starts())
         if self._several() or any(
-            s is None or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1 or t in restarted
+            s is None
+            or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1
+            or s["columns"].get(RANK_COLUMN, {}).get("max", 0) > 0  # a Train run's ranks: rank 0's rows are read
+            or t in restarted
             for t, s in summaries.items()
         ):
             return None

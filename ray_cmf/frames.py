@@ -208,9 +208,11 @@ def _order(value: Any) -> tuple[int, Any]:
 def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[str, str]) -> pd.DataFrame:
     """Per trial of a steps frame: ``<metric>_best`` (the best finite value: NaN and ±inf never rank
     best), ``<metric>_final`` (the last value logged, non-finite included; nulls skipped when the column
-    keeps them apart, as an Arrow-backed one does) and ``steps`` (its rows)."""
+    keeps them apart, as an Arrow-backed one does) and ``steps`` (its rows). A Train run's rows are read
+    as Ray Train reads its result, from its rank 0 (see :func:`lead_rank`)."""
     import pandas as pd
 
+    frame = lead_rank(frame)
     trial = frame[TRIAL_COLUMN].astype(str)
     summary = pd.DataFrame(index=pd.Index(trial.unique(), name=TRIAL_COLUMN))
     for metric in metrics:
@@ -226,6 +228,16 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
         summary[f"{metric}_final"] = pd.Series(floats(last), index=last.index)
     summary["steps"] = trial.groupby(trial).size()
     return summary
+
+
+def lead_rank(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows a trial's summary reads: where rows carry a Train rank, those of the trial's lowest rank
+    (rank 0: Ray Train's result is what rank 0 reported) and those of no rank (the trial's own process)."""
+    if RANK_COLUMN not in frame.columns or not len(frame):
+        return frame
+    rank = frame[RANK_COLUMN]
+    lowest = rank.groupby(frame[TRIAL_COLUMN].astype(str)).transform("min")
+    return frame[(rank.isna() | (rank == lowest)).to_numpy(dtype=bool)]
 
 
 def exact_ints(values: pd.Series) -> pd.Series:

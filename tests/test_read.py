@@ -46,8 +46,8 @@ def test_every_rank_of_a_run_is_read_back(tmp_path: Path, capsys: pytest.Capture
     assert sorted(zip(steps["rank"], steps["step"], steps["cpu"], strict=True)) == [
         (r, s, float(10 * r + s)) for r in range(2) for s in range(1, 5)
     ]
-    [row] = sweep.trials(["cpu"]).to_dict(orient="records")
-    assert row["steps"] == 8 and row["cpu_best"] == 1.0 and row["cpu_final"] == 14.0
+    [row] = sweep.trials(["cpu"]).to_dict(orient="records")  # summarised as Ray Train reads a run: rank 0's
+    assert row["steps"] == 4 and row["cpu_best"] == 1.0 and row["cpu_final"] == 4.0
     code, exported = _cli(
         capsys,
         "export",
@@ -202,7 +202,8 @@ def test_every_read_path_takes_any_sweep(
     logged = {m for row in committed for m, v in row.items() if v is not None} - {"training_iteration", "rank"}
     numbers = {m for m in logged if all(_number(r.get(m)) for r in committed if r.get(m) is not None)}
     for trial in trials:
-        rows = sum(len(r) for r in trial.series.values()) if trial.status != "RUNNING" else 0
+        lead = next(iter(trial.series.values()), [])  # its only series, or its rank 0's: what is summarised
+        rows = len(lead) if trial.status != "RUNNING" else 0
         assert table.set_index("trial_id").loc[trial.trial_id, "steps"] == rows
         assert isinstance(sweep.environment(trial.trial_id), dict)
     steps = sweep.steps(live=True)
@@ -796,3 +797,15 @@ def test_each_trial_is_summarised_by_its_own_sweeps_mode_when_the_sweeps_of_a_pi
         assert row["score_best"] == best and "its own sweep" not in caplog.text
     explicit = Sweep(store_dir).trials(["score"], mode="max").set_index("trial_id")  # a mode asked for: for all
     assert explicit["score_best"].tolist() == [5.0, 5.0]
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_a_train_runs_reports_summarise_as_ray_train_reads_them_from_rank_0(tmp_path: Path, mode: str) -> None:
+    """Every rank's copy of a Train report sits in one series (``rank`` tells them apart); Ray Train's
+    result is rank 0's, so the run's best, final and step count are rank 0's, whichever rank came last."""
+    rows = [{"report": i, "rank": r, "worker_group": 1, "loss": float(10 * r + i)} for i in (1, 2, 3) for r in (0, 1)]
+    store = write_trials(tmp_path / "store", [Trial("run", {}, {"": rows})], metrics_name="train_reports")
+    sweep = Sweep(store, metrics_name="train_reports")
+    [row] = sweep.trials(["loss"], mode=mode).to_dict(orient="records")
+    assert (row["loss_best"], row["loss_final"], row["steps"]) == (1.0 if mode == "min" else 3.0, 3.0, 3)
+    assert sorted(sweep.steps(["loss"])["rank"]) == [0, 0, 0, 1, 1, 1]  # every rank's rows are still read

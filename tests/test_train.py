@@ -202,6 +202,8 @@ def test_reports_without_a_step_are_read_by_their_report_index(ray_session: None
     steps = reports.steps(["rank", "loss"])
     assert steps.groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 3], 1: [1, 2, 3]}
     assert steps.groupby("rank")["loss"].apply(list).to_dict() == {0: [0.0, 1.0, 2.0], 1: [10.0, 11.0, 12.0]}
+    [summary] = reports.trials(["loss"], mode="max").to_dict(orient="records")  # Ray Train's result: rank 0's
+    assert (summary["loss_best"], summary["loss_final"], summary["steps"]) == (2.0, 2.0, 3)
     columns = set(reports.trials().columns)
     assert {"loss_best", "loss_final"} <= columns
     assert not {f"{c}_{k}" for c in ("report", "worker_group", "checkpointed") for k in ("best", "final")} & columns
