@@ -33,7 +33,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, RayCmfError, SchemaError
 from ray_cmf.exits import track
-from ray_cmf.frames import SERIES_COLUMN, TRIAL_COLUMN
+from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ _FILLED_BY_RAY_CMF = {  # columns that ray_cmf gives the rows itself: a metric o
     TRIAL_COLUMN: "names each row's trial in that column when a sweep is read",
     SERIES_COLUMN: "names each row's series in that column where a trial holds several",
 }
+# What a user's own series (a Cmf's, a trial's Tune results) may not hold either: ray_cmf's Train rows fill it
+TRAIN_RANK = {RANK_COLUMN: "reads that column as a Train rank's (a trial is summarised by its lowest rank's rows)"}
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -198,6 +200,7 @@ class MetricBuffer:
         flush_seconds: Also seal when this long has passed since the last spill (checked on append).
         manifest: Written beside the segments on the first spill, so that :func:`ray_cmf.recover`
             knows what a dangling spill belongs to.
+        reserved: More column names to refuse, each with why, beside those ray_cmf fills itself.
 
     Example:
         >>> import tempfile, pathlib
@@ -218,6 +221,7 @@ class MetricBuffer:
         flush_rows: int = DEFAULT_FLUSH_ROWS,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         manifest: SpillManifest | None = None,
+        reserved: Mapping[str, str] | None = None,
     ) -> None:
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be >= 1, got {flush_rows!r}")
@@ -228,6 +232,7 @@ class MetricBuffer:
         self._sink: Sink = sink if sink is not None else Spill(spill_dir, manifest)  # type: ignore[arg-type]
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
+        self._reserved = {**_FILLED_BY_RAY_CMF, **(reserved or {})}
         self._kinds: dict[str, str] = {}
         self._sealed_ints: dict[str, int] = {}  # per int column: the largest magnitude in sealed chunks
         self._row_keys: list[tuple[int, str, str | None]] = []  # (row, key, kind before) of the columns that
@@ -315,8 +320,8 @@ class MetricBuffer:
             raise PrecisionError(key, row, value, "does not fit in int64")
         known = self._kinds.get(key)
         if known is None:
-            if key in _FILLED_BY_RAY_CMF:
-                why = f"ray_cmf {_FILLED_BY_RAY_CMF[key]}; log it under another name"
+            if key in self._reserved:
+                why = f"ray_cmf {self._reserved[key]}; log it under another name"
                 raise InvalidNameError("metric name", key, why)
             self._row_keys.append((row, key, None))  # a column this row adds: a rejected row takes it back
             known = kind

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray_cmf._names import check_name
 from ray_cmf.binding import Binding, SeriesKey
-from ray_cmf.buffer import MetricBuffer
+from ray_cmf.buffer import TRAIN_RANK, MetricBuffer
 from ray_cmf.client import WriterClient, WriterSink
 from ray_cmf.constants import (
     CONFIG_JSON,
@@ -262,7 +262,9 @@ class Cmf:
         else:  # each Cmf object its own series
             key = SeriesKey(self._current(), metrics_name, uuid.uuid4().hex[:8])
         sink = self._sinks[metrics_name] = self._writer.sink(key)
-        buffer = MetricBuffer(sink=sink, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
+        buffer = MetricBuffer(
+            sink=sink, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds, reserved=TRAIN_RANK
+        )
         self.metrics[metrics_name] = buffer
         return buffer
 

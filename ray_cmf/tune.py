@@ -27,7 +27,7 @@ from ray_cmf._hooks import never_raises
 from ray_cmf._names import check_mode, check_name, mode_properties
 from ray_cmf.actor import connect, ray_driver, start_writer
 from ray_cmf.binding import SeriesKey
-from ray_cmf.buffer import MetricBuffer
+from ray_cmf.buffer import TRAIN_RANK, MetricBuffer
 from ray_cmf.client import Reply, WriterClient
 from ray_cmf.cmf import Cmf
 from ray_cmf.connection import without_password
@@ -473,7 +473,9 @@ class CmfRayLogger(tune.Callback):
             binding = state.binding
             state.key = lambda: SeriesKey(binding.result(), self.metrics_name, attempts=True)
             sink = self._rt.writer.sink(state.key)
-            state.buffer = MetricBuffer(sink=sink, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds)
+            state.buffer = MetricBuffer(
+                sink=sink, flush_rows=self.flush_rows, flush_seconds=self.flush_seconds, reserved=TRAIN_RANK
+            )
         return state
 
     def _props(self, trial: Any) -> dict[str, Any]:

@@ -217,6 +217,19 @@ def test_a_name_too_long_for_a_file_name_is_refused_when_it_is_given(store_dir: 
     assert cmf.commit_metrics(longest) is not None and cmf.read_metrics(longest)["x"].tolist() == [1]
 
 
+def test_a_metric_named_rank_is_refused_by_name_since_a_sweep_reads_that_column_as_a_train_rank(
+    store_dir: Path,
+) -> None:
+    """Logged as a metric, ``rank`` was read as a Train rank's key: a trial's summary kept only the rows of its
+    lowest ``rank`` value and its ``loss_final`` came from another step. It is refused where it is logged."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    cmf.log_metric("m", {"step": 0, "loss": 1.0})
+    with pytest.raises(InvalidNameError, match=r"'rank'.*Train rank"):
+        cmf.log_metric("m", {"step": 1, "loss": 0.5, "rank": 2})
+    cmf.log_metric("m", {"step": 2, "loss": 0.25})
+    assert cmf.commit_metrics("m") is not None and cmf.read_metrics("m")["loss"].tolist() == [1.0, 0.25]
+
+
 def test_misuses_of_a_cmf_get_errors_that_say_what_to_do(store_dir: Path) -> None:
     """A typo in close()'s state was a warning, and left the execution RUNNING (then CRASHED); logging after
     close() blamed a "MetricBuffer" the user never made; a non-string key was called an unsupported value."""

@@ -746,12 +746,23 @@ def test_a_process_that_tune_reuses_for_many_trials_wraps_its_session_once(ray_s
 
 def _reports_like_a_user(config: dict[str, Any]) -> None:
     """Results as real trainables report them: their own ``step``, a value ray_cmf must refuse (an int beyond
-    2**53 after floats), and a flat key that a nested one flattens onto."""
+    2**53 after floats), a flat key that a nested one flattens onto, and a ``rank`` of their own (a sweep
+    reads that column as a Train rank's)."""
     from ray import tune
 
     for i in range(4):
         big = 2**53 + 1 if i == 2 else 0.5
-        tune.report({"loss": config["lr"] / (i + 1), "step": 100 * i, "big": big, "val/acc": 1.0, "val": {"acc": 2.0}})
+        rank = 3 - i  # ranked first at its last step: read as a Train rank, loss_final was this step's
+        tune.report(
+            {
+                "loss": config["lr"] / (i + 1),
+                "step": 100 * i,
+                "big": big,
+                "val/acc": 1.0,
+                "val": {"acc": 2.0},
+                "rank": rank,
+            }
+        )
 
 
 def test_results_are_read_back_as_the_trainable_reported_them(
@@ -775,9 +786,10 @@ def test_results_are_read_back_as_the_trainable_reported_them(
     assert sweep.steps(["step", "loss"])["step"].tolist() == [0, 100, 200, 300] * 2
     table = sweep.trials()
     assert table["steps"].tolist() == [4, 4] and "config/clip" in table.columns
+    assert sorted(table["loss_final"]) == pytest.approx([0.1 / 4, 0.2 / 4]) and "rank" not in steps.columns
     assert len(sweep.trials(where="config/clip == null")) == 2
     messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "'val/acc'" in messages
+    assert "'val/acc'" in messages and "drop their metric 'rank'" in messages
     dropped = [r.getMessage() for r in caplog.records if "'big'" in r.getMessage()]
     assert len(dropped) == 2, dropped  # one value of each trial
     assert all("step 200" in m and "row" not in m for m in dropped), dropped  # the step reported, not a row
