@@ -83,6 +83,15 @@ def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+def without(row: dict[str, Any], own: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``row`` less the columns that ray_cmf fills itself in ``own`` (a Train report's ``rank``), each named
+    once as dropped: the reported value would replace ray_cmf's."""
+    for name in own.keys() & row.keys():
+        _warn_once("reserved", name, f"results drop their metric {name!r} (first at {source}): ray_cmf fills it")
+        del row[name]
+    return row
+
+
 _WARNED: set[tuple[str, str]] = set()
 
 

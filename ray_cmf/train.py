@@ -55,7 +55,7 @@ from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
 from ray_cmf.node_sampler import Bound, Watch, handed_over, watch_process
-from ray_cmf.results import append_result, result_row
+from ray_cmf.results import append_result, result_row, without
 from ray_cmf.stall import StallWatch, flush_every_watch
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
@@ -673,10 +673,10 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
             return
         rt.reports += 1
         for rank, reported in enumerate(metrics):
-            row = result_row(reported)
+            source = f"Train report {rt.reports}, rank {rank}"
             group = {WORKER_GROUP_COLUMN: self._worker_groups}  # which start of the workers (Ray restarts them)
-            row = {REPORT_COLUMN: rt.reports, "rank": rank, **group, **row, CHECKPOINTED_COLUMN: checkpoint is not None}
-            append_result(rt.buffer, row, f"Train report {rt.reports}, rank {rank}")
+            own = {REPORT_COLUMN: rt.reports, "rank": rank, **group, CHECKPOINTED_COLUMN: checkpoint is not None}
+            append_result(rt.buffer, {**own, **without(result_row(reported), own, source)}, source)
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 

@@ -184,17 +184,18 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
 
 
 def _reports_only(config: dict[str, Any]) -> None:
-    """A loop that reports its loss three times and counts no step of its own."""
+    """A loop that reports its loss three times and counts no step of its own, and a ``rank`` of its own."""
     import ray.train
 
     rank = ray.train.get_context().get_world_rank()
     for i in range(3):
-        ray.train.report({"loss": float(10 * rank + i)})
+        ray.train.report({"loss": float(10 * rank + i), "rank": 7})
 
 
 def test_reports_without_a_step_are_read_by_their_report_index(ray_session: None, tmp_path: Path) -> None:
     """Each report of a loop that names no step is one step for every rank (the two ranks' copies of the
-    first report read as steps 1 and 2), and the callback's bookkeeping columns are no metrics."""
+    first report read as steps 1 and 2), and the callback's bookkeeping columns are no metrics; a ``rank``
+    the loop reports is dropped and named (it replaced the worker's rank)."""
     _fit(tmp_path, "reports", train=_reports_only, sampling=None)
     reports = _series(tmp_path, "train_reports")
     [run] = reports.trials().to_dict(orient="records")  # rank 0's host, though no StepLogger recorded it
