@@ -248,6 +248,7 @@ class Sweep:
         self._execution_metrics: dict[int, dict[str, Any]] | None = None  # see ``_logged_metrics``
         self._resumed: dict[str, dict[int, int]] | None = None  # see ``_starts``
         self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
+        self._kept: frozenset[str] | None = None  # the trials of a view (see ``only``); None: every trial
         self._modes: dict[str, str] | None = None  # see ``modes``
         self._declared: dict[str, tuple[dict[str, str], dict[str, str]]] | None = None  # see ``_declarations``
         held = self.series_names()
@@ -275,8 +276,9 @@ class Sweep:
     def only(self, trial_ids: Iterable[str]) -> Sweep:
         """The same sweep restricted to some trials (the ones a ``where`` expression picked, say): its table,
         steps, plots and report hold those trials only."""
-        keep = set(trial_ids)
+        keep = frozenset(trial_ids)
         view = Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=self.include_deleted)
+        view._kept = keep if self._kept is None else keep & self._kept
         view._executions = [(e, s) for e, s in self.executions() if self.key(e) in keep]
         view._keys = self._keys
         view._whole = self._whole
@@ -327,7 +329,19 @@ class Sweep:
         self._keys = trial_keys(found)  # over the deleted too: a trial keeps its key in every view
         if not self.include_deleted:
             found = [(e, s) for e, s in found if property_of(e, DELETED_PROPERTY) is None]
+        if self._kept is not None:
+            found = [(e, s) for e, s in found if self._keys[e.id] in self._kept]
         return found
+
+    def refresh(self) -> Sweep:
+        """Read the store again from the next call on: a Sweep reads its trials, their versions and what
+        they declared once, when first asked, so a Sweep kept while a sweep runs shows it as it was then.
+        ``steps(live=True)`` refreshes by itself. Returns the Sweep."""
+        self._files = self._executions = self._artifacts = None
+        self._execution_metrics = self._resumed = self._modes = self._declared = None
+        if self._whole is not self:
+            self._whole.refresh()
+        return self
 
     def key(self, execution: Execution) -> str:
         """An execution's trial id in this sweep's tables: its Tune trial id, or ``<stage>/<trial id>`` where
@@ -387,14 +401,17 @@ class Sweep:
 
         Keys come first: ``series`` where a trial holds several series of this name (a Train run's ranks:
         ``rank0``, ``rank1``), and ``rank`` where the rows carry one. A metric some trials lack is null in
-        theirs. ``live=True`` adds the rows that running trials have spilled but not committed yet
-        (read-only: the complete batches of their spill segments; nothing waits for the writer).
+        theirs. ``live=True`` reads the store as it is now (see :meth:`refresh`) and adds the rows that
+        running trials have spilled but not committed yet (read-only: the complete batches of their spill
+        segments; nothing waits for the writer).
         Values come back as logged, as :meth:`Cmf.read_metrics` gives them: a column with nulls (a metric some
         rows or trials lack) is Arrow-backed, so its ints stay ints and a null (nothing logged) is not a NaN
         (a NaN logged); the others keep their NumPy dtype. ``exact=True`` makes every number column
         Arrow-backed.
         """
         metrics = list(metrics) if metrics is not None else None
+        if live:
+            self.refresh()
         table = self._step_table(metrics, set(trials) if trials is not None else None, live=live)
         if not table.num_rows:
             return _no_steps(metrics)
@@ -825,7 +842,7 @@ class Sweep:
         if unknown:
             raise unknown_trials(unknown, by_id, self.pipeline)
         self.store.patch_executions([by_id[trial].id for trial in trial_ids], props, remove)
-        self._executions, self._files = None, None  # read again: they changed
+        self.refresh()  # read again: they changed
         return trial_ids
 
     def report(
