@@ -61,6 +61,7 @@ NAME_PROPERTY = RESERVED_PREFIX + "name"
 # stage's execution of the same name but another owner is another's, never reopened (see Lineage.execution)
 OWNER_PROPERTY = RESERVED_PREFIX + "owner"
 STARTS_PREFIX = RESERVED_PREFIX + "starts:"  # ray_cmf:starts:<series>:<attempt> -> the step it resumed after
+VALUES_JSON = RESERVED_PREFIX + "values"  # a Metrics artifact's: what log_execution_metrics logged, as JSON
 
 GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints
 CONFIG_JSON = "config_json"  # an execution property: its config as JSON, what Sweep shows as config/<key>

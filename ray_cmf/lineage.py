@@ -34,6 +34,7 @@ from ray_cmf.constants import (
     STAGE_CONTEXT_TYPE,
     TRIAL_EXECUTION_TYPE,
     TRIAL_PROPERTY,
+    VALUES_JSON,
 )
 from ray_cmf.errors import StoreError
 
@@ -565,8 +566,9 @@ class Lineage:
         out: dict[int, dict[str, Any]] = {}
         for output in _outputs(events):
             if output.execution_id in execution_ids:
-                values = properties(artifacts[output.artifact_id])
-                name = values.pop("metrics_name", "")
+                artifact = artifacts[output.artifact_id]
+                name = property_of(artifact, "metrics_name")
+                values = logged_values(artifact)
                 out.setdefault(output.execution_id, {}).update({f"{name}/{k}": v for k, v in values.items()})
         return out
 
@@ -574,6 +576,15 @@ class Lineage:
         """Every OUTPUT event of the executions (one query), oldest first."""
         events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
         return _outputs(events)
+
+
+def logged_values(artifact: Artifact) -> dict[str, Any]:
+    """What ``log_execution_metrics`` logged on a Metrics artifact, as logged (None, text and ints beyond
+    int64 included), from its JSON; an artifact recorded before that JSON was kept, from its properties."""
+    raw = property_of(artifact, VALUES_JSON)
+    if isinstance(raw, str):
+        return flatten_config(json.loads(raw))
+    return {k: python_value(v) for k, v in artifact.custom_properties.items()}
 
 
 def collected(artifact: Artifact) -> bool:

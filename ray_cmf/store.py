@@ -33,11 +33,12 @@ from ray_cmf.constants import (
     SPILL_DIR,
     STEP_METRICS_TYPE,
     STORE_CONFIG,
+    VALUES_JSON,
 )
 from ray_cmf.environment import Environment
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.exits import holder
-from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, properties
+from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, config_json, properties
 from ray_cmf.remote import Remote
 from ray_cmf.series_format import FinishedFile
 from ray_cmf.versioning import DvcRepo, cache_path, tree_md5
@@ -411,8 +412,9 @@ class Store:
         """Record execution-level metrics (no file) as a ``Metrics`` artifact, as cmflib does."""
         with self._lock:
             name = f"{metrics_name}:{uuid.uuid4().hex}"
+            exact = {**values, VALUES_JSON: config_json(values)}  # each value as logged, beside cmflib's properties
             return self.lineage.put_artifact(
-                execution_id, EXECUTION_METRICS_TYPE, name, "", {"metrics_name": metrics_name}, values
+                execution_id, EXECUTION_METRICS_TYPE, name, "", {"metrics_name": metrics_name}, exact
             )
 
     # -- reads ---------------------------------------------------------------------------------------

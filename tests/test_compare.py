@@ -14,11 +14,12 @@ from typing import Any
 import pandas as pd
 import pyarrow.dataset as pads
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep
 from ray_cmf.cli import main
+from tests._values import floats, same
 from tests.test_tune import GOOD_LRS, RESULTS
 
 pytestmark = pytest.mark.integration
@@ -213,6 +214,38 @@ def test_trials_with_identical_series_each_get_their_rows(tmp_path: Path) -> Non
     steps = sweep.steps()
     assert steps.groupby("trial_id", observed=True).size().to_dict() == {"a": 5, "b": 5, "c": 5}
     assert sweep.trials()["steps"].tolist() == [5, 5, 5]
+
+
+_EXECUTION_VALUES = st.one_of(
+    floats,
+    st.integers(-(2**80), 2**80),  # beyond int64 too: kept exactly, not as text
+    st.booleans(),
+    st.text(max_size=6) | st.sampled_from(["NaN", "Infinity", "-Infinity", "null", "1"]),  # text stays text
+    st.none(),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.dictionaries(st.text(min_size=1, max_size=5).filter(lambda k: "." not in k), _EXECUTION_VALUES))
+@example(values={"nan": math.nan, "text": "NaN", "none": None, "big": 2**70, "metrics_name": "mine", "größe": -0.0})
+def test_execution_metrics_read_back_as_logged(
+    tmp_path_factory: pytest.TempPathFactory, values: dict[str, Any]
+) -> None:
+    """What ``log_execution_metrics`` recorded read back as it was logged: the text "NaN" came back as a float
+    NaN, an int beyond int64 as text, None not at all, and a key named ``metrics_name`` as the series name."""
+    store = tmp_path_factory.mktemp("execution_metrics") / "store"
+    cmf = Cmf(pipeline_name="final", store=store)
+    cmf.create_execution("trial", execution_name="t")
+    cmf.log_metric("s", {"step": 1})
+    cmf.commit_metrics("s")
+    cmf.log_execution_metrics("test", values)
+    cmf.close()
+    read = Sweep(store, metrics_name="s").execution_metrics("t")
+    assert sorted(read) == sorted(f"test/{k}" for k in values)
+    for key, value in values.items():
+        got = read[f"test/{key}"]
+        nan = isinstance(value, float) and math.isnan(value)  # a NaN's sign and payload are not kept: JSON has one
+        assert (isinstance(got, float) and math.isnan(got)) if nan else same(value, got), (key, value, got)
 
 
 def test_execution_metrics_are_columns_of_the_trial_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
