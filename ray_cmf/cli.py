@@ -23,7 +23,7 @@ from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
-from ray_cmf.errors import RayCmfError, RecoveryError, exception_of
+from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.frames import ERROR_COLUMN, sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
 from ray_cmf.results import TUNE_BOOKKEEPING, counts
@@ -259,8 +259,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _shown_sweep(args: argparse.Namespace) -> Any:
+    """``show``'s sweep: a trial is shown whatever its series are called. Without ``--metrics-name``, where
+    the pipeline's series is not obvious, its last rows are of the first series the trial holds (by name),
+    and stderr says so."""
+    try:
+        return _sweep(args, args.trial)
+    except MetricsNotFoundError as exc:
+        if args.metrics_name is not None or not exc.held:
+            raise
+        sweeps = (_sweep(argparse.Namespace(**{**vars(args), "metrics_name": name}), args.trial) for name in exc.held)
+        sweep = next((s for s in sweeps if len(s.steps(trials=[args.trial], live=True))), None)
+        sweep = sweep or _sweep(argparse.Namespace(**{**vars(args), "metrics_name": exc.held[0]}), args.trial)
+        others = [name for name in exc.held if name != sweep.metrics_name]
+        print(f"ray-cmf show: the last rows are {sweep.metrics_name!r}'s (--metrics-name: {others})", file=sys.stderr)
+        return sweep
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    sweep = _sweep(args, args.trial)
+    sweep = _shown_sweep(args)
     table = sweep.trials()
     match = table[table["trial_id"] == args.trial]
     if match.empty:

@@ -260,7 +260,8 @@ class Sweep:
                 which = repr(metrics_name) if metrics_name is not None else "of Tune results (tune_results)"
                 raise MetricsNotFoundError(
                     f"No series {which} in pipeline {self.pipeline!r}; it holds {held}: name one of them "
-                    "(metrics_name=..., or --metrics-name)"
+                    "(metrics_name=..., or --metrics-name)",
+                    held,
                 )
 
     def of_series(self, metrics_name: str) -> Sweep:

@@ -93,7 +93,12 @@ class StoreError(RayCmfError):
 
 
 class MetricsNotFoundError(RayCmfError, KeyError):
-    """No committed metrics of that name (or md5) exist in the pipeline."""
+    """No committed metrics of that name (or md5) exist in the pipeline; ``held``: the names it has, where
+    the error lists them."""
+
+    def __init__(self, message: str, held: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.held = held or []
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
         return str(self.args[0])

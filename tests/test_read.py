@@ -836,3 +836,15 @@ def test_a_sweep_kept_while_its_trials_run_reads_them_as_they_are_now_with_live_
     ]
     assert sorted(sweep.refresh().trials()["status"]) == ["COMPLETE", "RUNNING"]
     assert set(view.steps(live=True)["trial_id"]) == {"a"} and view.refresh().trials()["trial_id"].tolist() == ["a"]
+
+
+def test_show_shows_a_trial_whatever_its_series_are_called(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ray-cmf show TRIAL`` of a store whose series are two of a script's own (no Tune results, no Train
+    steps) failed with "name one of them": showing a trial needs no series, only its last rows do."""
+    rows = {"": [{"step": s, "loss": 1.0 / s} for s in (1, 2, 3)]}
+    write_trials(tmp_path / "store", [Trial("t", {"lr": 0.1}, rows)], metrics_name="train")
+    write_trials(tmp_path / "store", [Trial("u", {"lr": 0.2}, rows)], metrics_name="eval")
+    code, shown = _cli(capsys, "show", "t", "--store", str(tmp_path / "store"))
+    assert code == 0 and shown["config"] == {"lr": 0.1} and [r["loss"] for r in shown["last_rows"]] == [1.0, 0.5, 1 / 3]
+    assert main(["show", "t", "--store", str(tmp_path / "store"), "--metrics-name", "nope"]) != 0  # named: an error
+    assert "'nope'" in capsys.readouterr().err
