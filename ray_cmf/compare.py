@@ -737,12 +737,10 @@ class Sweep:
         and a StepLogger's metrics that know it themselves (``Accuracy``: ``max``). What reading defaults
         to; a metric none declares is read as ``min``."""
         if self._modes is None:
-            ranked: dict[str, str] = {}
-            declared: dict[str, str] = {}
-            for its_ranked, its_declared in self._declarations().values():
-                ranked = {**its_ranked, **ranked}  # the first execution's wins
-                declared = {**its_declared, **declared}
-            self._modes = {**declared, **ranked}
+            declarations = self._declarations().values()
+            ranked = _first_of(*(its_ranked for its_ranked, _ in declarations))  # the first execution's wins
+            declared = _first_of(*(its_declared for _, its_declared in declarations))
+            self._modes = _first_of(ranked, declared)
         return dict(self._modes)
 
     def _declarations(self) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
@@ -910,6 +908,15 @@ class Sweep:
             Path(path),
             title=f"{self.pipeline}: best {metric}",
         )
+
+
+def _first_of(*modes: Mapping[str, str]) -> dict[str, str]:
+    """Modes by metric, each metric's first one kept, in the order they first appear."""
+    merged: dict[str, str] = {}
+    for one in modes:
+        for metric, mode in one.items():
+            merged.setdefault(metric, mode)
+    return merged
 
 
 def _obvious_series(held: Sequence[str]) -> str | None:

@@ -848,3 +848,22 @@ def test_show_shows_a_trial_whatever_its_series_are_called(tmp_path: Path, capsy
     assert code == 0 and shown["config"] == {"lr": 0.1} and [r["loss"] for r in shown["last_rows"]] == [1.0, 0.5, 1 / 3]
     assert main(["show", "t", "--store", str(tmp_path / "store"), "--metrics-name", "nope"]) != 0  # named: an error
     assert "'nope'" in capsys.readouterr().err
+
+
+def test_trials_without_a_metric_rank_best_first_by_the_metric_the_sweep_ranked_by(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``CmfRayLogger(metric="val_loss", modes={"acc": "max"})``: ``ray-cmf trials`` listed the trials by
+    ``acc`` (the first metric any logger declared), where the README says by the metric the sweep ranked by."""
+    from ray_cmf.constants import MODE_PREFIX, RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+
+    declared = {RANKED_BY_PROPERTY: "val_loss", RANKED_MODE_PROPERTY: "min", MODE_PREFIX + "acc": "max"}
+    results = {"a": (0.3, 0.9), "b": (0.1, 0.5), "c": (0.2, 0.7)}  # val_loss ranks b, c, a; acc ranks a, c, b
+    trials = [
+        Trial(t, {}, {"": [{"training_iteration": 1, "val_loss": loss, "acc": acc}]}, props=declared)
+        for t, (loss, acc) in results.items()
+    ]
+    store = write_trials(tmp_path / "store", trials)
+    code, rows = _cli(capsys, "trials", "--store", str(store.root))
+    assert code == 0 and [r["trial_id"] for r in rows] == ["b", "c", "a"]
+    assert list(Sweep(store).modes()) == ["val_loss", "acc"]
