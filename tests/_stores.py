@@ -27,6 +27,7 @@ class Trial:
     status: str = "COMPLETE"
     error: str | None = None  # what a FAILED trial raised, as it is recorded
     props: Mapping[str, Any] = field(default_factory=dict)  # more execution properties (modes, say)
+    final: Mapping[str, Any] = field(default_factory=dict)  # what it logs with log_execution_metrics("final", ...)
 
 
 def write_trials(
@@ -59,6 +60,8 @@ def write_trials(
             buffer.close()
             if trial.status != "RUNNING" and rows:
                 client.call(StoreWriter.commit, key=key)
+        if trial.final:
+            client.call(StoreWriter.log_execution_metrics, binding=binding, metrics_name="final", values=trial.final)
         if trial.status != "RUNNING":
             props = {"status": trial.status, **({"error": trial.error} if trial.error else {})}
             client.call(StoreWriter.end, binding=binding, props=props, state=trial.status)

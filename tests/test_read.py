@@ -142,6 +142,7 @@ config_values = st.one_of(
     st.integers(-(2**40), 2**40), floats, st.booleans(), st.none(), st.text(max_size=6), st.just({"deep": 1})
 )
 metric_values = st.one_of(floats, st.none(), st.integers(-5, 5))
+execution_values = st.one_of(floats, st.none(), st.integers(-(2**70), 2**70), st.booleans(), st.text(max_size=4))
 
 
 def _number(value: Any) -> bool:
@@ -168,7 +169,8 @@ def sweeps(draw: st.DrawFn) -> list[Trial]:
         status = draw(st.sampled_from(["COMPLETE", "COMPLETE", "FAILED", "RUNNING"]))
         ranks = draw(st.sampled_from([1, 1, 2]))  # a Train run's per-rank series, one name
         series = {"": rows} if ranks == 1 else {f"rank{r}": [{**row, "rank": r} for row in rows] for r in range(2)}
-        trials.append(Trial(trial_id, config, series, status))
+        final = draw(st.dictionaries(st.sampled_from(["acc", "größe", "n"]), execution_values, max_size=2))
+        trials.append(Trial(trial_id, config, series, status, final=final))
     return trials
 
 
@@ -205,6 +207,9 @@ def test_every_read_path_takes_any_sweep(
         lead = next(iter(trial.series.values()), [])  # its only series, or its rank 0's: what is summarised
         rows = len(lead) if trial.status != "RUNNING" else 0
         assert table.set_index("trial_id").loc[trial.trial_id, "steps"] == rows
+        final = sweep.execution_metrics(trial.trial_id)
+        assert final.keys() == {f"final/{k}" for k in trial.final}
+        assert all(same(v, final[f"final/{k}"]) or v != v for k, v in trial.final.items())  # NaN: any NaN
         assert isinstance(sweep.environment(trial.trial_id), dict)
     steps = sweep.steps(live=True)
     assert len(steps) == sum(len(rows) for t in trials for rows in t.series.values())
