@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,7 +55,6 @@ from ray_cmf.frames import (
     ERROR_COLUMN,
     RANK_COLUMN,
     SERIES_COLUMN,
-    STEP_CANDIDATES,
     STEP_COLUMN,
     TRIAL_COLUMN,
     blank,
@@ -70,6 +69,7 @@ from ray_cmf.frames import (
     numeric,
     settle_ints,
     sort_trials,
+    step_candidates,
     summarize,
 )
 from ray_cmf.lineage import (
@@ -178,13 +178,14 @@ class _Spilled:
     trial: str
     instance: str
     table: pa.Table
+    steps: list[str]  # its step columns (see ``_step_columns``)
 
-    def keyed(self, several: bool) -> pa.Table:
+    def keyed(self, several: bool, asked: Collection[str]) -> pa.Table:
         """The rows with their trial (and, where a trial holds ``several`` series of the name, their series)."""
         table = self.table.append_column(TRIAL_COLUMN, _constant(self.trial, self.table.num_rows))
         if several:
             table = table.append_column(SERIES_COLUMN, _constant(self.instance, table.num_rows))
-        return _keyed(table)
+        return _keyed(table, self.steps, asked)
 
 
 class Sweep:
@@ -294,6 +295,11 @@ class Sweep:
         spilled = {m.metrics_name for _, m in self._manifests() if m.execution_id in ids}
         committed = {str(property_of(a, "metrics_name")) for a in self._step_artifacts()}
         return sorted(committed | spilled)
+
+    @property
+    def _candidates(self) -> tuple[str, ...]:
+        """The columns this series' rows are stepped by (see :func:`~ray_cmf.frames.step_candidates`)."""
+        return step_candidates(self.metrics_name)
 
     def _step_artifacts(self) -> list[Artifact]:
         """Every committed series version of the compared stages (read from MLMD once)."""
@@ -424,7 +430,7 @@ class Sweep:
         if metrics is not None:
             self._check_metrics(metrics, [s.table for s in spilled] if live else None)
         several = self._several((s.trial, s.instance) for s in spilled)
-        mine = [s.keyed(several) for s in spilled if trials is None or s.trial in trials]
+        mine = [s.keyed(several, metrics or ()) for s in spilled if trials is None or s.trial in trials]
         tables = [t for t in [self._committed(metrics, trials, several), *mine] if t.num_rows]
         if not tables:
             return pa.table({})
@@ -471,9 +477,9 @@ class Sweep:
             return pa.table({})
         schema = unify([schema for schema, _ in footers.values()], _big_ints(footers))
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
-        steps_of = [schema for schema, _ in footers.values()]
-        table = _scan_with_trials(dataset, _columns(schema, metrics, steps_of), files, series=several)
-        return _keyed(table)
+        steps = _step_columns(self._candidates, schema, [schema for schema, _ in footers.values()])
+        table = _scan_with_trials(dataset, _columns(schema, metrics, steps), files, series=several)
+        return _keyed(table, steps, metrics or ())
 
     def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
         """The uncommitted rows of this sweep's series, one table per spill directory."""
@@ -488,7 +494,10 @@ class Sweep:
                 continue
             table = _concat([pa.Table.from_batches([b]) for b in batches])
             present = [m for m in metrics if m in table.column_names] if metrics is not None else None
-            tables.append(_Spilled(trial, manifest.instance, table.select(_columns(table.schema, present))))
+            steps = _step_columns(self._candidates, table.schema)
+            tables.append(
+                _Spilled(trial, manifest.instance, table.select(_columns(table.schema, present, steps)), steps)
+            )
         return tables
 
     def trials(
@@ -569,9 +578,7 @@ class Sweep:
         hidden = [f"{m}_{kind}" for m in queried for kind in ("best", "final") if f"{m}_{kind}" in table.columns]
         return table[query.mask(table, nan_is_null=summary.columns)].drop(columns=hidden)
 
-    def _summary(
-        self, metrics: list[str] | None, mode: str | Mapping[str, str], trials: set[str]
-    ) -> pd.DataFrame:
+    def _summary(self, metrics: list[str] | None, mode: str | Mapping[str, str], trials: set[str]) -> pd.DataFrame:
         """best/final/steps of ``trials`` under ``mode``: from the files' footers where they can tell, else
         from a scan."""
         summary = self._summary_from_footers(metrics, mode, trials)
@@ -1027,33 +1034,42 @@ def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
     return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
 
 
-def _columns(schema: pa.Schema, metrics: list[str] | None, files: Sequence[pa.Schema] = ()) -> list[str]:
-    """The step columns (see :func:`_keyed`) of the series and of each of its ``files``, the metric columns
-    (all by default), and the rank and attempt columns, to read."""
-    names = schema.names
+def _step_columns(candidates: Sequence[str], schema: pa.Schema, files: Sequence[pa.Schema] = ()) -> list[str]:
+    """The columns that step the series (see :func:`_keyed`), in ``candidates``' order: each of its ``files``'
+    first candidate, and beside a ``step`` the one a row without it falls back to (Tune's iteration, a
+    Train report's index)."""
     steps = []
     for of in (schema, *files):
-        first = next((c for c in STEP_CANDIDATES if c in of.names), None)
+        first = next((c for c in candidates if c in of.names), None)
         if first is None:
-            raise RayCmfError(f"The series has no step column (one of {list(STEP_CANDIDATES)}); it has {of.names}")
-        steps += [first, STEP_COLUMN] if first == "step" and STEP_COLUMN in of.names else [first]  # Tune's: both
+            raise RayCmfError(f"The series has no step column (one of {list(candidates)}); it has {of.names}")
+        fallback = candidates[1]
+        steps += [first, fallback] if first == "step" and fallback in of.names else [first]
+    return [c for c in candidates if c in steps]
+
+
+def _columns(schema: pa.Schema, metrics: list[str] | None, steps: Sequence[str]) -> list[str]:
+    """The ``steps`` columns, the metric columns (all by default), and the rank and attempt columns, to read."""
+    names = schema.names
     chosen = [m for m in metrics if m in names] if metrics is not None else _metric_columns(schema)
     keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN) if c in names]
-    return list(dict.fromkeys([*steps, *chosen, *keys]))
+    return list(dict.fromkeys([*[s for s in steps if s in names], *chosen, *keys]))
 
 
-def _keyed(table: pa.Table) -> pa.Table:
+def _keyed(table: pa.Table, steps: Sequence[str], asked: Collection[str] = ()) -> pa.Table:
     """A scanned table with its step column named ``step`` (Tune results, Train steps and plain series alike):
-    each row's first step column that holds a value (see :data:`STEP_CANDIDATES`). A Tune trainable's own
-    ``step`` is the step the user counts in, and a row without one keeps its iteration; a trial that logged no
-    ``step`` beside trials that did is read at its row numbers, as it is alone."""
-    present = [c for c in STEP_CANDIDATES if c in table.column_names]
+    each row's first of the ``steps`` columns that holds a value. A Tune trainable's own ``step`` is the step
+    the user counts in, and a row without one keeps its iteration; a trial that logged no ``step`` beside
+    trials that did is read at its row numbers, as it is alone. A step column ``asked`` for is also kept as it
+    was logged (a ``training_iteration`` beside the ``step``)."""
+    present = [c for c in steps if c in table.column_names]
     step = table.column(present[0])
     for other in present[1:] if is_number(step.type) else ():
         if step.null_count:
             step = pc.coalesce(step, table.column(other).cast(step.type))
-    table = table.drop_columns(present[1:])
-    return table.set_column(table.column_names.index(present[0]), "step", step)
+    index = table.column_names.index(present[0])
+    table = table.drop_columns([c for c in present if c == "step" or c not in asked])
+    return table.add_column(min(index, table.num_columns), "step", step)
 
 
 def _tidy(

@@ -18,6 +18,7 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CHECKPOINTED_COLUMN,
     REPORT_COLUMN,
+    REPORTS_METRICS_NAME,
     SEQUENCE_COLUMN,
     WORKER_GROUP_COLUMN,
 )
@@ -36,8 +37,16 @@ STEP_COLUMN = "training_iteration"
 # A row's step, the first of these it holds: the step it logged (a Tune trainable's reported one too), else
 # Tune's iteration, a Train report's index (each rank's copy of a report is one step), its row number
 STEP_CANDIDATES = ("step", STEP_COLUMN, REPORT_COLUMN, SEQUENCE_COLUMN)
+# A Train run's reports: the step the loop reported, else the report's index (a loop's own training_iteration
+# is its data, as a Tune trainable's own report is)
+REPORT_STEP_CANDIDATES = ("step", REPORT_COLUMN, STEP_COLUMN, SEQUENCE_COLUMN)
 _BOOKKEEPING = (ATTEMPT_COLUMN, PID_COLUMN, WORKER_GROUP_COLUMN, CHECKPOINTED_COLUMN, "wall_time")
 _NOT_METRICS = frozenset({*KEY_COLUMNS, *STEP_CANDIDATES, *_BOOKKEEPING})
+
+
+def step_candidates(metrics_name: str) -> tuple[str, ...]:
+    """The columns a series' rows are stepped by, first that holds one first (see :data:`STEP_CANDIDATES`)."""
+    return REPORT_STEP_CANDIDATES if metrics_name == REPORTS_METRICS_NAME else STEP_CANDIDATES
 
 
 def is_metric(column: str) -> bool:

@@ -51,18 +51,21 @@ def counts(metric: str) -> bool:
     return metric in COUNTERS or metric.endswith("_nonfinite")
 
 
-def result_row(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The loggable part of a Tune result: numbers, bools and None (nested dicts flattened with ``/``).
+def result_row(result: Mapping[str, Any], *, tune: bool = True) -> dict[str, Any]:
+    """The loggable part of a Tune result (``tune``) or a Train report: numbers, bools and None (nested dicts
+    flattened with ``/``).
 
-    Config keys and Tune's bookkeeping are dropped; any other value that is not a number (text, a list, an
-    array) is dropped and named once. NaN and inf are kept as data.
+    A Tune result's config and Tune's bookkeeping are dropped (a Train report holds neither: its ``pid`` is
+    the loop's); any other value that is not a number (text, a list, an array) is dropped and named once.
+    NaN and inf are kept as data.
     """
     row: dict[str, Any] = {}
+    dropped = _DROPPED if tune else frozenset()
 
     def visit(prefix: str, mapping: Mapping[str, Any]) -> None:
         for key, value in mapping.items():
             name = f"{prefix}{key}"
-            if not prefix and key in _DROPPED:
+            if not prefix and key in dropped:
                 continue
             if isinstance(value, Mapping):
                 visit(name + "/", value)

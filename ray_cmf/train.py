@@ -676,7 +676,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
             source = f"Train report {rt.reports}, rank {rank}"
             group = {WORKER_GROUP_COLUMN: self._worker_groups}  # which start of the workers (Ray restarts them)
             own = {REPORT_COLUMN: rt.reports, "rank": rank, **group, CHECKPOINTED_COLUMN: checkpoint is not None}
-            append_result(rt.buffer, {**own, **without(result_row(reported), own, source)}, source)
+            append_result(rt.buffer, {**own, **without(result_row(reported, tune=False), own, source)}, source)
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
 

@@ -872,3 +872,21 @@ def test_trials_without_a_metric_rank_best_first_by_the_metric_the_sweep_ranked_
     code, rows = _cli(capsys, "trials", "--store", str(store.root))
     assert code == 0 and [r["trial_id"] for r in rows] == ["b", "c", "a"]
     assert list(Sweep(store).modes()) == ["val_loss", "acc"]
+
+
+def test_a_step_column_logged_beside_the_step_is_read_back_as_data(tmp_path: Path) -> None:
+    """``training_iteration`` or ``report`` logged beside a ``step`` read back as all nulls (a step column
+    that was not the row's step was dropped), and a Train loop's own ``training_iteration`` became its
+    reports' step, at other steps on every rank. The step is the one logged, else the report index; the
+    others are data, read when asked for."""
+    logged = [{"step": s, "training_iteration": 100 + s, "report": 1000 + s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    store = write_trials(tmp_path / "store", [Trial("cmf", {}, {"": logged})], metrics_name="mine")
+    steps = Sweep(store, metrics_name="mine").steps(["training_iteration", "report", "loss"])
+    assert steps["step"].tolist() == [1, 2, 3] and steps["training_iteration"].tolist() == [101, 102, 103]
+    assert steps["report"].tolist() == [1001, 1002, 1003]
+    reports = [{"report": i, "rank": r, "training_iteration": 80_000 + 100 * r + i} for i in (1, 2) for r in (0, 1)]
+    write_trials(tmp_path / "store", [Trial("run", {}, {"": reports})], metrics_name="train_reports")
+    read = Sweep(store, metrics_name="train_reports").steps(["rank", "training_iteration"])
+    assert sorted(read[["rank", "step", "training_iteration"]].values.tolist()) == [
+        [r, i, 80_000 + 100 * r + i] for r in (0, 1) for i in (1, 2)
+    ]

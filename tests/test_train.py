@@ -184,24 +184,28 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
 
 
 def _reports_only(config: dict[str, Any]) -> None:
-    """A loop that reports its loss three times and counts no step of its own, and a ``rank`` of its own."""
+    """A loop that reports its loss three times and counts no step of its own, and a ``rank``, a
+    ``training_iteration`` and a ``pid`` of its own."""
     import ray.train
 
     rank = ray.train.get_context().get_world_rank()
     for i in range(3):
-        ray.train.report({"loss": float(10 * rank + i), "rank": 7})
+        ray.train.report({"loss": float(10 * rank + i), "rank": 7, "training_iteration": 500 + rank, "pid": 4242})
 
 
 def test_reports_without_a_step_are_read_by_their_report_index(ray_session: None, tmp_path: Path) -> None:
     """Each report of a loop that names no step is one step for every rank (the two ranks' copies of the
     first report read as steps 1 and 2), and the callback's bookkeeping columns are no metrics; a ``rank``
-    the loop reports is dropped and named (it replaced the worker's rank)."""
+    the loop reports is dropped and named (it replaced the worker's rank), its own ``training_iteration`` is
+    data (it was the step, another on each rank), and so is its ``pid`` (dropped as Tune's, without a word)."""
     _fit(tmp_path, "reports", train=_reports_only, sampling=None)
     reports = _series(tmp_path, "train_reports")
     [run] = reports.trials().to_dict(orient="records")  # rank 0's host, though no StepLogger recorded it
     assert run["env/host"] == socket.gethostname()
-    steps = reports.steps(["rank", "loss"])
-    assert steps.groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 3], 1: [1, 2, 3]}
+    steps = reports.steps(["rank", "loss", "training_iteration", "pid"])
+    assert steps.groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 3], 1: [1, 2, 3]}  # not its own
+    assert steps.groupby("rank")["training_iteration"].apply(list).to_dict() == {0: [500] * 3, 1: [501] * 3}
+    assert steps["pid"].tolist() == [4242] * 6  # Tune's bookkeeping names are a Train loop's data
     assert steps.groupby("rank")["loss"].apply(list).to_dict() == {0: [0.0, 1.0, 2.0], 1: [10.0, 11.0, 12.0]}
     [summary] = reports.trials(["loss"], mode="max").to_dict(orient="records")  # Ray Train's result: rank 0's
     assert (summary["loss_best"], summary["loss_final"], summary["steps"]) == (2.0, 2.0, 3)
