@@ -149,7 +149,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = ["recovered"] if "recovered" in table.columns and table["recovered"].any() else []
     curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
-    shown = (NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
+    shown = ("replaced_by", NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
     curated += [c for c in shown if c in table.columns and table[c].notna().any()]
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
@@ -627,7 +627,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 # -- parser -----------------------------------------------------------------------------------------
-STATUSES = frozenset({"RUNNING", "COMPLETE", "FAILED", "CANCELED", "CRASHED"})  # what a trial's status may be
+STATUSES = frozenset({"RUNNING", "COMPLETE", "FAILED", "CANCELED", "CRASHED", "REPLACED"})  # a trial's statuses
 SERIES_HELP = "plot this series' metrics (repeatable; default: every series the trials logged)"
 
 

@@ -28,9 +28,12 @@ from ray_cmf.constants import (
     DELETED_PROPERTY,
     ERROR_PROPERTY,
     EXACT_FLOAT_INT,
+    OWNER_PROPERTY,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
+    REPLACED,
     REPORTS_METRICS_NAME,
+    RESTARTED_FROM_PROPERTY,
     RESULTS_METRICS_NAME,
     SPILL_DIR,
     STARTS_PREFIX,
@@ -248,6 +251,7 @@ class Sweep:
         self._artifacts: list[Artifact] | None = None
         self._execution_metrics: dict[int, dict[str, Any]] | None = None  # see ``_logged_metrics``
         self._resumed: dict[str, dict[int, int]] | None = None  # see ``_starts``
+        self._restarts: tuple[dict[str, str], dict[str, str]] | None = None  # see ``_replacements``
         self._whole: Sweep = self  # the sweep this one is a view of (see ``only``): whose metrics it knows
         self._kept: frozenset[str] | None = None  # the trials of a view (see ``only``); None: every trial
         self._modes: dict[str, str] | None = None  # see ``modes``
@@ -345,7 +349,7 @@ class Sweep:
         they declared once, when first asked, so a Sweep kept while a sweep runs shows it as it was then.
         ``steps(live=True)`` refreshes by itself. Returns the Sweep."""
         self._files = self._executions = self._artifacts = None
-        self._execution_metrics = self._resumed = self._modes = self._declared = None
+        self._execution_metrics = self._resumed = self._modes = self._declared = self._restarts = None
         if self._whole is not self:
             self._whole.refresh()
         return self
@@ -611,12 +615,15 @@ class Sweep:
         trial_id = self.key(execution)
         props = properties(execution)
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
+        replaced_by, restarted_from = self._replacements()
+        restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
         return {
             "trial_id": trial_id,
-            "status": _status(execution, props),
+            "status": REPLACED if trial_id in replaced_by else _status(execution, props),
             "recovered": bool(props.get(RECOVERED, False)),
             "stage": stage,
-            **_ranking(props),
+            **(_ranking(props) if trial_id not in replaced_by else {}),
+            **(restarts if replaced_by else {}),
             **{f"config/{k}": v for k, v in _config(props).items()},
             **curated_columns(props),
             "started_at": _utc_text(execution.create_time_since_epoch),
@@ -628,6 +635,21 @@ class Sweep:
             "md5": file.md5 if file else None,
             "url": file.url if file else None,
         }
+
+    def _replacements(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The trials that ``Tuner.restore(restart_errored=True)`` replaced, each with its new trial, and the
+        reverse (``{replaced: new}``, ``{new: replaced}``), where both are of this view."""
+        if self._restarts is None:
+            by_id = {(property_of(e, OWNER_PROPERTY), property_of(e, "trial_id")): e for e, _ in self.executions()}
+            replaced_by: dict[str, str] = {}
+            for execution, _ in self.executions():
+                old = by_id.get(
+                    (property_of(execution, OWNER_PROPERTY), property_of(execution, RESTARTED_FROM_PROPERTY))
+                )
+                if old is not None and old.id != execution.id:
+                    replaced_by[self.key(old)] = self.key(execution)
+            self._restarts = (replaced_by, {new: old for old, new in replaced_by.items()})
+        return self._restarts
 
     def _logged_metrics(self, execution: Execution) -> dict[str, Any]:
         """What a trial logged with ``log_execution_metrics`` (``{"<metrics_name>/<key>": value}``), read for
@@ -762,11 +784,13 @@ class Sweep:
 
     def best(self, metric: str, mode: str | None = None, n: int = 1) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``; default: the sweep's, see :meth:`modes`),
-        best first; trials without a finite value of it come last."""
+        best first; trials without a finite value of it come last, and a trial ``restart_errored`` replaced
+        (status ``REPLACED``) is none."""
         mode = self.mode_for(metric, mode)
         if n < 1:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
         table = self.trials([metric], mode={metric: mode})
+        table = table[table["status"] != REPLACED]  # its results were discarded: another trial took its place
         column = f"{metric}_best"
         return table.sort_values(column, ascending=mode == "min", na_position="last").head(n).reset_index(drop=True)
 

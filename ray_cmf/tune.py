@@ -40,6 +40,7 @@ from ray_cmf.constants import (
     MODEL_TYPE,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
+    RESTARTED_FROM_PROPERTY,
     RESULTS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
     TRIAL_EXECUTION_TYPE,
@@ -259,9 +260,10 @@ class _TrialState:
     host: str | None = None  # where the trial runs, from its results
     keys: set[str] = field(default_factory=set)  # what its results held
     watch: Future[Watch | None] | None = None  # its process, as its node's sampler samples it
+    tag: str | None = None  # Tune's experiment tag: a trial restart_errored makes keeps the one it replaces
 
     def persisted(self) -> dict[str, Any]:
-        return {"ranked": list(self.ranked), "committed": self.committed}
+        return {"ranked": list(self.ranked), "committed": self.committed, "tag": self.tag}
 
     def rank(self, step: Any, value: Any) -> None:
         """Note a result's value of the ranked metric at ``step``, as the series reads (see
@@ -453,6 +455,7 @@ class CmfRayLogger(tune.Callback):
         """The trial's state, registered with the writer (once per driver, and again at each ``start``) and
         with an open buffer."""
         state = self._trials.setdefault(trial.trial_id, _TrialState())
+        state.tag = trial.experiment_tag
         if state.binding is None or start:
             state.binding = self._rt.writer.send(
                 StoreWriter.bind,
@@ -487,7 +490,14 @@ class CmfRayLogger(tune.Callback):
             "experiment": self._stage(trial),
             **self._modes,
             **ranked,  # so that reading the sweep ranks by the same mode
+            **self._replaced(trial),
         }
+
+    def _replaced(self, trial: Any) -> dict[str, str]:
+        """``{restarted_from: id}`` for a trial that ``Tuner.restore(restart_errored=True)`` made anew in place
+        of a failed one: Tune gives it a new id and the replaced trial's experiment tag."""
+        replaced = [t for t, s in self._trials.items() if t != trial.trial_id and s.tag == trial.experiment_tag]
+        return {RESTARTED_FROM_PROPERTY: replaced[-1]} if replaced and trial.experiment_tag else {}
 
     # -- Tune hooks ----------------------------------------------------------------------------------
     @_hook
@@ -686,6 +696,6 @@ class CmfRayLogger(tune.Callback):
         reopens the stage's trials of its ids, whoever's."""
         self._sweep, self._restored = state.get("sweep"), True
         self._trials = {
-            tid: _TrialState(ranked=_ranked_of(saved), committed=saved.get("committed", False))
+            tid: _TrialState(ranked=_ranked_of(saved), committed=saved.get("committed", False), tag=saved.get("tag"))
             for tid, saved in state.get("trials", {}).items()
         }

@@ -795,6 +795,59 @@ def test_results_are_read_back_as_the_trainable_reported_them(
     assert all("step 200" in m and "row" not in m for m in dropped), dropped  # the step reported, not a row
 
 
+def _fails_once_at_its_third_report(config: dict[str, Any]) -> None:
+    """Reports 1/(i+1) (+1 on the first start of x=1, which raises at its third report), logging a row each."""
+    from ray import tune
+
+    from ray_cmf.tune import get_cmf
+
+    marker = Path(config["dir"]) / f"started_{config['x']}"
+    first = config["x"] == 1 and not marker.exists()
+    marker.touch()
+    cmf = get_cmf()
+    for i in range(4):
+        if first and i == 2:
+            raise RuntimeError("fails once")
+        cmf.log_metric("fine", {"step": i, "v": float(i)})
+        tune.report({"loss": 1.0 / (i + 1) - (1.0 if first else 0.0)})
+
+
+def test_a_trial_that_restart_errored_replaced_is_shown_replaced_and_never_best(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``Tuner.restore(restart_errored=True)`` reruns a failed trial as a new one (a new trial id, its old
+    results discarded): ray_cmf kept the old one FAILED beside it, and ranked its discarded results best. It
+    is now REPLACED, names its new trial, and is no candidate for best; the new one names what it replaced."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.cli import main
+
+    logger = CmfRayLogger("restarted", metric="loss", mode="min", top_n=3, store=str(tmp_path / "store"))
+    grid = {"x": tune.grid_search([0, 1]), "dir": str(tmp_path)}
+    run = tune.RunConfig(name="restarted", storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0)
+    first = tune.Tuner(_fails_once_at_its_third_report, param_space=grid, run_config=run).fit()
+    [failed] = [r for r in first if r.error is not None]
+    old = failed.metrics["trial_id"]
+    again = tune.Tuner.restore(
+        str(tmp_path / "results" / "restarted"), _fails_once_at_its_third_report, restart_errored=True
+    )
+    [new] = [r.metrics["trial_id"] for r in again.fit() if r.config["x"] == 1]
+    assert new != old  # Tune's restart: a new trial
+    sweep = Sweep(tmp_path / "store")
+    table = sweep.trials().set_index("trial_id")
+    assert table.loc[old, "status"] == "REPLACED" and table.loc[old, "replaced_by"] == new
+    assert table.loc[new, "status"] == "COMPLETE" and table.loc[new, "restarted_from"] == old
+    assert old not in set(sweep.best("loss", n=5)["trial_id"])  # its -1.0 was the lowest loss logged
+    assert table.loc[old, "top_rank"] is None or math.isnan(
+        table.loc[old, "top_rank"]
+    )  # its rank from before the restart is no rank
+    capsys.readouterr()
+    assert main(["trials", "--store", str(tmp_path / "store"), "--status", "REPLACED", "--json"]) == 0
+    out = capsys.readouterr()
+    assert [row["trial_id"] for row in json.loads(out.out)] == [old], out
+
+
 def _checkpoints_after_logging(config: dict[str, Any]) -> None:
     """Logs rows, reports a checkpoint, then reports how many of those rows the store's spill holds."""
     import tempfile
