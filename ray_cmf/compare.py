@@ -514,6 +514,7 @@ class Sweep:
         sort: str | None = None,
         limit: int | None = None,
         group_by: str | Sequence[str] | None = None,
+        live: bool = False,
     ) -> pd.DataFrame:
         """One row per trial: id, status, config, tags, note, start time, error (a FAILED trial's, as its last
         failure raised it), best/final/steps per metric, md5, url.
@@ -536,12 +537,17 @@ class Sweep:
         one row per group: the mean and standard deviation of every summary (``val_loss_best_mean``,
         ``val_loss_best_std``, ...), the number of trials and their ids (see :func:`group_summaries`);
         ``sort`` may then name a group column (``val_loss_best`` means its mean).
+
+        ``live=True`` reads the store as it is now and summarises the rows running trials have spilled too,
+        as :meth:`steps` with ``live=True`` reads them.
         """
+        if live:
+            self.refresh()
         query = parse(where) if where is not None else None
         check_limit(limit)
         own = mode is None  # each trial by its own sweep's modes, where the sweeps viewed disagree
         mode = self.modes() if mode is None else mode
-        table = self._trial_table(metrics, mode, query, own)
+        table = self._trial_table(metrics, mode, query, own, live)
         table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
         tail = ["steps", "md5", "url", "verified"]
         table = table[[c for c in table.columns if c not in tail] + [c for c in tail if c in table.columns]]
@@ -553,7 +559,12 @@ class Sweep:
         return (table.head(limit) if limit is not None else table).reset_index(drop=True)
 
     def _trial_table(
-        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], query: Query | None, own: bool
+        self,
+        metrics: Iterable[str] | None,
+        mode: str | Mapping[str, str],
+        query: Query | None,
+        own: bool,
+        live: bool = False,
     ) -> pd.DataFrame:
         """The recorded columns joined with the summaries, the rows ``query`` keeps. A query over recorded
         columns only is answered first, so that only the kept trials' footers are read."""
@@ -574,7 +585,7 @@ class Sweep:
         queried = _queried_metrics(query, metrics)  # read for the query, not shown
         read = [*metrics, *queried] if metrics is not None else None
         groups = self._mode_groups(set(recorded["trial_id"])) if own else [(mode, set(recorded["trial_id"]))]
-        summary = pd.concat([self._summary(read, group_mode, trials) for group_mode, trials in groups])
+        summary = pd.concat([self._summary(read, group_mode, trials, live) for group_mode, trials in groups])
         table = settle_ints(recorded.join(summary, on="trial_id"))
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
         if query is None:
@@ -582,11 +593,13 @@ class Sweep:
         hidden = [f"{m}_{kind}" for m in queried for kind in ("best", "final") if f"{m}_{kind}" in table.columns]
         return table[query.mask(table, nan_is_null=summary.columns)].drop(columns=hidden)
 
-    def _summary(self, metrics: list[str] | None, mode: str | Mapping[str, str], trials: set[str]) -> pd.DataFrame:
-        """best/final/steps of ``trials`` under ``mode``: from the files' footers where they can tell, else
-        from a scan."""
-        summary = self._summary_from_footers(metrics, mode, trials)
-        return summary if summary is not None else self._summary_from_scan(metrics, mode, trials)
+    def _summary(
+        self, metrics: list[str] | None, mode: str | Mapping[str, str], trials: set[str], live: bool = False
+    ) -> pd.DataFrame:
+        """best/final/steps of ``trials`` under ``mode``: from the files' footers where they can tell (not
+        ``live``: spilled rows have none), else from a scan."""
+        summary = None if live else self._summary_from_footers(metrics, mode, trials)
+        return summary if summary is not None else self._summary_from_scan(metrics, mode, trials, live)
 
     def _mode_groups(self, trials: set[str]) -> list[tuple[dict[str, str], set[str]]]:
         """``trials`` by the modes their own sweeps declared (see :meth:`modes`): one group where the sweeps
@@ -748,16 +761,17 @@ class Sweep:
         return RayCmfError(f"Unknown metric(s) {unknown}; the series has {known}{hint}")
 
     def _summary_from_scan(
-        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], trials: set[str]
+        self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], trials: set[str], live: bool = False
     ) -> pd.DataFrame:
         """best/final/steps per trial from one scan of the series (latest attempt per step), nulls kept
         apart from NaN so that ``_final`` is the last value logged."""
 
         chosen = self._summarised(self._schema(), metrics)
-        table = self._step_table(chosen if metrics is not None else None, trials, live=False)
+        table = self._step_table(chosen if metrics is not None else None, trials, live=live)
         if not table.num_rows:
             return _no_summary(chosen)
-        return summarize(_tidy(exact_frame(table, arrow_numbers=True), chosen, starts=self._starts()), chosen, mode)
+        frame = _tidy(exact_frame(table, arrow_numbers=True), chosen, overlap=live, starts=self._starts())
+        return summarize(frame, chosen, mode)
 
     def modes(self) -> dict[str, str]:
         """Whether lower (``min``) or higher (``max``) is better, by metric (``{metric: mode}``), as the

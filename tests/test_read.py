@@ -819,20 +819,21 @@ def test_a_train_runs_reports_summarise_as_ray_train_reads_them_from_rank_0(tmp_
 def test_a_sweep_kept_while_its_trials_run_reads_them_as_they_are_now_with_live_or_refresh(tmp_path: Path) -> None:
     """A notebook keeps one Sweep and asks it again while the sweep runs: ``steps(live=True)`` returned the
     trials and versions that existed when the Sweep was made (a trial started later was missing, a later
-    commit unseen), and ``trials()`` kept a finished trial RUNNING. ``live=True`` reads the store as it is
-    now, and ``refresh()`` makes every read do so; a view of some trials stays that view."""
+    commit unseen), and ``trials()`` kept a finished trial RUNNING, and summarised no uncommitted row.
+    ``live=True`` reads the store as it is now, and ``refresh()`` makes every read do so; a view of some
+    trials stays that view."""
 
-    def rows(n: int) -> dict[str, list[dict[str, Any]]]:
-        return {"": [{"training_iteration": i + 1, "loss": 1.0 / (i + 1)} for i in range(n)]}
+    def rows(*steps: int) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i, "loss": 1.0 / i} for i in steps]}
 
-    write_trials(tmp_path / "store", [Trial("a", {"lr": 0.1}, rows(2), status="RUNNING")])
+    write_trials(tmp_path / "store", [Trial("a", {"lr": 0.1}, rows(1, 2), status="RUNNING")])
     sweep = Sweep(tmp_path / "store")
     view = sweep.only(["a"])
     assert sweep.steps(live=True)["trial_id"].tolist() == ["a", "a"]
     assert sweep.trials()["status"].tolist() == ["RUNNING"]
     write_trials(
         tmp_path / "store", [Trial("a", {"lr": 0.1}, rows(3)), Trial("b", {"lr": 0.2}, rows(1), status="RUNNING")]
-    )
+    )  # a continues (its spilled rows are adopted) and ends; b starts
     live = sweep.steps(live=True)
     assert sorted(live["trial_id"]) == ["a", "a", "a", "b"] and live.query("trial_id == 'a'")["step"].tolist() == [
         1,
@@ -840,6 +841,9 @@ def test_a_sweep_kept_while_its_trials_run_reads_them_as_they_are_now_with_live_
         3,
     ]
     assert sorted(sweep.refresh().trials()["status"]) == ["COMPLETE", "RUNNING"]
+    assert sweep.trials().set_index("trial_id")["steps"].to_dict() == {"a": 3, "b": 0}  # b's row is not committed
+    now = sweep.trials(live=True).set_index("trial_id")  # summarised as steps(live=True) reads them
+    assert now["steps"].to_dict() == {"a": 3, "b": 1} and now.loc["b", "loss_final"] == 1.0
     assert set(view.steps(live=True)["trial_id"]) == {"a"} and view.refresh().trials()["trial_id"].tolist() == ["a"]
 
 
