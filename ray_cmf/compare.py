@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from ray_cmf._json import float_of
 from ray_cmf._names import check_limit, check_mode, recorded_modes
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
@@ -626,7 +627,8 @@ class Sweep:
     def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
         """A trial's row of the table as MLMD records it (no file read); ``file`` is its first series'."""
         trial_id = self.key(execution)
-        props = properties(execution)
+        texts = properties(execution, text=True)  # tags and notes are text, "NaN" too
+        props = {k: float_of(v) for k, v in texts.items()}
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
         replaced_by, restarted_from = self._replacements()
         restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
@@ -638,7 +640,7 @@ class Sweep:
             **(_ranking(props) if trial_id not in replaced_by else {}),
             **(restarts if replaced_by else {}),
             **{f"config/{k}": v for k, v in _config(props).items()},
-            **curated_columns(props),
+            **curated_columns(texts),
             "started_at": _utc_text(execution.create_time_since_epoch),
             ERROR_COLUMN: props.get(ERROR_PROPERTY),
             **deleted,

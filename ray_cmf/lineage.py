@@ -162,19 +162,20 @@ def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
     return mlpb.Value(string_value=json.dumps(value, default=_plain))
 
 
-def python_value(value: mlpb.Value) -> Any:
-    """An MLMD Value back as a Python scalar (non-finite floats included)."""
+def python_value(value: mlpb.Value, *, text: bool = False) -> Any:
+    """An MLMD Value back as a Python scalar (non-finite floats included; ``text``: a string as it is, where
+    the property only ever holds text, such as a tag, whose "NaN" is no float)."""
     kind = value.WhichOneof("value")
     if kind is None:
         return None
     raw = getattr(value, kind)
-    return float_of(raw) if kind == "string_value" else raw
+    return float_of(raw) if kind == "string_value" and not text else raw
 
 
-def properties(node: Artifact | Execution | Context) -> dict[str, Any]:
-    """Typed and custom properties of an MLMD node as one plain dict."""
-    out = {k: python_value(v) for k, v in node.custom_properties.items()}
-    out.update({k: python_value(v) for k, v in node.properties.items()})
+def properties(node: Artifact | Execution | Context, *, text: bool = False) -> dict[str, Any]:
+    """Typed and custom properties of an MLMD node as one plain dict (``text``: see :func:`python_value`)."""
+    out = {k: python_value(v, text=text) for k, v in node.custom_properties.items()}
+    out.update({k: python_value(v, text=text) for k, v in node.properties.items()})
     return out
 
 

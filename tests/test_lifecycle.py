@@ -104,6 +104,20 @@ def test_a_tag_key_or_value_that_cannot_be_kept_is_refused_by_name(tmp_path: Pat
     assert done.returncode == 2 and "is not key=value" in done.stderr
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.text(max_size=8) | st.sampled_from(["NaN", "Infinity", "-Infinity", "nan", "1e999", "0"]))
+def test_tags_and_notes_read_back_as_the_text_they_were(tmp_path_factory: pytest.TempPathFactory, value: str) -> None:
+    """A tag ``verdict=NaN`` or a note "Infinity" read back as a float (blank in the table, never matched by
+    ``where='`tag/verdict` == "NaN"'``): a property's text that spells a non-finite float was read as one."""
+    sweep = Sweep(_sweep(tmp_path_factory.mktemp("tags") / "store"))
+    sweep.tag("a", verdict=value)
+    sweep.note("a", value)
+    row = sweep.trials().set_index("trial_id").loc["a"]
+    assert row["tag/verdict"] == value and (row["note"] == value if value else pd.isna(row["note"]))
+    quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'  # the query's text literal
+    assert sweep.trials(where=f"`tag/verdict` == {quoted}")["trial_id"].tolist() == ["a"]
+
+
 def test_a_tag_set_while_the_writer_ends_the_trial_keeps_both(tmp_path: Path) -> None:
     """The trial is RUNNING when another process tags it; the writer then ends it: both changes stay."""
     store = write_trials(tmp_path / "store", [Trial("live", {"lr": 0.1}, {"": _rows(1.0)}, status="RUNNING")])
