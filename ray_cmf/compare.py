@@ -658,9 +658,8 @@ class Sweep:
             by_id = {(property_of(e, OWNER_PROPERTY), property_of(e, "trial_id")): e for e, _ in self.executions()}
             replaced_by: dict[str, str] = {}
             for execution, _ in self.executions():
-                old = by_id.get(
-                    (property_of(execution, OWNER_PROPERTY), property_of(execution, RESTARTED_FROM_PROPERTY))
-                )
+                replaced = property_of(execution, RESTARTED_FROM_PROPERTY)
+                old = by_id.get((property_of(execution, OWNER_PROPERTY), replaced)) if replaced is not None else None
                 if old is not None and old.id != execution.id:
                     replaced_by[self.key(old)] = self.key(execution)
             self._restarts = (replaced_by, {new: old for old, new in replaced_by.items()})
@@ -725,14 +724,18 @@ class Sweep:
             rows[trial_id] = row
         return exact_summary(rows) if rows else _no_summary(chosen)
 
-    def _summarised(self, schema: pa.Schema, metrics: Iterable[str] | None) -> list[str]:
-        """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all); one asked
-        for that holds no numbers (bools, text) has neither, and is refused by name."""
+    def _summarised(
+        self, schema: pa.Schema, metrics: Iterable[str] | None, spilled: Sequence[pa.Schema] = ()
+    ) -> list[str]:
+        """The numeric metrics that get ``_best`` and ``_final`` columns (those asked for, else all; of the
+        committed files, and of the ``spilled`` rows read too); one asked for that holds no numbers (bools,
+        text) has neither, and is refused by name."""
+        schema = unify([schema, *spilled])
         numeric = _numeric(schema)
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
         if unknown:  # only trials left out have them: their columns stay, blank for the trials kept
-            whole = self._known_schema()
+            whole = unify([self._known_schema(), *spilled])
             if any(m not in whole.names for m in unknown):
                 raise self._unknown(unknown)
             numeric += _numeric(whole)
@@ -768,7 +771,8 @@ class Sweep:
         """best/final/steps per trial from one scan of the series (latest attempt per step), nulls kept
         apart from NaN so that ``_final`` is the last value logged."""
 
-        chosen = self._summarised(self._schema(), metrics)
+        spilled = [s.table.schema for s in self._spilled(None)] if live else []
+        chosen = self._summarised(self._schema(), metrics, spilled)
         table = self._step_table(chosen if metrics is not None else None, trials, live=live)
         if not table.num_rows:
             return _no_summary(chosen)
@@ -798,14 +802,14 @@ class Sweep:
         """``mode`` if given, else the sweep's mode for ``metric`` (see :meth:`modes`), else ``min``."""
         return check_mode(mode) if mode is not None else self.modes().get(metric, "min")
 
-    def best(self, metric: str, mode: str | None = None, n: int = 1) -> pd.DataFrame:
+    def best(self, metric: str, mode: str | None = None, n: int = 1, *, live: bool = False) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``; default: the sweep's, see :meth:`modes`),
         best first; trials without a finite value of it come last, and a trial ``restart_errored`` replaced
-        (status ``REPLACED``) is none."""
+        (status ``REPLACED``) is none. ``live``: running trials' uncommitted rows count (see :meth:`trials`)."""
         mode = self.mode_for(metric, mode)
         if n < 1:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
-        table = self.trials([metric], mode={metric: mode})
+        table = self.trials([metric], mode={metric: mode}, live=live)
         table = table[table["status"] != REPLACED]  # its results were discarded: another trial took its place
         column = f"{metric}_best"
         return table.sort_values(column, ascending=mode == "min", na_position="last").head(n).reset_index(drop=True)
@@ -828,8 +832,10 @@ class Sweep:
 
     def execution_metrics(self, trial_id: str) -> dict[str, Any]:
         """What a trial logged with ``log_execution_metrics``: ``{"<metrics_name>/<key>": value}`` (of a name
-        logged twice, the later values); its ``metrics/...`` columns in :meth:`trials`."""
-        return self._logged_metrics(self._execution(trial_id))
+        logged twice, the later values), each as logged; its ``metrics/...`` columns in :meth:`trials`, where a
+        list is its JSON text."""
+        execution = self._execution(trial_id)
+        return self.lineage.execution_metrics({execution.id}, as_json=False).get(execution.id, {})
 
     def _properties(self, trial_id: str) -> dict[str, Any]:
         return properties(self._execution(trial_id))

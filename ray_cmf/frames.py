@@ -17,6 +17,7 @@ import pyarrow as pa
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CHECKPOINTED_COLUMN,
+    REPLACED,
     REPORT_COLUMN,
     REPORTS_METRICS_NAME,
     SEQUENCE_COLUMN,
@@ -192,8 +193,9 @@ def blank(value: Any) -> bool:
 
 def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] = "min") -> pd.DataFrame:
     """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode`` (its finite
-    values: ±inf never ranks best, and comes after them), any other ascending (numbers before text, whatever
-    mix a config key holds); blanks last."""
+    values: ±inf never ranks best, and comes after them; a trial ``restart_errored`` replaced is never
+    ranked, and comes after every other), any other ascending (numbers before text, whatever mix a config
+    key holds); blanks last."""
     if column not in table.columns:
         if not len(table):  # nothing was picked: a summary column of no trial is nothing to sort by, not an error
             return table
@@ -205,9 +207,12 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     values = table[column].tolist()
     present = [i for i, v in enumerate(values) if not blank(v)]
     present.sort(key=lambda i: _order(values[i]), reverse=descending)
+    absent = [i for i, v in enumerate(values) if blank(v)]
     if ranked:  # a diverged trial's -inf (or +inf) is no best: after the finite values, before the blanks
         present.sort(key=lambda i: _order(values[i])[0] == 0 and math.isinf(values[i]))
-    return table.iloc[present + [i for i, v in enumerate(values) if blank(v)]]
+        replaced = table["status"].eq(REPLACED).tolist() if "status" in table.columns else [False] * len(values)
+        return table.iloc[sorted(present + absent, key=lambda i: replaced[i])]  # stable: each part in its order
+    return table.iloc[present + absent]
 
 
 def _order(value: Any) -> tuple[int, Any]:

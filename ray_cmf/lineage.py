@@ -559,9 +559,10 @@ class Lineage:
             )
         return out
 
-    def execution_metrics(self, execution_ids: Collection[int]) -> dict[int, dict[str, Any]]:
-        """Per execution, what it logged with ``log_execution_metrics``, as ``{"<metrics_name>/<key>": value}``;
-        a name logged again takes the later values. One query when none were logged."""
+    def execution_metrics(self, execution_ids: Collection[int], *, as_json: bool = True) -> dict[int, dict[str, Any]]:
+        """Per execution, what it logged with ``log_execution_metrics``, as ``{"<metrics_name>/<key>": value}``
+        (``as_json``: a list or other value no table cell holds as its JSON text); a name logged again takes
+        the later values. One query when none were logged."""
         artifacts = {a.id: a for a in self.store.get_artifacts_by_type(EXECUTION_METRICS_TYPE)}
         events = self.store.get_events_by_artifact_ids(list(artifacts)) if artifacts else []
         out: dict[int, dict[str, Any]] = {}
@@ -569,7 +570,7 @@ class Lineage:
             if output.execution_id in execution_ids:
                 artifact = artifacts[output.artifact_id]
                 name = property_of(artifact, "metrics_name")
-                values = logged_values(artifact)
+                values = logged_values(artifact, as_json=as_json)
                 out.setdefault(output.execution_id, {}).update({f"{name}/{k}": v for k, v in values.items()})
         return out
 
@@ -579,12 +580,13 @@ class Lineage:
         return _outputs(events)
 
 
-def logged_values(artifact: Artifact) -> dict[str, Any]:
+def logged_values(artifact: Artifact, *, as_json: bool = True) -> dict[str, Any]:
     """What ``log_execution_metrics`` logged on a Metrics artifact, as logged (None, text and ints beyond
-    int64 included), from its JSON; an artifact recorded before that JSON was kept, from its properties."""
+    int64 included; ``as_json``: see :func:`flatten_config`), from its JSON; an artifact recorded before that
+    JSON was kept, from its properties."""
     raw = property_of(artifact, VALUES_JSON)
     if isinstance(raw, str):
-        return flatten_config(json.loads(raw))
+        return flatten_config(json.loads(raw), as_json=as_json)
     return {k: python_value(v) for k, v in artifact.custom_properties.items()}
 
 

@@ -222,6 +222,7 @@ _EXECUTION_VALUES = st.one_of(
     st.booleans(),
     st.text(max_size=6) | st.sampled_from(["NaN", "Infinity", "-Infinity", "null", "1"]),  # text stays text
     st.none(),
+    st.lists(st.integers(-5, 5), max_size=3),  # a list comes back a list (the table's cell: its JSON text)
 )
 
 

@@ -831,6 +831,8 @@ def test_a_sweep_kept_while_its_trials_run_reads_them_as_they_are_now_with_live_
     view = sweep.only(["a"])
     assert sweep.steps(live=True)["trial_id"].tolist() == ["a", "a"]
     assert sweep.trials()["status"].tolist() == ["RUNNING"]
+    [running] = sweep.trials(["loss"], live=True).to_dict(orient="records")  # "Unknown metric": none committed
+    assert (running["steps"], running["loss_best"]) == (2, 0.5)
     write_trials(
         tmp_path / "store", [Trial("a", {"lr": 0.1}, rows(3)), Trial("b", {"lr": 0.2}, rows(1), status="RUNNING")]
     )  # a continues (its spilled rows are adopted) and ends; b starts
@@ -844,6 +846,7 @@ def test_a_sweep_kept_while_its_trials_run_reads_them_as_they_are_now_with_live_
     assert sweep.trials().set_index("trial_id")["steps"].to_dict() == {"a": 3, "b": 0}  # b's row is not committed
     now = sweep.trials(live=True).set_index("trial_id")  # summarised as steps(live=True) reads them
     assert now["steps"].to_dict() == {"a": 3, "b": 1} and now.loc["b", "loss_final"] == 1.0
+    assert sweep.best("loss", n=2, live=True)["loss_best"].tolist() == [1 / 3, 1.0]  # b's uncommitted 1.0 counts
     assert set(view.steps(live=True)["trial_id"]) == {"a"} and view.refresh().trials()["trial_id"].tolist() == ["a"]
 
 
@@ -894,3 +897,47 @@ def test_a_step_column_logged_beside_the_step_is_read_back_as_data(tmp_path: Pat
     assert sorted(read[["rank", "step", "training_iteration"]].values.tolist()) == [
         [r, i, 80_000 + 100 * r + i] for r in (0, 1) for i in (1, 2)
     ]
+
+
+def test_runs_that_no_restart_made_are_never_replaced(tmp_path: Path) -> None:
+    """Two scripts' ``Cmf`` runs of one pipeline (no Tune, no trial ids): the newer read as REPLACED by the
+    older, since neither names a trial it replaced and "none" matched "none" (found by a new user)."""
+    from ray_cmf import Cmf
+
+    for lr in (0.1, 0.2):
+        cmf = Cmf(pipeline_name="p", store=tmp_path / "store")
+        cmf.create_execution("Train", {"lr": lr})
+        cmf.log_metric("m", {"step": 1, "loss": lr})
+        cmf.commit_metrics("m")
+        cmf.close()
+    table = Sweep(tmp_path / "store", metrics_name="m").trials()
+    assert table["status"].tolist() == ["COMPLETE", "COMPLETE"] and "replaced_by" not in table.columns
+
+
+def test_a_replaced_trial_is_ranked_after_every_other_in_each_best_first_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trial that ``restart_errored`` replaced is never best, yet it headed ``ray-cmf trials`` and the
+    report's table (best first) with its discarded best loss (found by a new user)."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY, RESTARTED_FROM_PROPERTY
+
+    ranked = {RANKED_BY_PROPERTY: "loss", RANKED_MODE_PROPERTY: "min"}
+
+    def losses(*values: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    trials = [
+        Trial("old", {"x": 1}, losses(-1.0), status="FAILED", error="boom", props=ranked),
+        Trial("new", {"x": 1}, losses(0.5), props={**ranked, RESTARTED_FROM_PROPERTY: "old"}),
+        Trial("other", {"x": 2}, losses(0.7), props=ranked),
+    ]
+    store = write_trials(tmp_path / "store", trials)
+    sweep = Sweep(store)
+    assert sweep.trials(sort="loss_best")["trial_id"].tolist() == ["new", "other", "old"]
+    code, rows = _cli(capsys, "trials", "--store", str(store.root))
+    assert code == 0 and [r["trial_id"] for r in rows] == ["new", "other", "old"]
+    assert [r["status"] for r in rows] == ["COMPLETE", "COMPLETE", "REPLACED"] and rows[2]["replaced_by"] == "new"
+    page = sweep.report(tmp_path / "r.html").read_text()
+    assert [page.index(f'data-trial="{t}"') for t in ("new", "other", "old")] == sorted(
+        page.index(f'data-trial="{t}"') for t in ("new", "other", "old")
+    )
