@@ -552,7 +552,8 @@ class Sweep:
         table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
         tail = ["steps", "md5", "url", "verified"]
         table = table[[c for c in table.columns if c not in tail] + [c for c in tail if c in table.columns]]
-        if group_by is not None:
+        if group_by is not None:  # a trial restart_errored replaced is no run of its group: its results were discarded
+            table = table[table["status"] != REPLACED]
             table = group_summaries(table, group_keys(table, group_by))
             sort = f"{sort}_mean" if sort is not None and sort not in table.columns else sort
         if sort is not None:

@@ -937,6 +937,8 @@ def test_a_replaced_trial_is_ranked_after_every_other_in_each_best_first_table(
     code, rows = _cli(capsys, "trials", "--store", str(store.root))
     assert code == 0 and [r["trial_id"] for r in rows] == ["new", "other", "old"]
     assert [r["status"] for r in rows] == ["COMPLETE", "COMPLETE", "REPLACED"] and rows[2]["replaced_by"] == "new"
+    groups = sweep.trials(group_by="config/x").set_index("config/x")  # its discarded results are no seed's
+    assert groups.loc[1, "loss_best_mean"] == 0.5 and groups.loc[1, "trials"] == 1
     page = sweep.report(tmp_path / "r.html").read_text()
     assert [page.index(f'data-trial="{t}"') for t in ("new", "other", "old")] == sorted(
         page.index(f'data-trial="{t}"') for t in ("new", "other", "old")
