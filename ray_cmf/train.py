@@ -238,6 +238,7 @@ class StepLogger:
         self.steps_done = 0
         self._syncs = 0
         self._samples = 0
+        self._nonfinite: dict[str, float] = {}  # per interval metric: the values it left out so far in the run
         self._last_sync_time = time.time()
         self._buffer: MetricBuffer | None = None
         self._watch: StallWatch | None = None  # rank 0's: its rows leave once the loop stalls
@@ -379,7 +380,7 @@ class StepLogger:
         self._pending = None
         if self._watch is not None and not handle.is_completed():
             self._watch.seal()  # the other ranks are late, or dead: rank 0's rows must not wait with it
-        row = self.metrics.to_row(handle.wait())
+        row = self._so_far(self.metrics.to_row(handle.wait()))
         lowest, highest = row.pop(STEPS_MIN), row.pop(STEPS_MAX)
         if lowest != highest:
             raise RayCmfError(
@@ -416,21 +417,32 @@ class StepLogger:
             ray.train.report(row)
         return row
 
+    def _so_far(self, row: dict[str, float]) -> dict[str, float]:
+        """The row with each interval metric's ``<name>_nonfinite`` as the run's count so far, so that the last
+        row's count is the run's (a cumulative metric's count is one already)."""
+        for name, metric in self.metrics.items():
+            key = f"{name}_nonfinite"
+            if key in row and not metric.cumulative:
+                row[key] = self._nonfinite[key] = self._nonfinite.get(key, 0.0) + row[key]
+        return row
+
     def state_dict(self) -> dict[str, Any]:
-        """Checkpointable state: the step and the global metric state. Makes rows so far durable."""
+        """Checkpointable state: the step, the global metric state and the counts of non-finite values so
+        far. Makes rows so far durable."""
         self._drain()
         if self._watch is not None:
             try:
                 self._watch.flush()
             except RayCmfError as exc:  # logging never kills training
                 log.warning("ray_cmf: rows before this checkpoint may not be durable: %s", exc)
-        return {"step": self.steps_done, "metrics": self.metrics.state_dict()}
+        return {"step": self.steps_done, "metrics": self.metrics.state_dict(), "nonfinite": dict(self._nonfinite)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint: the series resumes after its step; rows re-run later win on read (the
         store counts the run's starts, so each restart's rows carry a later attempt)."""
         self.steps_done = int(state["step"])
         self.metrics.load_state_dict(state["metrics"])
+        self._nonfinite = dict(state.get("nonfinite", {}))  # a checkpoint from before counts were kept: none
 
     def finish(self) -> Artifact | None:
         """Rank 0 commits the run's Parquet (linked to the Train run and, inside a trial, to the trial).

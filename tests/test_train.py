@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -438,6 +439,39 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     assert properties(artifact)["rows"] == 3  # steps 4, 8 and the final partial interval at 10
     frame = _series(tmp_path, "train_steps").steps(["loss"])
     assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
+
+
+def test_a_runs_nonfinite_counts_add_up_so_its_final_count_is_the_runs(tmp_path: Path) -> None:
+    """A loss that was NaN at step 3, inf at 7 and -inf at 12 of 20 (synced every 5): each row counted its own
+    interval's, so the run's ``loss_nonfinite_final`` (what ``trials`` shows of a count) was 0, a clean run to
+    every reader (found by a new user). A row counts the values left out so far, across a restart too."""
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    def run(name: str, steps: range, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        metrics = MetricCollection({"loss": Mean()})
+        logger = StepLogger(metrics, sync_every=5, store=str(tmp_path / "store"), pipeline_name="p", run_name=name)
+        if state is not None:
+            logger.load_state_dict(state)
+        for step in steps:
+            bad = {3: math.nan, 7: math.inf, 12: -math.inf}.get(step)
+            metrics["loss"].update(torch.tensor(float(step) if bad is None else bad))
+            logger.step()
+            if step == 10:
+                state = logger.state_dict()
+        logger.finish()
+        assert state is not None
+        return state
+
+    checkpoint = run("once", range(1, 21))
+    run("resumed", range(11, 21), checkpoint)  # a restart from the checkpoint at step 10
+    sweep = Sweep(tmp_path / "store", pipeline="p", metrics_name="train_steps")
+    rows = sweep.steps(["loss_nonfinite"])
+    for run_name in ("once", "resumed"):
+        mine = rows[rows["trial_id"] == run_name]
+        expected = [1, 2, 3, 3] if run_name == "once" else [3, 3]
+        assert mine["loss_nonfinite"].tolist() == expected, run_name
+    assert set(sweep.trials(["loss_nonfinite"])["loss_nonfinite_final"]) == {3}
 
 
 def _live_steps(tmp: Path) -> Any:

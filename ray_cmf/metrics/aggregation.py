@@ -131,7 +131,9 @@ class Mean(Metric):
 
 
 class _Extremum(Metric):
-    """Shared body of Max and Min: one state reduced by ``max``/``min``; the identity when empty."""
+    """Shared body of Max and Min: one state reduced by ``max``/``min``, whose identity (``∓inf``) means that
+    no value was seen. Under ``nan_policy="exclude"`` no value seen can be infinite, so the output is NaN
+    there, as a Mean's is; under ``"propagate"`` it is the identity."""
 
     _reduce = "max"
     extremum: torch.Tensor
@@ -161,16 +163,19 @@ class _Extremum(Metric):
             torch.minimum(extremum, values.amin(dims), out=extremum)
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return outputs(states["extremum"], states)
+        extremum = states["extremum"]
+        if self.nan_policy == "exclude":  # a device op: no host sync
+            extremum = extremum.masked_fill(extremum == self._identity, math.nan)
+        return outputs(extremum, states)
 
 
 class Max(_Extremum):
-    """Largest element seen (``-inf`` before any update)."""
+    """Largest finite element seen (NaN before any; ``-inf`` under ``nan_policy="propagate"``)."""
 
     _reduce = "max"
 
 
 class Min(_Extremum):
-    """Smallest element seen (``+inf`` before any update)."""
+    """Smallest finite element seen (NaN before any; ``+inf`` under ``nan_policy="propagate"``)."""
 
     _reduce = "min"
