@@ -638,8 +638,7 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
             value = row[c]
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             sort = "" if not numeric or value != value else f' data-v="{jsonable(float(value))}"'
-            shown = numeric and value != value and c.endswith(("_best", "_final"))  # a NaN the trial logged
-            text = "" if value is None or (numeric and value != value and not shown) else _short(value)
+            text = "" if value is None else _short(value)  # a NaN is a value: only what was never recorded is blank
             cells.append(f"<td{sort}>{text}</td>")
         trial, status = html.escape(str(row["trial_id"]), quote=True), html.escape(str(row["status"]), quote=True)
         note = notes.get(str(row["trial_id"]))

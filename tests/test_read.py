@@ -943,3 +943,22 @@ def test_a_replaced_trial_is_ranked_after_every_other_in_each_best_first_table(
     assert [page.index(f'data-trial="{t}"') for t in ("new", "other", "old")] == sorted(
         page.index(f'data-trial="{t}"') for t in ("new", "other", "old")
     )
+
+
+def test_the_reports_table_shows_a_logged_nan_apart_from_a_missing_value(tmp_path: Path) -> None:
+    """A config value or execution metric that was NaN and one that was never recorded were both an empty cell
+    of the report's table, where every other view tells them apart (found by a new user)."""
+    rows = {"": [{"training_iteration": 1, "loss": 0.5}]}
+    trials = [Trial("nan", {"eps": math.nan}, rows, final={"score": math.nan}), Trial("none", {"x": 1}, rows)]
+    page = Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text()
+    header = re.search(r'<table id="trials"><thead><tr>(.*?)</tr>', page)
+    assert header is not None
+    columns = re.findall(r"<th[^>]*>(.*?)</th>", header.group(1))
+
+    def cells(trial: str) -> dict[str, str]:
+        row = re.search(rf'<tr data-trial="{trial}"[^>]*>(.*?)</tr>', page)
+        assert row is not None
+        return dict(zip(columns, re.findall(r"<td[^>]*>(.*?)</td>", row.group(1)), strict=True))
+
+    assert (cells("nan")["config/eps"], cells("none")["config/eps"]) == ("NaN", "")
+    assert (cells("nan")["metrics/final/score"], cells("none")["metrics/final/score"]) == ("NaN", "")
