@@ -245,6 +245,7 @@ class StepLogger:
         self._run: Reply | None = None  # rank 0's registration, until its first step records where it resumes
         self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
         self._finished = False
+        self._artifact: Artifact | None = None  # what finish() committed
         self._sampler: SystemSampler | None = None
         if self.rank == 0 or self._context is not None:
             named = _store_name(store)
@@ -340,6 +341,11 @@ class StepLogger:
             resumes = {"metrics_name": self.metrics_name, "step": self.steps_done}
             self._writer.send(StoreWriter.record_start, binding=self._run, **resumes)
             self._run = None
+        if self._finished:
+            raise RayCmfError(
+                "StepLogger.step() after finish(): the run's series is committed and closed; make a new StepLogger "
+                "for another run"
+            )
         self.steps_done += 1
         if self._watch is not None:
             self._watch.beat()
@@ -449,8 +455,11 @@ class StepLogger:
 
         Inside Ray Train every rank stops its system-metrics sampler, then makes one last
         ``ray.train.report`` flagged as final, which tells ``CmfTrainCallback`` that the run completed (it
-        then commits the samplers' series). A store failure is a warning (and None is returned).
+        then commits the samplers' series). A store failure is a warning (and None is returned). Called
+        again, it returns what the first call did.
         """
+        if self._finished:
+            return self._artifact
         self._drain()
         if self.steps_done % self.sync_every:
             self.sync()
@@ -477,6 +486,7 @@ class StepLogger:
             self._buffer.close()
         if self._context is not None:
             ray.train.report({FINAL_FLAG: True, "step": self.steps_done})
+        self._artifact = artifact
         return artifact
 
 

@@ -422,6 +422,7 @@ def test_ranks_that_run_unequal_steps_fail_and_say_so(ray_session: None, tmp_pat
 
 
 def test_no_process_group_local_mode(tmp_path: Path) -> None:
+    from ray_cmf import RayCmfError
     from ray_cmf.metrics import Mean, MetricCollection
     from ray_cmf.train import StepLogger
 
@@ -437,6 +438,9 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     assert {s: (r["step"], r["loss"]) for s, r in returned.items() if r is not None} == {5: (4, 2.5), 9: (8, 6.5)}
     artifact = steps.finish()
     assert properties(artifact)["rows"] == 3  # steps 4, 8 and the final partial interval at 10
+    assert steps.finish() == artifact  # again: what it committed (it raised "This series is closed")
+    with pytest.raises(RayCmfError, match=r"step\(\) after finish\(\)"):  # its updates were dropped without a word
+        steps.step()
     frame = _series(tmp_path, "train_steps").steps(["loss"])
     assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
 
