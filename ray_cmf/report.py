@@ -118,6 +118,11 @@ def _hover_config(trials: pd.DataFrame) -> dict[str, str]:
     }
 
 
+def _sort_key(value: float) -> str:
+    """A number's sort key in the page: an int exactly (the page compares ints as BigInts), else the float."""
+    return str(value) if isinstance(value, int | np.integer) else str(jsonable(float(value)))
+
+
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return str(jsonable(value)) if not math.isfinite(value) else f"{value:.4g}"  # NaN, Infinity
@@ -637,7 +642,7 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
         for c in columns:
             value = row[c]
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
-            sort = "" if not numeric or value != value else f' data-v="{jsonable(float(value))}"'
+            sort = "" if not numeric or value != value else f' data-v="{_sort_key(value)}"'
             text = "" if value is None else _short(value)  # a NaN is a value: only what was never recorded is blank
             cells.append(f"<td{sort}>{text}</td>")
         trial, status = html.escape(str(row["trial_id"]), quote=True), html.escape(str(row["status"]), quote=True)

@@ -161,6 +161,21 @@ def test_report_renders_in_chromium_offline(sweep_store: Path, tmp_path: Path, b
     assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []  # nothing off the page
 
 
+def test_a_click_sorts_ints_beyond_2_53_exactly(tmp_path: Path, browser: Any) -> None:
+    """Ints that float64 rounds to one value (2**70 + 0..3) sorted as equals: each cell's sort key was the
+    float (found by a new user)."""
+    from tests._stores import Trial, write_trials
+
+    rows = {"": [{"training_iteration": 1, "loss": 0.5}]}
+    order = [2, 0, 3, 1]
+    trials = [Trial(f"t{k}", {}, rows, final={"big": 2**70 + k}) for k in order]
+    path = Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html")
+    page, _, errors = open_report(browser, path.as_uri(), offline=True)
+    page.locator("#trials th", has_text="metrics/final/big").click()
+    shown = page.locator("#trials tbody tr").evaluate_all("rows => rows.map(r => r.dataset.trial)")
+    assert shown == ["t0", "t1", "t2", "t3"] and errors == []
+
+
 # -- the live server -----------------------------------------------------------------------------------
 @pytest.fixture
 def live_server(tmp_path: Path) -> Iterator[tuple[ReportServer, Callable[[int, int], None]]]:
