@@ -429,9 +429,13 @@ class Sweep:
             return _no_steps(metrics)
         return _tidy(exact_frame(table, arrow_numbers=exact), metrics, overlap=live, starts=self._starts())
 
-    def _step_table(self, metrics: list[str] | None, trials: set[str] | None, *, live: bool) -> pa.Table:
-        """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``."""
-        spilled = self._spilled(metrics) if live else []  # read once: for the check and for the rows
+    def _step_table(
+        self, metrics: list[str] | None, trials: set[str] | None, *, live: bool, spilled: list[_Spilled] | None = None
+    ) -> pa.Table:
+        """The rows of the series asked for, as Arrow (nulls apart from NaN), keyed and with the step as ``step``
+        (``spilled``: the live rows, where the caller read them already)."""
+        if spilled is None:
+            spilled = self._spilled(metrics) if live else []  # read once: for the check and for the rows
         if metrics is not None:
             self._check_metrics(metrics, [s.table for s in spilled] if live else None)
         several = self._several((s.trial, s.instance) for s in spilled)
@@ -772,9 +776,10 @@ class Sweep:
         """best/final/steps per trial from one scan of the series (latest attempt per step), nulls kept
         apart from NaN so that ``_final`` is the last value logged."""
 
-        spilled = [s.table.schema for s in self._spilled(None)] if live else []
-        chosen = self._summarised(self._schema(), metrics, spilled)
-        table = self._step_table(chosen if metrics is not None else None, trials, live=live)
+        asked = list(metrics) if metrics is not None else None
+        spilled = self._spilled(asked) if live else []  # read once: for the metrics they hold and for the rows
+        chosen = self._summarised(self._schema(), asked, [s.table.schema for s in spilled])
+        table = self._step_table(chosen if asked is not None else None, trials, live=live, spilled=spilled)
         if not table.num_rows:
             return _no_summary(chosen)
         frame = _tidy(exact_frame(table, arrow_numbers=True), chosen, overlap=live, starts=self._starts())

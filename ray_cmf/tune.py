@@ -410,6 +410,7 @@ class CmfRayLogger(tune.Callback):
         self._runtime: _Runtime | None = None
         self._sweep: str | None = None  # this sweep's id: new for each fit, kept by a restore (see setup)
         self._restored = False
+        self._replaceable: dict[str, str] = {}  # a restored experiment's trials by Tune experiment tag
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles callbacks with the Tuner, into the experiment directory: keep configuration and
@@ -496,8 +497,8 @@ class CmfRayLogger(tune.Callback):
     def _replaced(self, trial: Any) -> dict[str, str]:
         """``{restarted_from: id}`` for a trial that ``Tuner.restore(restart_errored=True)`` made anew in place
         of a failed one: Tune gives it a new id and the replaced trial's experiment tag."""
-        replaced = [t for t, s in self._trials.items() if t != trial.trial_id and s.tag == trial.experiment_tag]
-        return {RESTARTED_FROM_PROPERTY: replaced[-1]} if replaced and trial.experiment_tag else {}
+        replaced = self._replaceable.get(trial.experiment_tag)
+        return {RESTARTED_FROM_PROPERTY: replaced} if replaced not in (None, trial.trial_id) else {}
 
     # -- Tune hooks ----------------------------------------------------------------------------------
     @_hook
@@ -699,3 +700,4 @@ class CmfRayLogger(tune.Callback):
             tid: _TrialState(ranked=_ranked_of(saved), committed=saved.get("committed", False), tag=saved.get("tag"))
             for tid, saved in state.get("trials", {}).items()
         }
+        self._replaceable = {t.tag: tid for tid, t in self._trials.items() if t.tag}
