@@ -153,6 +153,53 @@ def test_each_histogram_quantile_lies_in_the_bin_of_the_value_it_estimates(data:
         assert abs(out[f"p{q * 100:g}"].item() - truth) <= 1.0 + 1e-9, (q, truth, out[f"p{q * 100:g}"].item())
 
 
+@settings(max_examples=300, deadline=None)
+@example(data=[-1.0] * 5)  # a new user's: p99 read -0.766, above every value seen (bin [-1, -0.75) interpolated)
+@example(data=[-5.0, -6.0])  # every value below ``low``: each quantile read 0.0 (``low``), a value never seen
+@example(data=[12.0])  # one value above ``high``: each quantile read 10.0 (``high``)
+@given(
+    data=st.lists(
+        st.floats(-20.0, 30.0) | st.sampled_from([-1.0, 0.0, 2.5, 10.0]) | st.floats(0.0, 10.0, exclude_max=True),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_every_histogram_quantile_lies_within_the_values_seen(data: list[float]) -> None:
+    """A quantile is one of the values or between two of them: interpolating inside a bin must not carry it
+    past the largest or below the smallest value seen, nor pin it at ``low``/``high`` when every value lies
+    outside them. Values inside ``[low, high)`` keep the one-bin accuracy."""
+    quantiles = (0.0, 0.01, 0.5, 0.99, 1.0)
+    h = Histogram(bins=10, low=0.0, high=10.0, quantiles=quantiles)
+    h.update(torch.tensor(data, dtype=torch.float64))
+    out = h.compute()
+    for q in quantiles:
+        estimate, truth = out[f"p{q * 100:g}"].item(), float(np.quantile(data, q, method="inverted_cdf"))
+        assert min(data) <= estimate <= max(data), (q, estimate, min(data), max(data))
+        if 0.0 <= truth < 10.0:
+            assert abs(estimate - truth) <= 1.0 + 1e-9, (q, truth, estimate)
+    assert out["p0"].item() == min(data) and out["p100"].item() == max(data)
+
+
+def test_a_histogram_checkpoint_without_the_range_seen_restores() -> None:
+    """A Histogram's checkpoint from before it kept the range of its values (ray_cmf <= 0.22) still loads:
+    its quantiles are then interpolated as they were, and the range is kept from the next update on."""
+    h = Histogram(bins=4, low=0.0, high=1.0, quantiles=(0.0, 1.0))
+    h.update(torch.tensor([0.3, 0.6]))
+    old = {k: v for k, v in h.state_dict().items() if k in ("counts", "nonfinite")}
+    fresh = Histogram(bins=4, low=0.0, high=1.0, quantiles=(0.0, 1.0))
+    fresh.load_state_dict(old)
+    fresh.update(torch.tensor([0.9]))
+    out = fresh.compute()
+    assert out["count"].item() == 3
+    assert (out["p0"].item(), out["p100"].item()) == (0.25, 1.0)  # bin edges: the range is not known
+    fresh.reset()
+    fresh.update(torch.tensor([0.3, 0.9], dtype=torch.float64))
+    out = fresh.compute()
+    assert (out["p0"].item(), out["p100"].item()) == (0.3, 0.9)
+    with pytest.raises(RayCmfError, match=r"missing \['counts'\]"):
+        fresh.load_state_dict({"nonfinite": torch.tensor(0.0)})
+
+
 @pytest.mark.parametrize("quantiles", [(0.9,), (0.0, 0.25, 0.999, 1.0), (0.5, 0.9), ()])
 def test_a_histograms_value_is_its_median_whatever_quantiles_it_reports(quantiles: tuple[float, ...]) -> None:
     metrics = MetricCollection({"h": Histogram(100, 0.0, 1.0, quantiles=quantiles)})

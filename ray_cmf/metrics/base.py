@@ -20,10 +20,12 @@ NAN_POLICIES = ("exclude", "propagate")
 
 @dataclass(frozen=True)
 class StateSpec:
-    """A state's default value and how ranks combine it (sum, max or min)."""
+    """A state's default value, how ranks combine it (sum, max or min), and what a checkpoint that predates
+    the state loads it as (None: such a checkpoint is refused)."""
 
     default: torch.Tensor
     reduce: str
+    missing: torch.Tensor | None = None
 
 
 class Metric(ABC):
@@ -66,14 +68,21 @@ class Metric(ABC):
             self.add_state("nonfinite", 0.0, "sum")
 
     # -- declaration ---------------------------------------------------------------------------------
-    def add_state(self, name: str, default: float | torch.Tensor, reduce: str) -> None:
-        """Declare a state with its default and its cross-rank reduction (``sum``, ``max`` or ``min``)."""
+    def add_state(
+        self, name: str, default: float | torch.Tensor, reduce: str, missing: float | torch.Tensor | None = None
+    ) -> None:
+        """Declare a state with its default and its cross-rank reduction (``sum``, ``max`` or ``min``).
+
+        ``missing``: the value the state takes from a checkpoint saved before it was declared (a state added in
+        a later version); None refuses such a checkpoint.
+        """
         if reduce not in REDUCTIONS:
             raise ValueError(f"State {name!r}: reduce must be one of {REDUCTIONS}, got {reduce!r}")
         if self._groups is not None:
             raise RayCmfError(f"{type(self).__name__}: declare state {name!r} before the first update")
         tensor = torch.as_tensor(default, dtype=STATE_DTYPE).clone()
-        self._state_specs[name] = StateSpec(tensor, reduce)
+        absent = None if missing is None else torch.as_tensor(missing, dtype=STATE_DTYPE).expand(tensor.shape)
+        self._state_specs[name] = StateSpec(tensor, reduce, absent)
         setattr(self, name, tensor.to(self._device, copy=True))  # never alias the default
 
     def _config(self) -> tuple[Any, ...]:

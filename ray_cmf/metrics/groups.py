@@ -255,8 +255,9 @@ class MetricGroups:
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min)."""
-        expected = {slot.key for slot in self.pack.slots}
-        missing, extra = expected - set(state_dict), set(state_dict) - expected
+        absent = {slot.key: slot.owner._state_specs[slot.name].missing for slot in self.pack.slots}
+        saved = {**{k: v for k, v in absent.items() if v is not None}, **state_dict}  # states added since it was saved
+        missing, extra = set(absent) - set(saved), set(saved) - set(absent)
         if missing or extra:
             raise RayCmfError(
                 f"Metric state_dict does not match: missing {sorted(missing)}, unexpected {sorted(extra)}"
@@ -265,4 +266,4 @@ class MetricGroups:
         if world_size() > 1 and rank() != 0:
             return
         for key, view in self.pack.named_states(self.pack.flat).items():
-            view.copy_(torch.as_tensor(state_dict[key]).to(view.device, STATE_DTYPE).view(view.shape))
+            view.copy_(torch.as_tensor(saved[key]).to(view.device, STATE_DTYPE).view(view.shape))

@@ -16,8 +16,10 @@ class Histogram(Metric):
     """Counts in ``bins`` equal-width bins over ``[low, high)`` plus an underflow and an overflow bin.
 
     ``compute()`` returns ``counts`` (``bins + 2`` entries: underflow, bins, overflow), ``count`` and
-    one ``p<q>`` output per quantile, interpolated linearly inside its bin (under/overflow clamp to
-    ``low``/``high``). The ``value`` output is the median, whichever quantiles are reported.
+    one ``p<q>`` output per quantile, interpolated linearly inside its bin. The smallest and the largest
+    finite value seen are kept too: the underflow bin spans ``[smallest, low)`` and the overflow bin
+    ``[high, largest]``, and no quantile lies outside ``[smallest, largest]`` (``p0`` and ``p100`` are
+    those values exactly). The ``value`` output is the median, whichever quantiles are reported.
 
     Example:
         >>> h = Histogram(bins=10, low=0.0, high=1.0)
@@ -27,6 +29,8 @@ class Histogram(Metric):
     """
 
     counts: torch.Tensor
+    smallest: torch.Tensor
+    largest: torch.Tensor
     _stage_dtype = STATE_DTYPE
     _stages_arguments = True
 
@@ -42,6 +46,9 @@ class Histogram(Metric):
         self.quantiles = tuple(quantiles)
         self._estimated = tuple(dict.fromkeys((*self.quantiles, 0.5)))  # the median is the value, asked for or not
         self.add_state("counts", torch.zeros(bins + 2), "sum")
+        # the range of the finite values seen; a checkpoint from before it was kept loads it as unknown
+        self.add_state("smallest", math.inf, "min", missing=-math.inf)
+        self.add_state("largest", -math.inf, "max", missing=math.inf)
 
     def _config(self) -> tuple[Any, ...]:
         return (self.bins, self.low, self.high, self.quantiles)
@@ -59,22 +66,42 @@ class Histogram(Metric):
             bad = nonfinite(value) if keep is None else nonfinite(value) & keep
             states["nonfinite"].add_(bad.sum(1))
             keep = ~bad if keep is None else keep & ~bad
+        self._extend_range(states, value, keep)
         weight = torch.ones_like(value) if keep is None else keep.to(STATE_DTYPE)
         scaled = ((value - self.low) / (self.high - self.low) * self.bins).floor()
         # +inf and NaN land in the overflow bin, -inf in the underflow bin (they count only under "propagate")
         index = torch.nan_to_num(scaled, nan=self.bins, posinf=self.bins, neginf=-1).clamp(-1, self.bins) + 1
         states["counts"].scatter_add_(1, index.long(), weight)
 
+    def _extend_range(self, states: Mapping[str, torch.Tensor], value: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """Widen each member's range seen to the finite values of ``value`` ``(members, n)`` that ``keep``
+        keeps (None: all)."""
+        if not value.shape[1]:
+            return
+        drop = None if keep is None else ~keep
+        if self.nan_policy == "propagate":  # kept NaN and inf count in the bins, not in the range
+            bad = nonfinite(value)
+            drop = bad if drop is None else drop | bad
+        for_min = value if drop is None else value.masked_fill(drop, math.inf)
+        for_max = value if drop is None else value.masked_fill(drop, -math.inf)
+        torch.minimum(states["smallest"], for_min.amin(1), out=states["smallest"])
+        torch.maximum(states["largest"], for_max.amax(1), out=states["largest"])
+
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         counts = states["counts"]  # (members, bins + 2)
+        smallest, largest = states["smallest"], states["largest"]  # (members,); unknown: -inf, +inf
         total = counts.sum(1)
         cumulative = counts.cumsum(1)
-        # each bin's [lower, upper) edges, with under/overflow pinned to low/high; device ops only (no host sync)
+        # each bin's [lower, upper) edges, the underflow bin down to the smallest value seen and the overflow
+        # bin up to the largest (pinned to low/high where none is known); device ops only (no host sync)
         edges = self.low + (self.high - self.low) / self.bins * torch.arange(
             self.bins + 1, device=counts.device, dtype=counts.dtype
         )
-        lower = torch.cat([edges[:1], edges[:-1], edges[-1:]]).expand_as(counts)
-        upper = torch.cat([edges[:1], edges[1:], edges[-1:]]).expand_as(counts)
+        floor = torch.where(smallest.isfinite(), smallest.clamp(max=self.low), self.low)[:, None]
+        ceiling = torch.where(largest.isfinite(), largest.clamp(min=self.high), self.high)[:, None]
+        inner = (counts.shape[0], self.bins)
+        lower = torch.cat([floor, edges[:-1].expand(inner), edges[-1:].expand_as(floor)], 1)
+        upper = torch.cat([edges[:1].expand_as(ceiling), edges[1:].expand(inner), ceiling], 1)
         targets = torch.stack([total * q for q in self._estimated], dim=1)
         # the bin where the cumulative count reaches each target; for 0 (p0), the first bin that holds any
         i = torch.where(
@@ -84,7 +111,10 @@ class Histogram(Metric):
         inside = counts.gather(1, i)
         frac = torch.where(inside > 0, (targets - before) / inside, 0.0).clamp(0, 1)
         start = lower.gather(1, i)
-        estimates = torch.where(total[:, None] > 0, start + frac * (upper.gather(1, i) - start), math.nan)
+        estimates = start + frac * (upper.gather(1, i) - start)
+        seen = (smallest <= largest)[:, None]  # some finite value was seen (or the range is unknown)
+        estimates = torch.where(seen, estimates.clamp(smallest[:, None], largest[:, None]), estimates)
+        estimates = torch.where(total[:, None] > 0, estimates, math.nan)
         out = {"value": estimates[:, self._estimated.index(0.5)]}
         out.update({f"p{q * 100:g}": estimates[:, j] for j, q in enumerate(self.quantiles)})
         out.update(count=total, counts=counts)
