@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Tune bookkeeping that is not a training metric, dropped without a word.
-_DROPPED = frozenset(
+# Tune bookkeeping that is not a training metric, dropped without a word (``done`` is Tune's stop signal).
+TUNE_OWN = frozenset(
     {
         "config",
         "pid",
@@ -60,7 +60,7 @@ def result_row(result: Mapping[str, Any], *, tune: bool = True) -> dict[str, Any
     NaN and inf are kept as data.
     """
     row: dict[str, Any] = {}
-    dropped = _DROPPED if tune else frozenset()
+    dropped = TUNE_OWN if tune else frozenset()
 
     def visit(prefix: str, mapping: Mapping[str, Any]) -> None:
         for key, value in mapping.items():
@@ -90,9 +90,14 @@ def without(row: dict[str, Any], own: Mapping[str, Any], source: str) -> dict[st
     """``row`` less the columns that ray_cmf fills itself in ``own`` (a Train report's ``rank``), each named
     once as dropped: the reported value would replace ray_cmf's."""
     for name in own.keys() & row.keys():
-        _warn_once("reserved", name, f"results drop their metric {name!r} (first at {source}): ray_cmf fills it")
-        del row[name]
+        _drop_reserved(row, name, source, "ray_cmf fills it")
     return row
+
+
+def _drop_reserved(row: dict[str, Any], name: str, source: str, why: object) -> None:
+    """Drop ``name``, a column ray_cmf fills itself, from a result's row, saying so once per name."""
+    _warn_once("reserved", name, f"results drop their metric {name!r} (first at {source}): {why}")
+    del row[name]
 
 
 _WARNED: set[tuple[str, str]] = set()
@@ -117,5 +122,4 @@ def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> Non
             log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.key, exc.reason)
             row.pop(exc.key)
         except InvalidNameError as exc:  # a name ray_cmf fills itself: every result holds it
-            _warn_once("reserved", exc.name, f"results drop their metric {exc.name!r} (first at {source}): {exc}")
-            row.pop(exc.name)
+            _drop_reserved(row, exc.name, source, exc)

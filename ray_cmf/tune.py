@@ -50,7 +50,7 @@ from ray_cmf.errors import RayCmfError, recorded_error
 from ray_cmf.exits import on_thread_end
 from ray_cmf.lineage import config_properties, owner_of
 from ray_cmf.node_sampler import Watch, handed_over, start_samplers, wait_for_samplers, watch
-from ray_cmf.results import append_result, result_row
+from ray_cmf.results import TUNE_OWN, append_result, result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
@@ -386,6 +386,10 @@ class CmfRayLogger(tune.Callback):
         mode = order if order is not None else mode
         declared = {} if modes is None else modes
         self._modes = mode_properties(declared)  # checked: a mapping of result keys to 'min' or 'max'
+        if metric in TUNE_OWN:
+            raise ValueError(f"metric={metric!r} is Tune's own bookkeeping, not the trainable's result: not recorded")
+        if own := sorted(TUNE_OWN & declared.keys()):
+            raise ValueError(f"modes[{own[0]!r}]: Tune's own bookkeeping is not recorded, so it has no best")
         if metric is not None and mode is not None and declared.get(metric, mode) != mode:
             raise ValueError(f"modes[{metric!r}]={declared[metric]!r} and mode={mode!r} disagree; pass one of them")
         mode = declared.get(metric, mode) if metric is not None else mode

@@ -314,6 +314,11 @@ def test_logger_is_picklable_and_validates_arguments(tmp_path: Path) -> None:
         CmfRayLogger("p", metric="loss", mode="median")
     with pytest.raises(ValueError, match="top_n"):
         CmfRayLogger("p", top_n=2)
+    for tunes in ("done", "pid", "trial_id"):  # Tune's own keys: the warning at the sweep's end said not why
+        with pytest.raises(ValueError, match=rf"metric={tunes!r} is Tune's own bookkeeping.*not recorded"):
+            CmfRayLogger("p", metric=tunes)
+        with pytest.raises(ValueError, match=rf"modes\[{tunes!r}\]: Tune's own bookkeeping"):
+            CmfRayLogger("p", modes={tunes: "max"})
 
 
 RESTORE_DRIVER = textwrap.dedent(
