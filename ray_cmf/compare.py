@@ -36,6 +36,7 @@ from ray_cmf.constants import (
     REPORTS_METRICS_NAME,
     RESTARTED_FROM_PROPERTY,
     RESULTS_METRICS_NAME,
+    SEQUENCE_COLUMN,
     SPILL_DIR,
     STARTS_PREFIX,
     STEP_METRICS_TYPE,
@@ -57,6 +58,7 @@ from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfErr
 from ray_cmf.exits import CRASHED, RECOVERED, abandoned
 from ray_cmf.frames import (
     ERROR_COLUMN,
+    KEY_COLUMNS,
     RANK_COLUMN,
     SERIES_COLUMN,
     STEP_COLUMN,
@@ -184,7 +186,7 @@ class _Spilled:
     table: pa.Table
     steps: list[str]  # its step columns (see ``_step_columns``)
 
-    def keyed(self, several: bool, asked: Collection[str]) -> pa.Table:
+    def keyed(self, several: bool, asked: Collection[str] | None) -> pa.Table:
         """The rows with their trial (and, where a trial holds ``several`` series of the name, their series)."""
         table = self.table.append_column(TRIAL_COLUMN, _constant(self.trial, self.table.num_rows))
         if several:
@@ -409,7 +411,8 @@ class Sweep:
         live: bool = False,
         exact: bool = False,
     ) -> pd.DataFrame:
-        """Tidy frame (trial_id, step, metric columns) from ONE dataset scan that reads only those columns.
+        """Tidy frame (trial_id, step, columns) from ONE dataset scan that reads only those columns: ``metrics``,
+        or every column logged (the rows' own bookkeeping, such as a ``pid``, included).
 
         Keys come first: ``series`` where a trial holds several series of this name (a Train run's ranks:
         ``rank0``, ``rank1``), and ``rank`` where the rows carry one. A metric some trials lack is null in
@@ -439,7 +442,7 @@ class Sweep:
         if metrics is not None:
             self._check_metrics(metrics, [s.table for s in spilled] if live else None)
         several = self._several((s.trial, s.instance) for s in spilled)
-        mine = [s.keyed(several, metrics or ()) for s in spilled if trials is None or s.trial in trials]
+        mine = [s.keyed(several, metrics) for s in spilled if trials is None or s.trial in trials]
         tables = [t for t in [self._committed(metrics, trials, several), *mine] if t.num_rows]
         if not tables:
             return pa.table({})
@@ -488,7 +491,7 @@ class Sweep:
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
         steps = _step_columns(self._candidates, schema, [schema for schema, _ in footers.values()])
         table = _scan_with_trials(dataset, _columns(schema, metrics, steps), files, series=several)
-        return _keyed(table, steps, metrics or ())
+        return _keyed(table, steps, metrics)
 
     def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
         """The uncommitted rows of this sweep's series, one table per spill directory."""
@@ -1066,6 +1069,14 @@ def _metric_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if is_metric(f.name)]
 
 
+_NOT_LOGGED = frozenset({*KEY_COLUMNS, SEQUENCE_COLUMN, ATTEMPT_COLUMN})  # ray_cmf's keys and row numbers
+
+
+def _logged_columns(schema: pa.Schema) -> list[str]:
+    """Every column of ``schema`` but the keys, the row numbers, the attempt and private (``__``) columns."""
+    return [n for n in schema.names if n not in _NOT_LOGGED and not n.startswith("__")]
+
+
 def _no_summary(metrics: Sequence[str]) -> pd.DataFrame:
     """The summary of no trial: no rows, indexed by trial id like any other (so that it joins), with the
     columns of ``metrics``."""
@@ -1101,26 +1112,29 @@ def _step_columns(candidates: Sequence[str], schema: pa.Schema, files: Sequence[
 
 
 def _columns(schema: pa.Schema, metrics: list[str] | None, steps: Sequence[str]) -> list[str]:
-    """The ``steps`` columns, the metric columns (all by default), and the rank and attempt columns, to read."""
+    """The ``steps`` columns, the columns asked for (by default every column logged, bookkeeping such as a
+    row's ``pid`` or ``wall_time`` included: only what ray_cmf keys rows by is not), and the rank and attempt
+    columns, to read."""
     names = schema.names
-    chosen = [m for m in metrics if m in names] if metrics is not None else _metric_columns(schema)
+    chosen = [m for m in metrics if m in names] if metrics is not None else _logged_columns(schema)
     keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN) if c in names]
     return list(dict.fromkeys([*[s for s in steps if s in names], *chosen, *keys]))
 
 
-def _keyed(table: pa.Table, steps: Sequence[str], asked: Collection[str] = ()) -> pa.Table:
+def _keyed(table: pa.Table, steps: Sequence[str], asked: Collection[str] | None) -> pa.Table:
     """A scanned table with its step column named ``step`` (Tune results, Train steps and plain series alike):
     each row's first of the ``steps`` columns that holds a value. A Tune trainable's own ``step`` is the step
     the user counts in, and a row without one keeps its iteration; a trial that logged no ``step`` beside
-    trials that did is read at its row numbers, as it is alone. A step column ``asked`` for is also kept as it
-    was logged (a ``training_iteration`` beside the ``step``)."""
+    trials that did is read at its row numbers, as it is alone. A step column ``asked`` for (None: every
+    column logged) is also kept as it was logged (a ``training_iteration`` beside the ``step``)."""
     present = [c for c in steps if c in table.column_names]
     step = table.column(present[0])
     for other in present[1:] if is_number(step.type) else ():
         if step.null_count:
             step = pc.coalesce(step, table.column(other).cast(step.type))
     index = table.column_names.index(present[0])
-    table = table.drop_columns([c for c in present if c == "step" or c not in asked])
+    kept = (lambda c: c != present[0] and c not in _NOT_LOGGED) if asked is None else asked.__contains__
+    table = table.drop_columns([c for c in present if c == "step" or not kept(c)])
     return table.add_column(min(index, table.num_columns), "step", step)
 
 

@@ -648,7 +648,7 @@ def test_a_series_key_or_bookkeeping_column_is_never_read_as_a_metric(
     sweep = Sweep(store, metrics_name="m")
     live = sweep.steps(live=True)
     assert (SERIES_COLUMN in live.columns) == (len(instances) > 1)
-    assert set(live.columns) - {SERIES_COLUMN} == {"trial_id", "step", "rank", "loss"}  # the pid identifies, never read
+    assert set(live.columns) - {SERIES_COLUMN} == {"trial_id", "step", "rank", "loss", "pid"}  # read, not a metric
     if len(instances) > 1:
         assert sorted(set(live[SERIES_COLUMN])) == sorted(instances)  # kept as the text it is
     if status == "COMPLETE":
@@ -659,6 +659,41 @@ def test_a_series_key_or_bookkeeping_column_is_never_read_as_a_metric(
         assert [s["metric"] for s in parts["data"]["sections"]] == ["loss"], options
         assert parts["data"]["primary"] == "loss"
         assert not {"series_best", "rank_best", "pid_best"} & set(re.findall(r"<th[^>]*>([^<]+)</th>", parts["table"]))
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "COMPLETE"])
+def test_steps_and_export_give_every_column_logged_not_only_the_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], status: str
+) -> None:
+    """A Train loop that reported its own ``pid``, ``wall_time`` and ``training_iteration`` beside its
+    ``step`` got none of them back from ``steps()`` or ``ray-cmf export``: they were read only when named,
+    as bookkeeping. What was logged comes back; it is still no metric of the trial table."""
+    import pandas as pd
+
+    from ray_cmf.constants import REPORTS_METRICS_NAME
+
+    rows = [
+        {"step": 10 * i, "training_iteration": i + 1, "pid": 4242, "wall_time": 1.7e9 + i, "loss": 1.0 / (i + 1)}
+        for i in range(5)
+    ]
+    reports = [{**row, "rank": rank, "report": i} for i, row in enumerate(rows) for rank in (0, 1)]
+    store = write_trials(
+        tmp_path / "store", [Trial("run", {}, {"": reports}, status)], metrics_name=REPORTS_METRICS_NAME
+    )
+    sweep = Sweep(store, metrics_name=REPORTS_METRICS_NAME)
+    steps = sweep.steps(live=status == "RUNNING")
+    logged = ["training_iteration", "pid", "wall_time", "loss", "report"]
+    assert set(steps.columns) == {"trial_id", "rank", "step", *logged}
+    ordered = steps.sort_values(["step", "rank"])
+    for column in logged:
+        assert ordered[column].tolist() == [r[column] for r in reports], column
+    if status == "COMPLETE":
+        out = tmp_path / "all.csv"
+        assert main(["export", "--store", str(store.root), "--metrics-name", REPORTS_METRICS_NAME, "-o", str(out)]) == 0
+        exported = pd.read_csv(out).sort_values(["step", "rank"])
+        for column in logged:
+            assert exported[column].tolist() == [r[column] for r in reports], column
+        assert {c for c in sweep.trials().columns if c.endswith("_final")} == {"loss_final"}
 
 
 @pytest.mark.parametrize("status", ["RUNNING", "COMPLETE"])
