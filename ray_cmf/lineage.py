@@ -562,12 +562,20 @@ class Lineage:
     def execution_metrics(self, execution_ids: Collection[int], *, as_json: bool = True) -> dict[int, dict[str, Any]]:
         """Per execution, what it logged with ``log_execution_metrics``, as ``{"<metrics_name>/<key>": value}``
         (``as_json``: a list or other value no table cell holds as its JSON text); a name logged again takes
-        the later values. One query when none were logged."""
-        artifacts = {a.id: a for a in self.store.get_artifacts_by_type(EXECUTION_METRICS_TYPE)}
-        events = self.store.get_events_by_artifact_ids(list(artifacts)) if artifacts else []
+        the later values. A few executions' are read through their events, a sweep's by type: each query
+        then reads what it asks for, not every Metrics artifact of the store."""
+        if len(execution_ids) <= _FEW_EXECUTIONS:
+            type_id = self.find_type_id("artifact", EXECUTION_METRICS_TYPE)
+            events = self.store.get_events_by_execution_ids(list(execution_ids)) if type_id is not None else []
+            made = list(dict.fromkeys(o.artifact_id for o in _outputs(events)))
+            found = self.store.get_artifacts_by_id(made) if made else []
+            artifacts = {a.id: a for a in found if a.type_id == type_id}
+        else:
+            artifacts = {a.id: a for a in self.store.get_artifacts_by_type(EXECUTION_METRICS_TYPE)}
+            events = self.store.get_events_by_artifact_ids(list(artifacts)) if artifacts else []
         out: dict[int, dict[str, Any]] = {}
         for output in _outputs(events):
-            if output.execution_id in execution_ids:
+            if output.artifact_id in artifacts and output.execution_id in execution_ids:
                 artifact = artifacts[output.artifact_id]
                 name = property_of(artifact, "metrics_name")
                 values = logged_values(artifact, as_json=as_json)
@@ -578,6 +586,9 @@ class Lineage:
         """Every OUTPUT event of the executions (one query), oldest first."""
         events = self.store.get_events_by_execution_ids(execution_ids) if execution_ids else []
         return _outputs(events)
+
+
+_FEW_EXECUTIONS = 64  # execution_metrics of up to this many executions reads their events, not the whole type
 
 
 def logged_values(artifact: Artifact, *, as_json: bool = True) -> dict[str, Any]:

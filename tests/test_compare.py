@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep
+from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep, lineage
 from ray_cmf.cli import main
 from tests._values import floats, same
 from tests.test_tune import GOOD_LRS, RESULTS
@@ -249,7 +249,9 @@ def test_execution_metrics_read_back_as_logged(
         assert (isinstance(got, float) and math.isnan(got)) if nan else same(value, got), (key, value, got)
 
 
-def test_execution_metrics_are_columns_of_the_trial_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_execution_metrics_are_columns_of_the_trial_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``log_execution_metrics("test", {"acc": 0.9})`` (cmflib's final metrics of a run) was recorded in MLMD
     and shown nowhere: not by ``trials``, ``compare`` or ``--sort``. Each is now a ``metrics/<name>/<key>``
     column of the trial's row, the latest logged under a name winning, NaN kept."""
@@ -283,6 +285,11 @@ def test_execution_metrics_are_columns_of_the_trial_table(tmp_path: Path, capsys
     assert code == 0 and json.loads(out)["execution_metrics"] == {"test/acc": 0.8, "test/split": "held-out"}
     code, _, _ = _cli(capsys, "report", "--store", store, "--metrics-name", "s", "-o", str(tmp_path / "r.html"))
     assert code == 0 and "<th>metrics/test/acc</th>" in (tmp_path / "r.html").read_text()
+    executions = {e.id for e, _ in sweep.executions()}
+    by_events = sweep.lineage.execution_metrics(executions)  # a few executions: read through their events
+    monkeypatch.setattr(lineage, "_FEW_EXECUTIONS", 0)  # a sweep's: every Metrics artifact, by type
+    assert sweep.lineage.execution_metrics(executions) == by_events
+    assert sweep.lineage.execution_metrics({min(executions)}) == {min(executions): by_events[min(executions)]}
 
 
 def _stderr_on_a_terminal(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
