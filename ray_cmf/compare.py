@@ -638,6 +638,8 @@ class Sweep:
         texts = properties(execution, text=True)  # tags and notes are text, "NaN" too
         props = {k: float_of(v) for k, v in texts.items()}
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
+        config = _config(props)
+        environment = _environment(props, config)
         replaced_by, restarted_from = self._replacements()
         restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
         return {
@@ -647,13 +649,13 @@ class Sweep:
             "stage": stage,
             **(_ranking(props) if trial_id not in replaced_by else {}),
             **(restarts if replaced_by else {}),
-            **{f"config/{k}": v for k, v in _config(props).items()},
+            **{f"config/{k}": v for k, v in config.items()},
             **curated_columns(texts),
             "started_at": _utc_text(execution.create_time_since_epoch),
             ERROR_COLUMN: props.get(ERROR_PROPERTY),
             **deleted,
-            **{f"env/{k}": props.get(ENV_PREFIX + k) for k in ENV_COLUMNS},
-            **{f"seed/{k[len(SEED_PREFIX) :]}": v for k, v in props.items() if k.startswith(SEED_PREFIX)},
+            **{f"env/{k}": environment.get(f"env/{k}") for k in ENV_COLUMNS},
+            **{k: v for k, v in environment.items() if k.startswith("seed/")},
             **{f"metrics/{k}": v for k, v in self._logged_metrics(execution).items()},
             "md5": file.md5 if file else None,
             "url": file.url if file else None,
@@ -826,11 +828,7 @@ class Sweep:
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
         props = self._properties(trial_id)
-        return {
-            f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
-            for k, v in sorted(props.items())
-            if k.startswith((ENV_PREFIX, SEED_PREFIX))
-        }
+        return dict(sorted(_environment(props, _config(props, as_json=False)).items()))
 
     def config(self, trial_id: str) -> dict[str, Any]:
         """The config a trial recorded, its nested keys flattened with ``.``: only its own keys, where the
@@ -1040,6 +1038,17 @@ def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]
     from ray_cmf.lineage import flatten_config
 
     return flatten_config(json.loads(raw), as_json=as_json)
+
+
+def _environment(props: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``env/...`` and ``seed/...`` values ray_cmf recorded among an execution's properties, where the
+    config's keys are stored too: a config key that merely looks like one (``seed_data``, ``env_name``) and
+    holds the config's value is config, not a seed or an environment field."""
+    return {
+        f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
+        for k, v in props.items()
+        if k.startswith((ENV_PREFIX, SEED_PREFIX)) and not (k in config and _same(config[k], v))
+    }
 
 
 def _side_by_side(values: Sequence[Mapping[str, Any]], columns: pd.Index) -> pd.DataFrame:

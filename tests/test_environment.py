@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -134,6 +135,35 @@ def test_seeds_must_be_ints_and_name_the_bad_one(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="'lr'"):
         cmf.log_seeds(lr=0.1)  # type: ignore[arg-type]
     cmf.close()
+
+
+def test_config_keys_named_like_seeds_or_environment_stay_config(tmp_path: Path) -> None:
+    """A config's ``seed_data`` and ``env_name`` (an RL environment) are stored as properties beside the seeds
+    and the environment ray_cmf records, and read back as a seed ``seed/data`` and an environment field
+    ``env/name`` that nothing logged: ``--where 'seed/data == 7'`` matched a trial that never logged a seed.
+    A seed logged under a config key's name is still a seed, and a config key that collides with an
+    environment field leaves the recorded field and the config value apart."""
+    store = tmp_path / "store"
+    for name, seeds in (("plain", {}), ("seeded", {"data": 123})):
+        with Cmf(pipeline_name="p", store=store) as cmf:
+            config = {"lr": 0.1, "seed_data": 7, "env_name": "CartPole-v1", "env_host": "mine", "seed_big": 2**60 + 1}
+            cmf.create_execution("trial", config, execution_name=name)
+            cmf.log_seeds(**seeds)
+            cmf.log_metric("s", {"step": 0, "loss": 1.0})
+            cmf.commit_metrics("s")
+    sweep = Sweep(store, pipeline="p", metrics_name="s")
+    table = sweep.trials().set_index("trial_id")
+    for trial in ("plain", "seeded"):
+        recorded = sweep.environment(trial)
+        assert "env/name" not in recorded and "seed/big" not in recorded, recorded
+        assert recorded["env/host"] == socket.gethostname()
+        assert sweep.config(trial)["env_host"] == "mine" and sweep.config(trial)["seed_data"] == 7
+        assert table.loc[trial, "config/env_name"] == "CartPole-v1"
+        assert table.loc[trial, "env/host"] == socket.gethostname()
+    assert "seed/data" not in sweep.environment("plain") and sweep.environment("seeded")["seed/data"] == 123
+    assert "seed/big" not in table.columns and "env/name" not in table.columns
+    assert pd.isna(table.loc["plain", "seed/data"]) and table.loc["seeded", "seed/data"] == 123
+    assert sweep.trials(where="`seed/data` == 7").empty
 
 
 def test_strip_credentials() -> None:
