@@ -350,6 +350,27 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     }
 
 
+def _config_notes(trials: pd.DataFrame, metric: str | None) -> dict[str, str]:
+    """What the parallel coordinates and the importance plots say of the trials they leave out, or, where they
+    draw nothing, why: no config key varies, or too few trials have a finite best ``metric`` to draw."""
+    varying = [c for c in trials.columns if c.startswith("config/") and trials[c].nunique(dropna=True) > 1]
+    kept = int(drawable(trials[f"{metric}_best"].astype(float).to_numpy()).sum()) if metric else 0
+    left_out = len(trials) - kept
+    if not varying:
+        parcoords = "No config key varies across trials."
+    elif kept < 2:
+        parcoords = f"{left_out} of {len(trials)} trials have no finite best {metric}: fewer than two are left to draw."
+    else:
+        parcoords = f"{left_out} trial(s) without a finite best {metric} are left out." if left_out else ""
+    if not any(numeric(trials[c]) for c in varying):
+        params = "No numeric hyperparameter varies."
+    elif kept < 2:
+        params = f"Fewer than two trials have a finite best {metric}: no importance to measure."
+    else:
+        params = ""
+    return {"parcoords": parcoords, "params": params}
+
+
 def _floats(values: Iterable[Any]) -> list[float | None]:
     """Plottable numbers: anything that is not a finite number within ±DRAWABLE_MAX is left out (None)."""
     out: list[float | None] = []
@@ -552,6 +573,7 @@ def content(
         "sections": [section.as_data() for section in sections],
         "parcoords": _parcoords(trials, primary) if primary else None,
         "params": _params(trials, primary) if primary else [],
+        "notes": _config_notes(trials, primary),
         "primary": primary,
         "mode": mode,
         "status": dict(zip(trials["trial_id"].astype(str), trials["status"].astype(str), strict=True)),

@@ -341,6 +341,35 @@ def test_values_beyond_what_a_plot_can_draw_are_marked_at_its_edge(tmp_path: Pat
     assert data["parcoords"]["left_out"] == 1  # down's best, -1e308, has no place on the axis
 
 
+def test_config_that_varies_is_never_said_not_to_when_trials_are_left_out(tmp_path: Path) -> None:
+    """With at most one trial left that has a finite best (a NaN-only and a diverged trial beside one that
+    trained), the page said "No config key varies across trials." and "No numeric hyperparameter varies.":
+    the lr and optimizer it listed do vary. It now says why nothing is drawn."""
+    from tests._stores import Trial, write_trials
+
+    def losses(*values: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    trials = [
+        Trial("ok", {"lr": 0.1, "opt": "adam"}, losses(0.5, 0.4)),
+        Trial("nan", {"lr": 0.2, "opt": "sgd"}, losses(math.nan, math.nan)),
+        Trial("div", {"lr": 0.3, "opt": "sgd"}, losses(math.inf, math.nan)),
+    ]
+    store = write_trials(tmp_path / "store", trials)
+    data = _data(Sweep(store).report(tmp_path / "r.html").read_text())
+    assert data["parcoords"] is None and data["params"] == []
+    assert data["notes"]["parcoords"] == "2 of 3 trials have no finite best loss: fewer than two are left to draw."
+    assert data["notes"]["params"] == "Fewer than two trials have a finite best loss: no importance to measure."
+    same = write_trials(tmp_path / "same", [Trial(t.trial_id, {"lr": 0.1}, t.series) for t in trials])
+    data = _data(Sweep(same).report(tmp_path / "s.html").read_text())
+    assert data["notes"]["parcoords"] == "No config key varies across trials."
+    assert data["notes"]["params"] == "No numeric hyperparameter varies."
+    more = write_trials(tmp_path / "more", [*trials, Trial("ok2", {"lr": 0.5, "opt": "adam"}, losses(0.3, 0.2))])
+    data = _data(Sweep(more).report(tmp_path / "m.html").read_text())
+    assert data["parcoords"] is not None and len(data["params"]) == 1
+    assert data["notes"]["parcoords"] == "2 trial(s) without a finite best loss are left out."
+
+
 def test_a_series_whose_values_read_as_text_is_drawn_or_named(tmp_path: Path) -> None:
     """A ``get_cmf()`` series whose metric is an int beyond 2**53 in one trial and a float in another reads
     as exact text: the report left it out without a word, even with ``series`` naming it. Numbers held as
