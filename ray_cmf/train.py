@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
 THROUGHPUT = "samples_per_s"  # a column of StepLogger's own: best highest
+_OWN_COLUMNS = frozenset({"step", "wall_time", SAMPLES, THROUGHPUT})  # what a row holds beside the metrics
 STEPS_MAX, STEPS_MIN = "ray_cmf_steps_max", "ray_cmf_steps_min"  # every sync carries the ranks' step counts
 _LAST_SYNC_WAIT_S = 2.0  # how long a loop's end without finish() waits for the sync of its last step
 _NODE_SAMPLED = False  # whether this Train worker's process is sampled by its node's sampler (CmfTrainCallback)
@@ -219,6 +220,8 @@ class StepLogger:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
         self._modes = _modes(metrics, {} if modes is None else modes)
+        for own in _OWN_COLUMNS & set(metrics):
+            raise ValueError(f"metric {own!r} names a column StepLogger fills itself ({sorted(_OWN_COLUMNS)})")
         self.metrics = metrics
         self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
         self.metrics.add(STEPS_MAX, Max(nan_policy="propagate"))  # no <name>_nonfinite output to leave out

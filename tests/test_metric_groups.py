@@ -5,6 +5,7 @@ NaN and inf, syncs in between."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ray_cmf import RayCmfError
 from ray_cmf.metrics import Accuracy, Histogram, Max, Mean, Metric, MetricCollection, Min, Sum
 
 KINDS: dict[str, Any] = {
@@ -128,6 +130,23 @@ def test_a_group_matches_a_float64_reference(updates: list[tuple[int, list[float
         assert row[f"mean{member}"] == pytest.approx(finite.mean() if len(finite) else math.nan, nan_ok=True)
         for kind, extremum in (("max", np.max), ("min", np.min)):  # no value seen: none (it read as -inf, +inf)
             assert row[f"{kind}{member}"] == pytest.approx(extremum(finite) if len(finite) else math.nan, nan_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "clash"),
+    [
+        ({"loss": Mean(), "loss_nonfinite": Max()}, "'loss_nonfinite' is output 'nonfinite' of 'loss' and metric"),
+        ({"h": Histogram(4, 0.0, 1.0), "h_p50": Sum()}, "'h_p50' is output 'p50' of 'h' and metric 'h_p50'"),
+    ],
+)
+def test_a_metric_named_like_another_metrics_output_is_refused(metrics: dict[str, Metric], clash: str) -> None:
+    """A metric named ``loss_nonfinite`` beside a ``Mean`` named ``loss``, or ``h_p50`` beside a ``Histogram``
+    named ``h``, replaced the other's output in every row without a word."""
+    collection = MetricCollection(metrics)
+    for name in collection:
+        collection[name].update(torch.tensor([0.25, 0.5]))
+    with pytest.raises(RayCmfError, match=re.escape(clash)):
+        collection.to_row(collection.sync().wait())
 
 
 def test_kinds_group_by_class_policy_and_settings() -> None:

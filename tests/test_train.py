@@ -443,6 +443,9 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
         steps.step()
     frame = _series(tmp_path, "train_steps").steps(["loss"])
     assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
+    for own in ("step", "wall_time", "samples_per_s", "samples"):  # they replaced StepLogger's own columns
+        with pytest.raises(ValueError, match=rf"metric {own!r} .*StepLogger fills"):
+            StepLogger(MetricCollection({own: Mean()}), store=str(tmp_path / "store"), run_name="clash")
 
 
 def test_a_runs_nonfinite_counts_add_up_so_its_final_count_is_the_runs(tmp_path: Path) -> None:

@@ -40,7 +40,14 @@ class Names:
     """
 
     def __init__(self, named: Sequence[tuple[str, int, int]], outputs: Outputs, key: Callable[[str, str], str]):
-        self.index = {key(name, output): (g, output, member) for name, g, member in named for output in outputs[g]}
+        self.index: dict[str, tuple[int, str, int]] = {}
+        whose: dict[str, tuple[str, str]] = {}
+        for name, g, member in named:
+            for output in outputs[g]:
+                k = key(name, output)
+                if k in whose:  # one would replace the other in every row
+                    raise RayCmfError(f"{k!r} is {_output_of(*whose[k])} and {_output_of(name, output)}: rename one")
+                whose[k], self.index[k] = (name, output), (g, output, member)
         self.scalars = [(g, output) for g, out in enumerate(outputs) for output, t in out.items() if t[0].numel() == 1]
         begin, start = 0, {}
         for g, output in self.scalars:
@@ -49,6 +56,10 @@ class Names:
         scalar_keys = [(k, where) for k, where in self.index.items() if (where[0], where[1]) in start]
         self.row_keys = [k for k, _ in scalar_keys]
         self.row_positions = [start[g, output] + member for _, (g, output, member) in scalar_keys]
+
+
+def _output_of(name: str, output: str) -> str:
+    return f"metric {name!r}" if output == "value" else f"output {output!r} of {name!r}"
 
 
 class MetricValues(Mapping[str, torch.Tensor]):
