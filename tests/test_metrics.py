@@ -254,6 +254,32 @@ def test_sync_handle_evaluates_each_result_once() -> None:
     assert calls == ["parent", "child"]
 
 
+@settings(max_examples=150, deadline=None)
+@example(scores=[[0.5, 0.5, 0.5, 0.1]], targets=[0])  # a new user's: top-1 1.0, top-2 0.0, top-3 1.0
+@given(
+    scores=st.integers(1, 6).flatmap(
+        lambda c: st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=c, max_size=c), min_size=1, max_size=8)
+    ),
+    targets=st.lists(st.integers(0, 5), min_size=8, max_size=8),
+)
+def test_top_k_accuracy_ranks_tied_scores_as_top_1_does(scores: list[list[float]], targets: list[int]) -> None:
+    """Tied scores (common with low-precision logits) are ranked by class index, as top-1's argmax ranks them,
+    so a target among the top k stays among the top k + 1: top-2 read 0.0 where top-1 read 1.0, since topk
+    orders ties as it likes. A target that is no class is never a hit."""
+    preds = torch.tensor(scores, dtype=torch.float64)
+    target = torch.tensor(targets[: len(scores)])
+    classes = preds.shape[1]
+    previous = -1.0
+    for k in range(1, classes + 2):
+        m = Accuracy(top_k=k)
+        m.update(preds, target)
+        got = m.compute()["value"].item()
+        order = [sorted(range(classes), key=lambda c, row=row: (-row[c], c)) for row in scores]
+        truth = np.mean([t in o[:k] for t, o in zip(target.tolist(), order, strict=True)])
+        assert got == pytest.approx(truth) and got >= previous, (k, got, truth)
+        previous = got
+
+
 def test_state_dict_round_trip_single_process() -> None:
     metrics = MetricCollection({"loss": Mean(), "top": Max(), "h": Histogram(4, 0.0, 1.0)})
     metrics["loss"].update(torch.tensor([1.0, 2.0]))

@@ -71,11 +71,7 @@ class Accuracy(Metric):
         if preds.dim() == target.dim():
             hit, bad = preds == target, None
         else:
-            if self.top_k == 1:
-                hit = preds.argmax(dim=2) == target
-            else:
-                top = preds.topk(min(self.top_k, preds.shape[2]), dim=2).indices
-                hit = (top == target.unsqueeze(2)).any(dim=2)
+            hit = preds.argmax(dim=2) == target if self.top_k == 1 else self._in_top_k(preds, target)
             bad = nonfinite(preds).any(dim=2) if self._needs_mask(preds) else None
         dims = per_member(hit)
         if bad is not None:
@@ -86,6 +82,18 @@ class Accuracy(Metric):
             hit = hit & ~bad
         states["total"].add_(math.prod(hit.shape[1:]) if keep is None else keep.sum(dims))
         states["correct"].add_((hit if keep is None else hit & keep).sum(dims))
+
+    def _in_top_k(self, preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Whether each target ranks among the ``top_k`` scores of ``preds`` ``(..., C)``, tied scores ranked by
+        class index as ``argmax`` ranks them (``topk`` orders ties as it likes, so a target could leave the top
+        2 while it is top 1); a target that is no class is never among them."""
+        classes = preds.shape[-1]
+        known = (target >= 0) & (target < classes)
+        index = target.clamp(0, classes - 1).unsqueeze(-1)
+        own = preds.gather(-1, index)
+        before = torch.arange(classes, device=preds.device) < index
+        ahead = (preds > own).sum(-1) + ((preds == own) & before).sum(-1)
+        return known & (ahead < self.top_k)
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["correct"] / states["total"], states)
