@@ -180,6 +180,40 @@ def test_every_histogram_quantile_lies_within_the_values_seen(data: list[float])
     assert out["p0"].item() == min(data) and out["p100"].item() == max(data)
 
 
+@example(low=-1.7, high=-0.7, data=[-1.2, 3.39])  # a new user's: p100 read 3.3899999999999997, an ulp low
+@settings(max_examples=200, deadline=None)
+@given(
+    low=st.floats(-10, 0),
+    high=st.floats(0.5, 10),
+    data=st.lists(st.floats(-1e6, 1e6, allow_subnormal=False), min_size=1, max_size=20),
+)
+def test_histogram_p0_and_p100_are_the_smallest_and_largest_value_exactly(
+    low: float, high: float, data: list[float]
+) -> None:
+    h = Histogram(bins=4, low=low, high=high, quantiles=(0.0, 1.0))
+    h.update(torch.tensor(data, dtype=torch.float64))
+    out = h.compute()
+    assert (out["p0"].item(), out["p100"].item()) == (min(data), max(data))
+
+
+def test_a_mean_whose_weights_sum_to_zero_is_nan() -> None:
+    """Weights 1 and -1 gave -inf (and all-zero weights NaN): a weighted mean with no net weight is undefined."""
+    for weights in ([1.0, -1.0], [0.0, 0.0]):
+        m = Mean()
+        m.update(torch.tensor([1.0, 3.0]), weight=torch.tensor(weights))
+        assert math.isnan(m.compute()["value"].item()), weights
+
+
+def test_a_histogram_refuses_bins_it_cannot_compute() -> None:
+    """``high=inf`` (or a range whose width overflows) made every quantile NaN, and a quantile asked for twice
+    failed inside ``update`` with an IndexError."""
+    for low, high in ((0.0, math.inf), (-1e308, 1e308), (-math.inf, 0.0)):
+        with pytest.raises(ValueError, match="finite"):
+            Histogram(bins=4, low=low, high=high)
+    with pytest.raises(ValueError, match=r"quantiles must differ, got \[0.5, 0.5\]"):
+        Histogram(bins=4, low=0.0, high=1.0, quantiles=(0.5, 0.5))
+
+
 def test_a_histogram_checkpoint_without_the_range_seen_restores() -> None:
     """A Histogram's checkpoint from before it kept the range of its values (ray_cmf <= 0.22) still loads:
     its quantiles are then interpolated as they were, and the range is kept from the next update on."""

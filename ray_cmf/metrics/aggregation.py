@@ -70,7 +70,8 @@ class Sum(Metric):
 
 
 class Mean(Metric):
-    """Mean of every element seen, weighted elementwise when ``weight`` is given. No weight at all gives NaN.
+    """Mean of every element seen, weighted elementwise when ``weight`` is given. Weights that sum to zero (none
+    at all, or negative ones that cancel the others) give NaN: such a mean is undefined.
 
     Example:
         >>> m = Mean()
@@ -127,7 +128,8 @@ class Mean(Metric):
         states["weight"].add_(weights.sum(per_member(weights)))
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return outputs(states["weighted_sum"] / states["weight"], states)
+        weight = states["weight"]
+        return outputs(torch.where(weight == 0, math.nan, states["weighted_sum"] / weight), states)
 
 
 class _Extremum(Metric):

@@ -40,8 +40,12 @@ class Histogram(Metric):
         super().__init__(**kwargs)
         if bins < 1 or not high > low:
             raise ValueError(f"Histogram needs bins >= 1 and high > low, got bins={bins!r}, low={low!r}, high={high!r}")
+        if not math.isfinite(float(high) - float(low)):
+            raise ValueError(f"Histogram needs a finite low and high a finite width apart, got {low!r} and {high!r}")
         if not all(0.0 <= q <= 1.0 for q in quantiles):
             raise ValueError(f"quantiles must lie in [0, 1], got {list(quantiles)!r}")
+        if len(set(quantiles)) < len(quantiles):
+            raise ValueError(f"quantiles must differ, got {list(quantiles)!r}")
         self.bins, self.low, self.high = bins, float(low), float(high)
         self.quantiles = tuple(quantiles)
         self._estimated = tuple(dict.fromkeys((*self.quantiles, 0.5)))  # the median is the value, asked for or not
@@ -114,6 +118,9 @@ class Histogram(Metric):
         estimates = start + frac * (upper.gather(1, i) - start)
         seen = (smallest <= largest)[:, None]  # some finite value was seen (or the range is unknown)
         estimates = torch.where(seen, estimates.clamp(smallest[:, None], largest[:, None]), estimates)
+        ends = torch.tensor(self._estimated, dtype=counts.dtype, device=counts.device)  # p0 and p100: exact
+        estimates = torch.where((ends == 0) & smallest.isfinite()[:, None], smallest[:, None], estimates)
+        estimates = torch.where((ends == 1) & largest.isfinite()[:, None], largest[:, None], estimates)
         estimates = torch.where(total[:, None] > 0, estimates, math.nan)
         out = {"value": estimates[:, self._estimated.index(0.5)]}
         out.update({f"p{q * 100:g}": estimates[:, j] for j, q in enumerate(self.quantiles)})
