@@ -24,7 +24,9 @@ def check_name(what: str, name: object) -> str:
     a leading drive letter, so no name can reach outside the store's directory; and names longer than
     :data:`NAME_MAX_BYTES` in UTF-8, which would fail only when a file is written.
     """
-    if not isinstance(name, str) or not name or _UNSAFE.search(name):
+    if not isinstance(name, str):  # e.g. the values passed where the name goes: log_metric({"loss": 0.1})
+        raise InvalidNameError(what, name, f"a name is a string, not a {type(name).__name__}: pass the name first")
+    if not name or _UNSAFE.search(name):
         raise InvalidNameError(what, name)
     if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
         why = f"names are at most {NAME_MAX_BYTES} bytes in UTF-8 (they become file names), and this one has"

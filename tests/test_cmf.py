@@ -184,6 +184,8 @@ def test_log_dataset_and_model(store_dir: Path, tmp_path: Path) -> None:
 
 def test_log_execution_metrics(store_dir: Path) -> None:
     cmf = Cmf(pipeline_name="p", store=store_dir)
+    with pytest.raises(InvalidNameError, match="a name is a string, not a dict: pass the name first"):
+        cmf.log_execution_metrics({"accuracy": 0.91})  # type: ignore[arg-type]  # the README showed no name
     artifact = cmf.log_execution_metrics("final", {"accuracy": 0.91, "epochs": 3})
     props = properties(artifact)
     assert props["accuracy"] == 0.91 and props["epochs"] == 3 and props["metrics_name"] == "final"
