@@ -314,6 +314,23 @@ def test_top_k_accuracy_ranks_tied_scores_as_top_1_does(scores: list[list[float]
         previous = got
 
 
+def test_a_collection_computes_each_metric_as_the_metric_itself_does() -> None:
+    """After a sync, an update of one metric switched the whole collection back to local values: ``compute()``
+    gave ``a`` as NaN (its interval, empty) where ``metrics["a"].compute()`` gave the synced 5. Each metric is
+    read from the sync until its own next update, however it is asked for."""
+    metrics = MetricCollection({"a": Max(), "b": Max(), "h": Histogram(4, 0.0, 1.0)})
+    metrics.update(a=5.0, b=1.0, h=torch.tensor([0.25]))
+    metrics.sync().wait()
+    metrics.update(b=torch.tensor(7.0))
+    together = metrics.compute()
+    for name in ("a", "b", "h"):
+        alone = metrics[name].compute()
+        assert {k: together[name if k == "value" else f"{name}_{k}"].tolist() for k in alone} == {
+            k: v.tolist() for k, v in alone.items()
+        }, name
+    assert metrics.to_row()["a"] == 5.0 and metrics.to_row()["b"] == 7.0
+
+
 def test_state_dict_round_trip_single_process() -> None:
     metrics = MetricCollection({"loss": Mean(), "top": Max(), "h": Histogram(4, 0.0, 1.0)})
     metrics["loss"].update(torch.tensor([1.0, 2.0]))

@@ -24,7 +24,7 @@ from ray_cmf.metrics.packing import (
     rank,
     world_size,
 )
-from ray_cmf.metrics.staging import Stager, raise_naming_input
+from ray_cmf.metrics.staging import Stager, from_host, raise_naming_input
 
 if TYPE_CHECKING:
     from ray_cmf.metrics.base import Metric
@@ -69,31 +69,31 @@ class MetricValues(Mapping[str, torch.Tensor]):
     """
 
     def __init__(self, names: Names, outputs: Outputs) -> None:
-        self._names, self._outputs = names, outputs
+        self.names, self.outputs = names, outputs
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        g, output, member = self._names.index[key]
-        return self._outputs[g][output][member]
+        g, output, member = self.names.index[key]
+        return self.outputs[g][output][member]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._names.index)
+        return iter(self.names.index)
 
     def __len__(self) -> int:
-        return len(self._names.index)
+        return len(self.names.index)
 
     def __repr__(self) -> str:
         return f"MetricValues({dict(self)!r})"
 
     def member(self, g: int, member: int) -> dict[str, torch.Tensor]:
         """One metric's outputs, by their own names."""
-        return {output: tensors[member] for output, tensors in self._outputs[g].items()}
+        return {output: tensors[member] for output, tensors in self.outputs[g].items()}
 
     def row(self) -> dict[str, float]:
         """Every scalar result as a plain float, read in one ``tolist`` (and one transfer from an accelerator)."""
-        names = self._names
+        names = self.names
         if not names.scalars:
             return {}
-        parts = [self._outputs[g][output] for g, output in names.scalars]
+        parts = [self.outputs[g][output] for g, output in names.scalars]
         flat = torch.cat([part if part.dim() == 1 else part.reshape(-1) for part in parts]).to(STATE_DTYPE)
         values = (flat if flat.device.type == "cpu" else flat.cpu()).tolist()  # host memory needs no transfer
         return dict(zip(names.row_keys, map(values.__getitem__, names.row_positions), strict=True))
@@ -214,10 +214,21 @@ class MetricGroups:
         return name if output == "value" else f"{name}_{output}"
 
     def values(self) -> MetricValues:
-        """The last sync's global values until the next update, else the local ones."""
-        if self.synced is not None and not self.updated:
-            return self.synced
-        return self._local()
+        """Each metric's last global values (of the last sync) until its own next update, else its local ones."""
+        synced = self.synced
+        if synced is not None and not self.updated:
+            return synced
+        local = self._local()
+        if synced is None:
+            return local
+        fresh = [[True] * group.size for group in self.groups]  # which members take the local values
+        for _, metric in self.named:
+            fresh[metric._group][metric._member] = metric._updated_in == self.interval
+        outputs = []
+        for g, (now, then) in enumerate(zip(local.outputs, synced.outputs, strict=True)):
+            pick = from_host(torch.tensor(fresh[g]), self.device)
+            outputs.append({k: torch.where(pick.view(-1, *[1] * (v.dim() - 1)), v, then[k]) for k, v in now.items()})
+        return MetricValues(local.names, outputs)
 
     def values_of(self, metric: Metric) -> dict[str, torch.Tensor]:
         """One metric's outputs (by their own names): synced until its next update, else local."""

@@ -160,10 +160,14 @@ def _matcher(sig: Signature, device: torch.device) -> Callable[[Sequence[Any]], 
 
 def _valid_rows(used: list[int], top: int, device: torch.device) -> torch.Tensor:
     """``(members, top)`` mask of the rows each member filled, sent to ``device`` without waiting on it."""
-    mask = torch.arange(top) < torch.tensor(used)[:, None]
+    return from_host(torch.arange(top) < torch.tensor(used)[:, None], device)
+
+
+def from_host(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``, sent without the host waiting for the device (no host sync)."""
     if device.type == "cuda":
-        return mask.pin_memory().to(device, non_blocking=True)
-    return mask.to(device)
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 class Stager:
