@@ -944,9 +944,9 @@ class Sweep:
 
         mode = self.mode_for(metric, mode)
         trials = self.best(metric, mode, n=top) if top else self.trials([])  # a curve of bools needs no best
-        steps = self.steps([metric], trials=list(trials["trial_id"]))
-        column = steps[metric]  # null (never logged; a NaN was logged) only in an Arrow-backed column
-        logged = set(steps.loc[column.notna() if isinstance(column.dtype, pd.ArrowDtype) else slice(None), "trial_id"])
+        steps = self.steps([metric], trials=list(trials["trial_id"]), exact=True)  # a null apart from a NaN
+        column = steps[metric]
+        logged = set(steps.loc[column.notna(), "trial_id"])
         if not logged:
             raise InvalidArgumentError(f"No trial of these {len(trials)} logged {metric!r}: there is no curve to plot")
         steps = steps[steps["trial_id"].isin(logged)]  # a trial without the metric has no curve to count or list

@@ -553,6 +553,27 @@ def test_a_diverged_trial_leaves_the_other_curves_readable_in_a_png(
     assert all(10.0 < y < high for y in mark.get_ydata())
 
 
+def test_a_png_marks_the_nan_values_as_the_report_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ray-cmf plot`` drew no mark for a NaN (a NaN-only trial drew nothing at all), where the report marks
+    each with an x: the plot read a logged NaN as a step without the metric."""
+    from ray_cmf import plots
+
+    def losses(*values: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    trials = [Trial("ok", {}, losses(1.0, 0.5, 0.25)), Trial("nan", {}, losses(math.nan, math.nan, math.nan))]
+    gap = Trial("gap", {}, {"": [{"training_iteration": 1, "loss": 0.7}, {"training_iteration": 2}]})
+    for store, kept in (("plain", trials), ("with_a_gap", [*trials, gap])):  # a column with a null, and without
+        drawn: list[Any] = []
+        monkeypatch.setattr(plots, "_save", lambda fig, path, drawn=drawn: drawn.append(fig) or path)
+        Sweep(write_trials(tmp_path / store, kept)).plot_curves("loss", tmp_path / f"{store}.png")
+        [ax] = drawn[0].axes
+        colours = {line.get_label(): line.get_color() for line in ax.lines if not line.get_label().startswith("_")}
+        marks = [line for line in ax.lines if line.get_linestyle() == "None" and line.get_marker() == "x"]
+        assert [(m.get_color(), list(m.get_xdata())) for m in marks] == [(colours["nan"], [1.0, 3.0])], store
+        assert ax.get_title().endswith(f"({len(kept)} trials)")  # the gap is no NaN, and has no mark
+
+
 def test_a_plot_counts_and_draws_only_the_trials_that_logged_its_metric(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
