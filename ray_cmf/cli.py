@@ -337,6 +337,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     diff = sweep.diff(args.trial_a, args.trial_b)
     if not args.all_columns:  # Tune's own timing differs between any two trials: shown when asked for
         diff = diff[[not _bookkeeping(str(field)) for field in diff.index]]
+    if not args.json and ERROR_COLUMN in diff.index:  # its exception's line, as `trials` shows it
+        diff.loc[ERROR_COLUMN] = [_headline(v) for v in diff.loc[ERROR_COLUMN]]
     pairs = zip(diff.index, diff.values, strict=True)
     shown = (lambda value: value) if args.json else _literal
     rows = [{"field": field, args.trial_a: shown(a), args.trial_b: shown(b)} for field, (a, b) in pairs]

@@ -46,6 +46,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
+    NOTE_COLUMN,
     TAG_COLUMN,
     curated_columns,
     deleted_properties,
@@ -854,8 +855,8 @@ class Sweep:
         raise unknown_trials([trial_id], [self.key(e) for e, _ in self.executions()], self.pipeline)
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
-        """Config, environment, seed and metric values (summaries and execution metrics) that differ between
-        two trials (rows: field; columns: the two trials)."""
+        """Status, error, tags, note, config, environment, seed and metric values (summaries and execution
+        metrics) that differ between two trials (rows: field; columns: the two trials)."""
         import pandas as pd
 
         table = self.trials().set_index("trial_id")
@@ -864,12 +865,12 @@ class Sweep:
                 raise unknown_trials([trial], table.index, self.pipeline)
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
+        ended = [f for f in pair.index if f in ("status", ERROR_COLUMN, NOTE_COLUMN) or f.startswith(TAG_COLUMN)]
         fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f.startswith("metrics/") or f == "steps"]
         configs = [{f"config/{k}": v for k, v in self.config(t).items()} for t in pair.columns]  # a list is no cell
         environments = [self.environment(t) for t in pair.columns]
-        pair = pd.concat(
-            [_side_by_side(configs, pair.columns), pair.loc[fields], _side_by_side(environments, pair.columns)]
-        )
+        parts = [pair.loc[ended], _side_by_side(configs, pair.columns), pair.loc[fields]]
+        pair = pd.concat([*parts, _side_by_side(environments, pair.columns)])
         differs = pair.apply(lambda r: not _same(r.iloc[0], r.iloc[1]), axis=1)
         return pair[differs]
 

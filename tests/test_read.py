@@ -502,6 +502,29 @@ def test_diff_tells_configs_apart_as_recorded(tmp_path: Path, capsys: pytest.Cap
     assert shown["config/drop"] == ['""', "null"]
 
 
+def test_diff_shows_how_the_trials_ended_and_how_they_were_curated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``diff`` of a COMPLETE and a FAILED trial that were tagged apart showed neither the status, the error
+    nor the tags: only config, environment and metrics."""
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    trials = [Trial("a", {"lr": 0.1}, rows), Trial("b", {"lr": 0.1}, rows, "FAILED", "ValueError: diverged")]
+    sweep = Sweep(write_trials(tmp_path / "store", trials))
+    sweep.tag("a", kind="baseline")
+    sweep.tag("b", kind="probe")
+    sweep.note("b", "lr too high?")
+    differs = sweep.diff("a", "b")
+    assert differs.loc["status"].tolist() == ["COMPLETE", "FAILED"]
+    assert differs.loc["error"].tolist() == [None, "ValueError: diverged"]
+    assert differs.loc["tag/kind"].tolist() == ["baseline", "probe"]
+    assert differs.loc["note"].tolist() == [None, "lr too high?"]
+    assert "config/lr" not in differs.index and "loss_best" not in differs.index
+    assert main(["--store", str(sweep.store.root), "diff", "a", "b"]) == 0
+    table = [[cell.strip() for cell in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines()]
+    shown = {cells[0]: cells[1:] for cells in table if cells}
+    assert shown["status"] == ['"COMPLETE"', '"FAILED"'] and shown["error"] == ["null", '"ValueError: diverged"']
+
+
 def _drawn_pixels(png: Path) -> int:
     """Coloured pixels in a plot without legend or colour bar: what its curves drew (axes, text and grid are
     grey)."""
