@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _LEGEND_MAX = 12
 _NO_VALUE = "grey"  # the colour of a trial whose config lacks the key a plot is coloured by
 _MARKERS = {"Infinity": "^", "NaN": "x", "-Infinity": "v"}  # the report's symbols for values off the plot
-_MARKS_NOTE = "▲ ▼ off the plot (inf, or far beyond the other values)   x NaN"
+_MARKS_NOTE = "▲ ▼ off the plot (inf, beyond ±1e300, or far beyond the other values)   x NaN"
 _MAX_MARKS = 200  # per curve, as the report's points
 
 
