@@ -196,6 +196,13 @@ def test_histogram_p0_and_p100_are_the_smallest_and_largest_value_exactly(
     assert (out["p0"].item(), out["p100"].item()) == (min(data), max(data))
 
 
+def test_a_nan_predicted_label_is_left_out_and_counted_as_a_nan_score_is() -> None:
+    """With scores, a row holding NaN is left out and counted; a NaN predicted label was counted as wrong."""
+    m = Accuracy()
+    m.update(torch.tensor([1.0, math.nan, 2.0]), torch.tensor([1, 0, 0]))
+    assert {k: v.item() for k, v in m.compute().items()} == {"value": 0.5, "nonfinite": 1.0}
+
+
 def test_a_mean_whose_weights_sum_to_zero_is_nan() -> None:
     """Weights 1 and -1 gave -inf (and all-zero weights NaN): a weighted mean with no net weight is undefined."""
     for weights in ([1.0, -1.0], [0.0, 0.0]):

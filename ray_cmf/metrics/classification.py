@@ -16,7 +16,8 @@ class Accuracy(Metric):
     """Fraction of samples whose target is among the top-``k`` predictions.
 
     ``preds_or_logits`` is either class scores of shape ``(N, C)`` (or ``(N, C, ...)``) or predicted labels
-    with the target's shape. Samples whose scores are not all finite are excluded and counted.
+    with the target's shape. Samples whose scores are not all finite, or whose predicted label is NaN or
+    inf, are excluded and counted (under ``nan_policy="exclude"``). Tied scores rank by class index.
 
     Example:
         >>> m = Accuracy()
@@ -68,8 +69,8 @@ class Accuracy(Metric):
         if target.dim() > 2:  # the staged updates' dimension joins the samples' dimension
             preds, target = preds.flatten(1, 2), target.flatten(1, 2)
             keep = None if keep is None else keep.flatten(1, 2)
-        if preds.dim() == target.dim():
-            hit, bad = preds == target, None
+        if preds.dim() == target.dim():  # predicted labels: a NaN or inf one is no label (left out and counted)
+            hit, bad = preds == target, nonfinite(preds) if self._needs_mask(preds) else None
         else:
             hit = preds.argmax(dim=2) == target if self.top_k == 1 else self._in_top_k(preds, target)
             bad = nonfinite(preds).any(dim=2) if self._needs_mask(preds) else None
