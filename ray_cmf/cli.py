@@ -147,7 +147,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     """The trial table's columns to show: Tune's bookkeeping (``time_total_s``, ...) only when asked for
     (``every``), and a counter (``epoch``, ``step``, ``loss_nonfinite``) by its final value only."""
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
-    recovered = ["recovered"] if "recovered" in table.columns and table["recovered"].any() else []
+    recovered = [c for c in ("recovered", "stopped") if c in table.columns and table[c].any()]
     curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
     shown = ("replaced_by", "restarted_from", NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
     curated += [c for c in shown if c in table.columns and table[c].notna().any()]

@@ -41,6 +41,7 @@ from ray_cmf.constants import (
     STARTS_PREFIX,
     STEP_METRICS_TYPE,
     STEPS_METRICS_NAME,
+    STOPPED_PROPERTY,
     SUMMARY_KEY,
     SYSTEM_METRICS_NAME,
 )
@@ -647,6 +648,7 @@ class Sweep:
             "trial_id": trial_id,
             "status": REPLACED if trial_id in replaced_by else _status(execution, props),
             "recovered": bool(props.get(RECOVERED, False)),
+            "stopped": bool(props.get(STOPPED_PROPERTY, False)),
             "stage": stage,
             **(_ranking(props) if trial_id not in replaced_by else {}),
             **(restarts if replaced_by else {}),
@@ -865,7 +867,8 @@ class Sweep:
                 raise unknown_trials([trial], table.index, self.pipeline)
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
-        ended = [f for f in pair.index if f in ("status", ERROR_COLUMN, NOTE_COLUMN) or f.startswith(TAG_COLUMN)]
+        how = ("status", "stopped", ERROR_COLUMN, NOTE_COLUMN)
+        ended = [f for f in pair.index if f in how or f.startswith(TAG_COLUMN)]
         fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f.startswith("metrics/") or f == "steps"]
         configs = [{f"config/{k}": v for k, v in self.config(t).items()} for t in pair.columns]  # a list is no cell
         environments = [self.environment(t) for t in pair.columns]

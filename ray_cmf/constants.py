@@ -53,6 +53,7 @@ STEP_FLUSH_SECONDS = 1.0  # StepLogger batches its rows for at most this long wh
 RESERVED_PREFIX = "ray_cmf:"
 TAG_PREFIX = RESERVED_PREFIX + "tag:"  # one property per tag: ray_cmf:tag:<key>
 NOTE_PROPERTY = RESERVED_PREFIX + "note"
+STOPPED_PROPERTY = RESERVED_PREFIX + "stopped"  # on a trial that Tune stopped (a scheduler, a stop criterion)
 # Whether lower (min) or higher (max) of a metric is better, as its logger declared it: ray_cmf:mode:<metric>
 MODE_PREFIX = RESERVED_PREFIX + "mode:"
 DELETED_PROPERTY = RESERVED_PREFIX + "deleted_at"  # when it was deleted (UTC ISO 8601); absent: it is not

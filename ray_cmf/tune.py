@@ -42,6 +42,7 @@ from ray_cmf.constants import (
     RANKED_MODE_PROPERTY,
     RESTARTED_FROM_PROPERTY,
     RESULTS_METRICS_NAME,
+    STOPPED_PROPERTY,
     SYSTEM_METRICS_NAME,
     TRIAL_EXECUTION_TYPE,
 )
@@ -261,6 +262,7 @@ class _TrialState:
     keys: set[str] = field(default_factory=set)  # what its results held
     watch: Future[Watch | None] | None = None  # its process, as its node's sampler samples it
     tag: str | None = None  # Tune's experiment tag: a trial restart_errored makes keeps the one it replaces
+    stopped: bool = False  # Tune decided to stop it at its latest result (a scheduler, a stop criterion)
 
     def persisted(self) -> dict[str, Any]:
         return {"ranked": list(self.ranked), "committed": self.committed, "tag": self.tag}
@@ -552,6 +554,7 @@ class CmfRayLogger(tune.Callback):
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
     ) -> None:
         state = self._state(trial)
+        state.stopped = result.get("done") is True  # Tune's stop decision; a trainable's own end is not reported
         row = result_row(result)
         step = row.get("step", row.get("training_iteration"))  # what the results are keyed by when read
         append_result(state.buffer, row, f"trial {trial.trial_id}, result at step {step}")  # type: ignore[arg-type]
@@ -593,7 +596,8 @@ class CmfRayLogger(tune.Callback):
         if state.committed:
             return
         state.committed = True
-        props: dict[str, Any] = {"status": status}
+        stopped = state.stopped and status == "COMPLETE"
+        props: dict[str, Any] = {"status": status, **({STOPPED_PROPERTY: True} if stopped else {})}
         if self.metric is not None:
             best = state.best(self.mode)
             props[f"best_{self.metric}"] = best if best is not None else math.nan

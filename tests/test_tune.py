@@ -606,6 +606,41 @@ def test_a_trial_that_no_sweep_will_register_is_an_error_at_once(ray_session: No
         CmfRayLogger("abcde_00000").cmf_obj["abcde_00000"]  # the cmflib docs' pattern
 
 
+def _reports(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    for i in range(config["reports"]):
+        tune.report({"loss": 1.0 / (i + 1)})
+
+
+def test_a_trial_that_tune_stopped_reads_as_stopped(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trial that a scheduler (ASHA) or a stop criterion ended read COMPLETE, the same as one that ran to
+    its end: only its step count told them apart. It is still COMPLETE, as Tune has it, and ``stopped``."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger, Sweep
+    from ray_cmf.cli import main
+
+    logger = CmfRayLogger("stopped", store=str(tmp_path / "store"), metric="loss")
+    tune.Tuner(
+        _reports,
+        param_space={"reports": tune.grid_search([1, 5])},
+        run_config=tune.RunConfig(
+            name="stopped", storage_path=str(tmp_path / "results"), callbacks=[logger], stop={"training_iteration": 2}
+        ),
+    ).fit()
+    table = Sweep(tmp_path / "store").trials().set_index("config/reports")
+    assert table.loc[1, "status"] == table.loc[5, "status"] == "COMPLETE"
+    assert (table.loc[1, "stopped"], table.loc[5, "stopped"]) == (False, True)
+    assert table.loc[5, "steps"] == 2
+    capsys.readouterr()  # Tune's own output
+    assert main(["trials", "--store", str(tmp_path / "store"), "--json"]) == 0
+    shown = {row["config/reports"]: row["stopped"] for row in json.loads(capsys.readouterr().out)}
+    assert shown == {1: False, 5: True}
+
+
 def test_a_metric_no_result_holds_is_warned_about(
     ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
