@@ -651,7 +651,8 @@ def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], 
 
 def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     """The trial table, in the order it comes (best first), the first metric's best marked as its sort."""
-    columns = ["trial_id", "status", *[c for c in trials.columns if c.startswith(("config/", TAG_COLUMN))]]
+    stopped = ["stopped"] if "stopped" in trials.columns and trials["stopped"].any() else []  # by Tune
+    columns = ["trial_id", "status", *stopped, *[c for c in trials.columns if c.startswith(("config/", TAG_COLUMN))]]
     columns += [f"{m}_{k}" for m in metrics for k in ("best", "final") if f"{m}_{k}" in trials.columns]
     columns += [c for c in trials.columns if c.startswith("metrics/")]  # log_execution_metrics
     columns += ["steps", "md5"]

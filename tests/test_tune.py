@@ -639,6 +639,8 @@ def test_a_trial_that_tune_stopped_reads_as_stopped(
     assert main(["trials", "--store", str(tmp_path / "store"), "--json"]) == 0
     shown = {row["config/reports"]: row["stopped"] for row in json.loads(capsys.readouterr().out)}
     assert shown == {1: False, 5: True}
+    page = Sweep(tmp_path / "store").report(tmp_path / "r.html").read_text()
+    assert "<th>stopped</th>" in page and "<td>True</td>" in page
 
 
 def test_a_metric_no_result_holds_is_warned_about(
