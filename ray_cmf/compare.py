@@ -641,21 +641,22 @@ class Sweep:
         props = {k: float_of(v) for k, v in texts.items()}
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
         config = _config(props)
-        environment = _environment(props, config)
+        own = _not_config(props, config)
+        environment = _environment(own)
         replaced_by, restarted_from = self._replacements()
         restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
         return {
             "trial_id": trial_id,
-            "status": REPLACED if trial_id in replaced_by else _status(execution, props),
+            "status": REPLACED if trial_id in replaced_by else _status(execution, own),
             "recovered": bool(props.get(RECOVERED, False)),
             "stopped": bool(props.get(STOPPED_PROPERTY, False)),
             "stage": stage,
-            **(_ranking(props) if trial_id not in replaced_by else {}),
+            **(_ranking(own) if trial_id not in replaced_by else {}),
             **(restarts if replaced_by else {}),
             **{f"config/{k}": v for k, v in config.items()},
             **curated_columns(texts),
             "started_at": _utc_text(execution.create_time_since_epoch),
-            ERROR_COLUMN: props.get(ERROR_PROPERTY),
+            ERROR_COLUMN: own.get(ERROR_PROPERTY),
             **deleted,
             **{f"env/{k}": environment.get(f"env/{k}") for k in ENV_COLUMNS},
             **{k: v for k, v in environment.items() if k.startswith("seed/")},
@@ -831,7 +832,7 @@ class Sweep:
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
         props = self._properties(trial_id)
-        return dict(sorted(_environment(props, _config(props, as_json=False)).items()))
+        return dict(sorted(_environment(_not_config(props, _config(props, as_json=False))).items()))
 
     def config(self, trial_id: str) -> dict[str, Any]:
         """The config a trial recorded, its nested keys flattened with ``.``: only its own keys, where the
@@ -1044,14 +1045,20 @@ def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]
     return flatten_config(json.loads(raw), as_json=as_json)
 
 
-def _environment(props: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``env/...`` and ``seed/...`` values ray_cmf recorded among an execution's properties, where the
-    config's keys are stored too: a config key that merely looks like one (``seed_data``, ``env_name``) and
-    holds the config's value is config, not a seed or an environment field."""
+def _not_config(props: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """An execution's properties less those that only hold its config: the config's keys are stored as
+    properties beside what ray_cmf records, so a config's ``error``, ``status`` or ``seed_data`` would read as
+    the trial's error, status or seed. A property that ray_cmf wrote over the config's key keeps its value."""
+    return {k: v for k, v in props.items() if not (k in config and _same(config[k], v))}
+
+
+def _environment(props: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``env/...`` and ``seed/...`` values ray_cmf recorded among an execution's properties (less its
+    config: see :func:`_not_config`)."""
     return {
         f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
         for k, v in props.items()
-        if k.startswith((ENV_PREFIX, SEED_PREFIX)) and not (k in config and _same(config[k], v))
+        if k.startswith((ENV_PREFIX, SEED_PREFIX))
     }
 
 

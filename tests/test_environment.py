@@ -166,6 +166,23 @@ def test_config_keys_named_like_seeds_or_environment_stay_config(tmp_path: Path)
     assert sweep.trials(where="`seed/data` == 7").empty
 
 
+def test_config_keys_named_like_what_ray_cmf_records_stay_config(tmp_path: Path) -> None:
+    """A config's ``error`` (a tolerance, say), ``status`` or ``top_rank`` read back as the trial's error,
+    status and rank: a COMPLETE run showed the error 0.1, and ``--where 'error != null'`` matched it."""
+    store = tmp_path / "store"
+    config = {"error": 0.1, "status": "draft", "top_rank": 3, "in_top_n": True}
+    with Cmf(pipeline_name="p", store=store) as cmf:
+        cmf.create_execution("trial", config, execution_name="mine")
+        cmf.log_metric("s", {"step": 0, "loss": 1.0})
+        cmf.commit_metrics("s")
+    sweep = Sweep(store, pipeline="p", metrics_name="s")
+    [row] = sweep.trials().to_dict(orient="records")
+    assert row["status"] == "COMPLETE" and row["error"] is None
+    assert "top_rank" not in row and "in_top_n" not in row
+    assert {k: row[f"config/{k}"] for k in config} == config
+    assert sweep.trials(where="error != null").empty
+
+
 def test_strip_credentials() -> None:
     assert strip_credentials("https://u:p@host/r.git") == "https://host/r.git"
     assert strip_credentials("ssh://git@host/r.git") == "ssh://host/r.git"
