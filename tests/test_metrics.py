@@ -211,6 +211,32 @@ def test_a_mean_whose_weights_sum_to_zero_is_nan() -> None:
         assert math.isnan(m.compute()["value"].item()), weights
 
 
+@settings(max_examples=200, deadline=None)
+@example(data=[math.inf, -math.inf])  # a new user's: p0 0.0 and p100 1.0 (low and high), values never seen
+@example(data=[0.1, math.inf, -math.inf, 0.6])
+@given(data=st.lists(st.sampled_from([math.inf, -math.inf]) | st.floats(-5.0, 15.0), min_size=1, max_size=20))
+def test_a_propagating_histograms_quantiles_are_infinite_where_the_data_is(data: list[float]) -> None:
+    """Under ``nan_policy="propagate"`` infinities are values: a quantile that falls among them is -inf or
+    inf, as NumPy's is, and the others are estimated from the finite values (within one bin, and never
+    outside them). Any NaN makes every quantile NaN, as it makes NumPy's."""
+    quantiles = (0.0, 0.25, 0.5, 0.75, 1.0)
+    h = Histogram(bins=10, low=0.0, high=10.0, quantiles=quantiles, nan_policy="propagate")
+    h.update(torch.tensor(data, dtype=torch.float64))
+    out = h.compute()
+    finite = [v for v in data if math.isfinite(v)]
+    assert out["count"].item() == len(data)
+    for q in quantiles:
+        estimate, truth = out[f"p{q * 100:g}"].item(), float(np.quantile(data, q, method="inverted_cdf"))
+        if math.isinf(truth):
+            assert estimate == truth, (q, estimate, truth)
+            continue
+        assert min(finite) <= estimate <= max(finite), (q, estimate, finite)
+        if 0.0 <= truth < 10.0:
+            assert abs(estimate - truth) <= 1.0 + 1e-9, (q, estimate, truth)
+    h.update(torch.tensor([math.nan], dtype=torch.float64))
+    assert all(math.isnan(h.compute()[f"p{q * 100:g}"].item()) for q in quantiles)
+
+
 def test_a_histogram_refuses_bins_it_cannot_compute() -> None:
     """``high=inf`` (or a range whose width overflows) made every quantile NaN, and a quantile asked for twice
     failed inside ``update`` with an IndexError."""

@@ -11,6 +11,8 @@ import torch
 from ray_cmf.metrics.base import Metric, nonfinite, rows_mask
 from ray_cmf.metrics.packing import STATE_DTYPE
 
+_NONFINITE = ("below", "above", "nans")  # under "propagate": how many -inf, inf and NaN values were seen
+
 
 class Histogram(Metric):
     """Counts in ``bins`` equal-width bins over ``[low, high)`` plus an underflow and an overflow bin.
@@ -19,7 +21,9 @@ class Histogram(Metric):
     one ``p<q>`` output per quantile, interpolated linearly inside its bin. The smallest and the largest
     finite value seen are kept too: the underflow bin spans ``[smallest, low)`` and the overflow bin
     ``[high, largest]``, and no quantile lies outside ``[smallest, largest]`` (``p0`` and ``p100`` are
-    those values exactly). The ``value`` output is the median, whichever quantiles are reported.
+    those values exactly). The ``value`` output is the median, whichever quantiles are reported. Under
+    ``nan_policy="propagate"`` infinities are values too (a quantile among them is -inf or inf) and any NaN
+    makes every quantile NaN, as NumPy's are.
 
     Example:
         >>> h = Histogram(bins=10, low=0.0, high=1.0)
@@ -53,6 +57,9 @@ class Histogram(Metric):
         # the range of the finite values seen; a checkpoint from before it was kept loads it as unknown
         self.add_state("smallest", math.inf, "min", missing=-math.inf)
         self.add_state("largest", -math.inf, "max", missing=math.inf)
+        if self.nan_policy == "propagate":  # the non-finite values, which the end bins count too
+            for name in _NONFINITE:
+                self.add_state(name, 0.0, "sum", missing=0.0)
 
     def _config(self) -> tuple[Any, ...]:
         return (self.bins, self.low, self.high, self.quantiles)
@@ -71,6 +78,9 @@ class Histogram(Metric):
             states["nonfinite"].add_(bad.sum(1))
             keep = ~bad if keep is None else keep & ~bad
         self._extend_range(states, value, keep)
+        if self.nan_policy == "propagate":
+            for name, which in zip(_NONFINITE, (value == -math.inf, value == math.inf, value.isnan()), strict=True):
+                states[name].add_((which if keep is None else which & keep).sum(1))
         weight = torch.ones_like(value) if keep is None else keep.to(STATE_DTYPE)
         scaled = ((value - self.low) / (self.high - self.low) * self.bins).floor()
         # +inf and NaN land in the overflow bin, -inf in the underflow bin (they count only under "propagate")
@@ -93,6 +103,30 @@ class Histogram(Metric):
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         counts = states["counts"]  # (members, bins + 2)
+        total = counts.sum(1)
+        targets = torch.stack([total * q for q in self._estimated], dim=1)  # the inverted CDF's positions
+        if self.nan_policy != "propagate":
+            estimates = self._interpolate(states, counts, targets)
+        else:  # estimated among the finite values; a position among the infinities is infinite, NaN is NaN
+            below, above, nans = (states[name][:, None] for name in _NONFINITE)
+            finite = counts - torch.cat([below, torch.zeros_like(counts[:, 1:-1]), above + nans], 1)
+            estimates = self._interpolate(states, finite, (targets - below).clamp(min=0))
+            estimates = torch.where((below > 0) & (targets <= below), -math.inf, estimates)
+            lesser = total[:, None] - above - nans  # the values below inf
+            estimates = torch.where((above > 0) & ((targets > lesser) | (lesser == 0)), math.inf, estimates)
+            estimates = torch.where(nans > 0, math.nan, estimates)
+        out = {"value": estimates[:, self._estimated.index(0.5)]}
+        out.update({f"p{q * 100:g}": estimates[:, j] for j, q in enumerate(self.quantiles)})
+        out.update(count=total, counts=counts)
+        if "nonfinite" in states:
+            out["nonfinite"] = states["nonfinite"]
+        return out
+
+    def _interpolate(
+        self, states: Mapping[str, torch.Tensor], counts: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """Each member's value at each cumulative count of ``targets`` ``(members, quantiles)``, interpolated
+        inside the bin of ``counts`` (finite values only) that reaches it; NaN for a member with none."""
         smallest, largest = states["smallest"], states["largest"]  # (members,); unknown: -inf, +inf
         total = counts.sum(1)
         cumulative = counts.cumsum(1)
@@ -106,7 +140,6 @@ class Histogram(Metric):
         inner = (counts.shape[0], self.bins)
         lower = torch.cat([floor, edges[:-1].expand(inner), edges[-1:].expand_as(floor)], 1)
         upper = torch.cat([edges[:1].expand_as(ceiling), edges[1:].expand(inner), ceiling], 1)
-        targets = torch.stack([total * q for q in self._estimated], dim=1)
         # the bin where the cumulative count reaches each target; for 0 (p0), the first bin that holds any
         i = torch.where(
             targets > 0, torch.searchsorted(cumulative, targets), torch.searchsorted(cumulative, targets, right=True)
@@ -118,13 +151,9 @@ class Histogram(Metric):
         estimates = start + frac * (upper.gather(1, i) - start)
         seen = (smallest <= largest)[:, None]  # some finite value was seen (or the range is unknown)
         estimates = torch.where(seen, estimates.clamp(smallest[:, None], largest[:, None]), estimates)
-        ends = torch.tensor(self._estimated, dtype=counts.dtype, device=counts.device)  # p0 and p100: exact
-        estimates = torch.where((ends == 0) & smallest.isfinite()[:, None], smallest[:, None], estimates)
-        estimates = torch.where((ends == 1) & largest.isfinite()[:, None], largest[:, None], estimates)
-        estimates = torch.where(total[:, None] > 0, estimates, math.nan)
-        out = {"value": estimates[:, self._estimated.index(0.5)]}
-        out.update({f"p{q * 100:g}": estimates[:, j] for j, q in enumerate(self.quantiles)})
-        out.update(count=total, counts=counts)
-        if "nonfinite" in states:
-            out["nonfinite"] = states["nonfinite"]
-        return out
+        columns = list(estimates.unbind(1))
+        for j, q in enumerate(self._estimated):  # p0 and p100 are the ends seen, exactly
+            if q in (0.0, 1.0):
+                end = smallest if q == 0.0 else largest
+                columns[j] = torch.where(end.isfinite(), end, columns[j])
+        return torch.where(total[:, None] > 0, torch.stack(columns, 1), math.nan)
