@@ -43,7 +43,7 @@ from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, error_text, outcome, track
 from ray_cmf.frames import exact_frame
-from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties
+from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties, not_recorded
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
 from ray_cmf.writer import Joined, StoreWriter
@@ -174,7 +174,7 @@ class Cmf:
             "Execution": cmd if cmd is not None else redact_command(sys.argv),
             "Context_Type": self._stage,
             "Pipeline_Type": self.pipeline_name,
-            **(custom_properties or {}),
+            **not_recorded(custom_properties or {}),  # a "status" or "seed_x" of its own is config only
         }
         if custom_properties and CONFIG_JSON not in custom_properties:  # what Sweep shows as config/<key>
             props[CONFIG_JSON] = config_properties(custom_properties)[CONFIG_JSON]  # warns of keys it cannot show

@@ -27,15 +27,18 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
     DELETED_PROPERTY,
+    ENV_PREFIX,
     ERROR_PROPERTY,
     EXACT_FLOAT_INT,
     OWNER_PROPERTY,
     RANKED_BY_PROPERTY,
     RANKED_MODE_PROPERTY,
+    RECOVERED,
     REPLACED,
     REPORTS_METRICS_NAME,
     RESTARTED_FROM_PROPERTY,
     RESULTS_METRICS_NAME,
+    SEED_PREFIX,
     SEQUENCE_COLUMN,
     SPILL_DIR,
     STARTS_PREFIX,
@@ -55,9 +58,9 @@ from ray_cmf.curation import (
     tag_properties,
     untag_properties,
 )
-from ray_cmf.environment import ENV_COLUMNS, ENV_PREFIX, SEED_PREFIX
+from ray_cmf.environment import ENV_COLUMNS
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
-from ray_cmf.exits import CRASHED, RECOVERED, abandoned
+from ray_cmf.exits import CRASHED, abandoned
 from ray_cmf.frames import (
     ERROR_COLUMN,
     KEY_COLUMNS,
@@ -641,22 +644,21 @@ class Sweep:
         props = {k: float_of(v) for k, v in texts.items()}
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
         config = _config(props)
-        own = _not_config(props, config)
-        environment = _environment(own)
+        environment = _environment(props)
         replaced_by, restarted_from = self._replacements()
         restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
         return {
             "trial_id": trial_id,
-            "status": REPLACED if trial_id in replaced_by else _status(execution, own),
+            "status": REPLACED if trial_id in replaced_by else _status(execution, props),
             "recovered": bool(props.get(RECOVERED, False)),
             "stopped": bool(props.get(STOPPED_PROPERTY, False)),
             "stage": stage,
-            **(_ranking(own) if trial_id not in replaced_by else {}),
+            **(_ranking(props) if trial_id not in replaced_by else {}),
             **(restarts if replaced_by else {}),
             **{f"config/{k}": v for k, v in config.items()},
             **curated_columns(texts),
             "started_at": _utc_text(execution.create_time_since_epoch),
-            ERROR_COLUMN: own.get(ERROR_PROPERTY),
+            ERROR_COLUMN: props.get(ERROR_PROPERTY),
             **deleted,
             **{f"env/{k}": environment.get(f"env/{k}") for k in ENV_COLUMNS},
             **{k: v for k, v in environment.items() if k.startswith("seed/")},
@@ -832,7 +834,7 @@ class Sweep:
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
         props = self._properties(trial_id)
-        return dict(sorted(_environment(_not_config(props, _config(props, as_json=False))).items()))
+        return dict(sorted(_environment(props).items()))
 
     def config(self, trial_id: str) -> dict[str, Any]:
         """The config a trial recorded, its nested keys flattened with ``.``: only its own keys, where the
@@ -1045,16 +1047,9 @@ def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]
     return flatten_config(json.loads(raw), as_json=as_json)
 
 
-def _not_config(props: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """An execution's properties less those that only hold its config: the config's keys are stored as
-    properties beside what ray_cmf records, so a config's ``error``, ``status`` or ``seed_data`` would read as
-    the trial's error, status or seed. A property that ray_cmf wrote over the config's key keeps its value."""
-    return {k: v for k, v in props.items() if not (k in config and _same(config[k], v))}
-
-
 def _environment(props: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``env/...`` and ``seed/...`` values ray_cmf recorded among an execution's properties (less its
-    config: see :func:`_not_config`)."""
+    """The ``env/...`` and ``seed/...`` values ray_cmf recorded among an execution's properties (a config's
+    keys of such names are not among them: see :func:`~ray_cmf.lineage.config_properties`)."""
     return {
         f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
         for k, v in props.items()

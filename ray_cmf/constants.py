@@ -53,6 +53,10 @@ STEP_FLUSH_SECONDS = 1.0  # StepLogger batches its rows for at most this long wh
 RESERVED_PREFIX = "ray_cmf:"
 TAG_PREFIX = RESERVED_PREFIX + "tag:"  # one property per tag: ray_cmf:tag:<key>
 NOTE_PROPERTY = RESERVED_PREFIX + "note"
+ENV_PREFIX = "env_"  # what a run ran on: env_host, env_git_commit, ... (see ray_cmf.environment)
+SEED_PREFIX = "seed_"  # the seeds it logged: seed_<name>
+HOLDER_HOST, HOLDER_PID = "holder_host", "holder_pid"  # the process that ends the execution, when it runs
+RECOVERED = "recovered"  # set on an execution, and its series, whose spilled rows recover() committed
 STOPPED_PROPERTY = RESERVED_PREFIX + "stopped"  # on a trial that Tune stopped (a scheduler, a stop criterion)
 # Whether lower (min) or higher (max) of a metric is better, as its logger declared it: ray_cmf:mode:<metric>
 MODE_PREFIX = RESERVED_PREFIX + "mode:"
@@ -69,3 +73,22 @@ VALUES_JSON = RESERVED_PREFIX + "values"  # a Metrics artifact's: what log_execu
 GLOG_LEVEL_ENV = "GLOG_minloglevel"  # the least level of the log lines ML-Metadata's C++ library prints
 CONFIG_JSON = "config_json"  # an execution property: its config as JSON, what Sweep shows as config/<key>
 EXACT_FLOAT_INT = 2**53  # float64 holds every integer up to here, and not all beyond
+# Execution properties that hold what ray_cmf records of a run, beside its config's keys (and ENV_PREFIX,
+# SEED_PREFIX and RESERVED_PREFIX names): a config key of one of these names stays in the config's JSON only
+RECORDED_PROPERTIES = frozenset(
+    {
+        "status",
+        "trial_id",
+        "in_top_n",
+        "top_rank",
+        ERROR_PROPERTY,
+        ATTEMPT_PROPERTY,
+        TRIAL_PROPERTY,
+        RANKED_BY_PROPERTY,
+        RANKED_MODE_PROPERTY,
+        RESTARTED_FROM_PROPERTY,
+        HOLDER_HOST,
+        HOLDER_PID,
+        RECOVERED,
+    }
+)

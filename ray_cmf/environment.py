@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._names import check_name
+from ray_cmf.constants import ENV_PREFIX, SEED_PREFIX
 
-ENV_PREFIX = "env_"
-SEED_PREFIX = "seed_"
 ENV_COLUMNS = ("git_commit", "git_dirty", "host", "gpu_model")  # the ones Sweep.trials() shows
 _GIT_TIMEOUT_S = 10.0
 _CREDENTIALS = re.compile(r"(?<=://)[^/@]+@")

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from ray_cmf.constants import HOLDER_HOST, HOLDER_PID
 from ray_cmf.errors import recorded_error
 
 log = logging.getLogger(__name__)
@@ -125,9 +126,7 @@ def _close_quietly(action: Callable[[], None], what: object) -> None:
 
 
 # -- who holds a running execution ---------------------------------------------------------------------
-HOLDER_HOST, HOLDER_PID = "holder_host", "holder_pid"  # the process that ends the execution, when it runs
 CRASHED = "CRASHED"  # the status of an execution whose holder died without ending it
-RECOVERED = "recovered"  # set on an execution, and its series, whose spilled rows recover() committed
 
 
 def holder() -> dict[str, Any]:

@@ -26,11 +26,14 @@ from ray_cmf._json import NONFINITE_TEXT, float_of
 from ray_cmf.connection import connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,
+    ENV_PREFIX,
     EXECUTION_METRICS_TYPE,
     NAME_PROPERTY,
     OWNER_PROPERTY,
     PIPELINE_CONTEXT_TYPE,
+    RECORDED_PROPERTIES,
     RESERVED_PREFIX,
+    SEED_PREFIX,
     STAGE_CONTEXT_TYPE,
     TRIAL_EXECUTION_TYPE,
     TRIAL_PROPERTY,
@@ -134,10 +137,21 @@ def config_json(config: Mapping[str, Any]) -> str:
 
 
 def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Execution properties for a config: its flattened scalars plus the whole config as JSON (a key under
-    ray_cmf's reserved prefix stays in the JSON only, so it cannot pose as a tag or a deletion mark)."""
-    flat = {k: v for k, v in flatten_config(config, warn=True).items() if not k.startswith(RESERVED_PREFIX)}
-    return {**flat, CONFIG_JSON: config_json(config)}
+    """Execution properties for a config: its flattened scalars plus the whole config as JSON. A key named
+    like what ray_cmf records (see :func:`records`) stays in the JSON only, so it can neither pose as a tag,
+    a seed or the run's status, nor write over them."""
+    return {**not_recorded(flatten_config(config, warn=True)), CONFIG_JSON: config_json(config)}
+
+
+def records(key: str) -> bool:
+    """Whether an execution property of this name holds what ray_cmf records of a run (its status, error,
+    seeds, environment, tags, ...), which a config's key of the same name must not write over."""
+    return key in RECORDED_PROPERTIES or key.startswith((ENV_PREFIX, SEED_PREFIX, RESERVED_PREFIX))
+
+
+def not_recorded(props: Mapping[str, Any]) -> dict[str, Any]:
+    """``props`` less the names that ray_cmf records itself (see :func:`records`)."""
+    return {k: v for k, v in props.items() if not records(k)}
 
 
 def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
@@ -408,7 +422,7 @@ class Lineage:
         if config and props:
             recorded = execution.custom_properties.get(CONFIG_JSON)
             before = json.loads(recorded.string_value) if recorded is not None else {}
-            props = {**props, CONFIG_JSON: config_json({**before, **props})}
+            props = {**not_recorded(props), CONFIG_JSON: config_json({**before, **props})}
         _set(execution.custom_properties, props, self._int_bits)
         for key in dropped:
             del execution.custom_properties[key]

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray_cmf._progress import track
-from ray_cmf.constants import SPILL_DIR, SPILL_MANIFEST
+from ray_cmf.constants import RECOVERED, SPILL_DIR, SPILL_MANIFEST
 from ray_cmf.errors import RayCmfError, RecoveryError
-from ray_cmf.exits import CRASHED, RECOVERED, abandoned, process_alive
+from ray_cmf.exits import CRASHED, abandoned, process_alive
 from ray_cmf.lineage import Artifact, Execution, properties, state_name
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest, discard_spill
 from ray_cmf.store import Store

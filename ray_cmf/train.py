@@ -35,6 +35,7 @@ from ray_cmf.constants import (
     CHECKPOINTED_COLUMN,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_SYSTEM_METRICS_SECONDS,
+    ENV_PREFIX,
     ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
     REPORT_COLUMN,
@@ -46,7 +47,7 @@ from ray_cmf.constants import (
     TRIAL_PROPERTY,
     WORKER_GROUP_COLUMN,
 )
-from ray_cmf.environment import ENV_PREFIX, Environment, capture, seed_props, torch_seed
+from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
 from ray_cmf.exits import on_thread_end
 from ray_cmf.frames import PID_COLUMN

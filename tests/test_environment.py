@@ -144,7 +144,7 @@ def test_config_keys_named_like_seeds_or_environment_stay_config(tmp_path: Path)
     A seed logged under a config key's name is still a seed, and a config key that collides with an
     environment field leaves the recorded field and the config value apart."""
     store = tmp_path / "store"
-    for name, seeds in (("plain", {}), ("seeded", {"data": 123})):
+    for name, seeds in (("plain", {}), ("seeded", {"data": 123}), ("same", {"data": 7})):
         with Cmf(pipeline_name="p", store=store) as cmf:
             config = {"lr": 0.1, "seed_data": 7, "env_name": "CartPole-v1", "env_host": "mine", "seed_big": 2**60 + 1}
             cmf.create_execution("trial", config, execution_name=name)
@@ -153,7 +153,7 @@ def test_config_keys_named_like_seeds_or_environment_stay_config(tmp_path: Path)
             cmf.commit_metrics("s")
     sweep = Sweep(store, pipeline="p", metrics_name="s")
     table = sweep.trials().set_index("trial_id")
-    for trial in ("plain", "seeded"):
+    for trial in ("plain", "seeded", "same"):
         recorded = sweep.environment(trial)
         assert "env/name" not in recorded and "seed/big" not in recorded, recorded
         assert recorded["env/host"] == socket.gethostname()
@@ -161,23 +161,37 @@ def test_config_keys_named_like_seeds_or_environment_stay_config(tmp_path: Path)
         assert table.loc[trial, "config/env_name"] == "CartPole-v1"
         assert table.loc[trial, "env/host"] == socket.gethostname()
     assert "seed/data" not in sweep.environment("plain") and sweep.environment("seeded")["seed/data"] == 123
+    assert sweep.environment("same")["seed/data"] == 7  # the seed the config names, logged: it was hidden
     assert "seed/big" not in table.columns and "env/name" not in table.columns
     assert pd.isna(table.loc["plain", "seed/data"]) and table.loc["seeded", "seed/data"] == 123
-    assert sweep.trials(where="`seed/data` == 7").empty
+    assert sweep.trials(where="`seed/data` == 7")["trial_id"].tolist() == ["same"]
+
+
+def test_a_config_never_writes_over_what_ray_cmf_records() -> None:
+    """A Train run's config was written after its StepLogger's seeds: ``seed_data=111`` in the config replaced
+    the logged seed 112 in MLMD. A config key named like what ray_cmf records (a seed, the environment, the
+    status, the trial id, ...) is kept in the config's JSON only, not as a property beside those."""
+    from ray_cmf.constants import CONFIG_JSON
+    from ray_cmf.lineage import config_properties
+
+    config = {"seed_data": 111, "env_host": "x", "status": "draft", "error": 0.1, "trial_id": "t", "top_rank": 1}
+    props = config_properties({**config, "lr": 0.1})
+    assert set(props) == {"lr", CONFIG_JSON} and json.loads(props[CONFIG_JSON]) == {**config, "lr": 0.1}
 
 
 def test_config_keys_named_like_what_ray_cmf_records_stay_config(tmp_path: Path) -> None:
-    """A config's ``error`` (a tolerance, say), ``status`` or ``top_rank`` read back as the trial's error,
-    status and rank: a COMPLETE run showed the error 0.1, and ``--where 'error != null'`` matched it."""
+    """A config's ``error`` (a tolerance, say), ``status``, ``top_rank`` or ``trial_id`` read back as the
+    trial's error, status, rank and id: a COMPLETE run showed the error 0.1, and ``--where 'error != null'``
+    matched it."""
     store = tmp_path / "store"
-    config = {"error": 0.1, "status": "draft", "top_rank": 3, "in_top_n": True}
+    config = {"error": 0.1, "status": "draft", "top_rank": 3, "in_top_n": True, "trial_id": "not_mine"}
     with Cmf(pipeline_name="p", store=store) as cmf:
         cmf.create_execution("trial", config, execution_name="mine")
         cmf.log_metric("s", {"step": 0, "loss": 1.0})
         cmf.commit_metrics("s")
     sweep = Sweep(store, pipeline="p", metrics_name="s")
     [row] = sweep.trials().to_dict(orient="records")
-    assert row["status"] == "COMPLETE" and row["error"] is None
+    assert row["trial_id"] == "mine" and row["status"] == "COMPLETE" and row["error"] is None
     assert "top_rank" not in row and "in_top_n" not in row
     assert {k: row[f"config/{k}"] for k in config} == config
     assert sweep.trials(where="error != null").empty
