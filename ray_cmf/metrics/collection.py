@@ -111,7 +111,8 @@ class MetricCollection:
         return metric
 
     def compute(self) -> MetricValues:
-        """``{name: tensor}``: the last sync's global values until the next update, else local ones."""
+        """``{name: tensor}``: each metric's values of the last sync until its own next update, then its local
+        values since that sync (as ``metrics[name].compute()`` gives them)."""
         return self._groups.values()
 
     def sync(self, group: Any = None, *, async_op: bool = False) -> SyncHandle[MetricValues]:
