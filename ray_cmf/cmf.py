@@ -176,8 +176,8 @@ class Cmf:
             "Pipeline_Type": self.pipeline_name,
             **not_recorded(custom_properties or {}),  # a "status" or "seed_x" of its own is config only
         }
-        if custom_properties and CONFIG_JSON not in custom_properties:  # what Sweep shows as config/<key>
-            props[CONFIG_JSON] = config_properties(custom_properties)[CONFIG_JSON]  # warns of keys it cannot show
+        if custom_properties:  # what Sweep shows as config/<key> (warns of keys it cannot show)
+            props[CONFIG_JSON] = config_properties(custom_properties)[CONFIG_JSON]
         self.close()  # the previous execution ended: its series' rows go to it
         self.metrics, self._sinks, self._committed = {}, {}, {}
         self._binding, self.execution = self._writer.call(

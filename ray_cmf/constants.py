@@ -81,6 +81,14 @@ RECORDED_PROPERTIES = frozenset(
         "trial_id",
         "in_top_n",
         "top_rank",
+        "run_name",  # a Train run's, with its world_size, sync_every and steps
+        "world_size",
+        "sync_every",
+        "steps",
+        "Execution",  # cmflib's: the command, the stage and the pipeline of an execution
+        "Context_Type",
+        "Pipeline_Type",
+        CONFIG_JSON,
         ERROR_PROPERTY,
         ATTEMPT_PROPERTY,
         TRIAL_PROPERTY,

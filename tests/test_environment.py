@@ -175,8 +175,23 @@ def test_a_config_never_writes_over_what_ray_cmf_records() -> None:
     from ray_cmf.lineage import config_properties
 
     config = {"seed_data": 111, "env_host": "x", "status": "draft", "error": 0.1, "trial_id": "t", "top_rank": 1}
+    config |= {"steps": 5555, "world_size": 99, "Execution": "e", "config_json": "{}"}  # a Train run's, cmflib's
     props = config_properties({**config, "lr": 0.1})
     assert set(props) == {"lr", CONFIG_JSON} and json.loads(props[CONFIG_JSON]) == {**config, "lr": 0.1}
+
+
+def test_a_config_key_named_config_json_is_config(tmp_path: Path) -> None:
+    """``create_execution("x", {"lr": 0.1, "config_json": ...})`` took the key's value as the whole config
+    (``config/lr`` read 5), and a value that is no JSON broke ``trials`` for the whole pipeline."""
+    store = tmp_path / "store"
+    for name, own in (("a", '{"lr": 5}'), ("b", "not json")):
+        with Cmf(pipeline_name="p", store=store) as cmf:
+            cmf.create_execution("x", {"lr": 0.1, "config_json": own}, execution_name=name)
+            cmf.log_metric("s", {"step": 0, "loss": 1.0})
+            cmf.commit_metrics("s")
+    sweep = Sweep(store, pipeline="p", metrics_name="s")
+    assert sweep.config("a") == {"lr": 0.1, "config_json": '{"lr": 5}'}
+    assert sweep.trials().set_index("trial_id").loc["b", "config/config_json"] == "not json"
 
 
 def test_config_keys_named_like_what_ray_cmf_records_stay_config(tmp_path: Path) -> None:
