@@ -144,8 +144,9 @@ def _listing(lineage: Lineage) -> str:
 
 
 def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False) -> list[str]:
-    """The trial table's columns to show: Tune's bookkeeping (``time_total_s``, ...) only when asked for
-    (``every``), and a counter (``epoch``, ``step``, ``loss_nonfinite``) by its final value only."""
+    """The trial table's columns to show: Tune's bookkeeping (``time_total_s``, ...), the environment and the
+    seeds only when asked for (``every``), and a counter (``epoch``, ``step``, ``loss_nonfinite``) by its final
+    value only."""
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = [c for c in ("recovered", "stopped") if c in table.columns and table[c].any()]
     curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
@@ -154,6 +155,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
     keep += [c for c in table.columns if c.startswith("metrics/")]  # log_execution_metrics: few, and results
+    keep += [c for c in table.columns if c.startswith(("env/", "seed/"))] if every else []
     for column in table.columns:
         if not column.endswith(("_best", "_final")):
             continue
@@ -166,6 +168,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
     return [*keep, "steps"]
 
 
+ALL_COLUMNS_HELP = "also Tune's bookkeeping (time_total_s, ...), and env/... and seed/..."
 HEADLINE_CHARS = 80  # of an error's exception, what a table cell shows
 
 
@@ -696,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive, help="show the first N trials only")
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p.add_argument("--status", action="append", help="only trials with this status (repeatable): COMPLETE, FAILED, ...")
-    p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
+    p.add_argument("--all-columns", action="store_true", help=ALL_COLUMNS_HELP)
     p = command("compare", cmd_compare, "the top trials by one metric")
     _add_sweep_options(p, metric_required=True)
     p.add_argument("--top", type=_positive, default=5)
@@ -708,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p, where=False)
     p.add_argument("trial_a")
     p.add_argument("trial_b")
-    p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
+    p.add_argument("--all-columns", action="store_true", help=ALL_COLUMNS_HELP)
     p = command("report", cmd_report, "the sweep's interactive report: one self-contained HTML file")
     _add_sweep_options(p)
     p.add_argument("-o", "--output", required=True, help="HTML path")

@@ -19,6 +19,7 @@ import pytest
 
 from ray_cmf import Cmf, Sweep
 from ray_cmf.buffer import MetricBuffer
+from ray_cmf.cli import main
 from ray_cmf.constants import ENVIRONMENT_TYPE, MLMD_FILE, STEP_METRICS_TYPE
 from ray_cmf.environment import strip_credentials
 from ray_cmf.lineage import Lineage, properties
@@ -137,7 +138,9 @@ def test_seeds_must_be_ints_and_name_the_bad_one(tmp_path: Path) -> None:
     cmf.close()
 
 
-def test_config_keys_named_like_seeds_or_environment_stay_config(tmp_path: Path) -> None:
+def test_config_keys_named_like_seeds_or_environment_stay_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A config's ``seed_data`` and ``env_name`` (an RL environment) are stored as properties beside the seeds
     and the environment ray_cmf records, and read back as a seed ``seed/data`` and an environment field
     ``env/name`` that nothing logged: ``--where 'seed/data == 7'`` matched a trial that never logged a seed.
@@ -165,6 +168,10 @@ def test_config_keys_named_like_seeds_or_environment_stay_config(tmp_path: Path)
     assert "seed/big" not in table.columns and "env/name" not in table.columns
     assert pd.isna(table.loc["plain", "seed/data"]) and table.loc["seeded", "seed/data"] == 123
     assert sweep.trials(where="`seed/data` == 7")["trial_id"].tolist() == ["same"]
+    args = ["trials", "--store", str(store), "--pipeline", "p", "--metrics-name", "s", "--json"]
+    assert main([*args, "--all-columns"]) == 0  # --where could query them, and no table showed them
+    shown = {row["trial_id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert shown["same"]["seed/data"] == 7 and shown["plain"]["env/host"] == socket.gethostname()
 
 
 def test_a_config_never_writes_over_what_ray_cmf_records() -> None:
