@@ -310,7 +310,7 @@ def _translucent(colour: str, alpha: float = 0.18) -> str:
 def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     """Parallel coordinates from every varying config key to the best ``metric`` (categories as ticks; a
     log-spread key on a log10 axis). Trials without a best the axis can draw (finite, within ±DRAWABLE_MAX)
-    are left out and counted, never drawn at an end of the axis as if they ranked."""
+    are left out (counted by :func:`_config_notes`), never drawn at an end of the axis as if they ranked."""
     best = trials[f"{metric}_best"].astype(float)
     trials = trials[drawable(best.to_numpy())]
     if trials.empty:
@@ -346,7 +346,6 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
         "type": "parcoords",
         "dimensions": dims,
         "line": {"color": shown, "colorscale": "Viridis", "showscale": True},
-        "left_out": int(len(best) - len(trials)),
     }
 
 

@@ -221,8 +221,8 @@ class StepLogger:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
         self._modes = _modes(metrics, {} if modes is None else modes)
-        for own in _OWN_COLUMNS & set(metrics):
-            raise ValueError(f"metric {own!r} names a column StepLogger fills itself ({sorted(_OWN_COLUMNS)})")
+        if own := sorted(_OWN_COLUMNS & set(metrics)):
+            raise ValueError(f"metric {own[0]!r} names a column StepLogger fills itself ({sorted(_OWN_COLUMNS)})")
         self.metrics = metrics
         self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
         self.metrics.add(STEPS_MAX, Max(nan_policy="propagate"))  # no <name>_nonfinite output to leave out

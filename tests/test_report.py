@@ -338,7 +338,7 @@ def test_values_beyond_what_a_plot_can_draw_are_marked_at_its_edge(tmp_path: Pat
     assert all(isinstance(y, float) and abs(y) < 1e301 for y in drawn)
     marked = {t["meta"]: t["text"] for t in section["traces"] if t["name"].endswith("(off the plot)")}
     assert marked == {"up": [1e308], "down": [-1e308]}
-    assert data["parcoords"]["left_out"] == 1  # down's best, -1e308, has no place on the axis
+    assert data["notes"]["parcoords"] == "1 trial(s) without a finite best loss are left out."  # down's -1e308
 
 
 def test_config_that_varies_is_never_said_not_to_when_trials_are_left_out(tmp_path: Path) -> None:

@@ -231,10 +231,8 @@ class MetricGroups:
         return MetricValues(local.names, outputs)
 
     def values_of(self, metric: Metric) -> dict[str, torch.Tensor]:
-        """One metric's outputs (by their own names): synced until its next update, else local."""
-        fresh = self.synced is not None and metric._updated_in != self.interval
-        source = self.synced if fresh and self.synced is not None else self._local()
-        return source.member(metric._group, metric._member)
+        """One metric's outputs (by their own names), as :meth:`values` gives them."""
+        return self.values().member(metric._group, metric._member)
 
     def _local(self) -> MetricValues:
         """This rank's values now: every staged update applied."""
