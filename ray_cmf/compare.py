@@ -27,7 +27,6 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
     DELETED_PROPERTY,
-    ENV_PREFIX,
     ERROR_PROPERTY,
     EXACT_FLOAT_INT,
     OWNER_PROPERTY,
@@ -38,7 +37,6 @@ from ray_cmf.constants import (
     REPORTS_METRICS_NAME,
     RESTARTED_FROM_PROPERTY,
     RESULTS_METRICS_NAME,
-    SEED_PREFIX,
     SEQUENCE_COLUMN,
     SPILL_DIR,
     STARTS_PREFIX,
@@ -58,7 +56,7 @@ from ray_cmf.curation import (
     tag_properties,
     untag_properties,
 )
-from ray_cmf.environment import ENV_COLUMNS
+from ray_cmf.environment import ENV_COLUMNS, recorded_environment
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
 from ray_cmf.exits import CRASHED, abandoned
 from ray_cmf.frames import (
@@ -644,7 +642,7 @@ class Sweep:
         props = {k: float_of(v) for k, v in texts.items()}
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
         config = _config(props)
-        environment = _environment(props)
+        environment = recorded_environment(props)
         replaced_by, restarted_from = self._replacements()
         restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
         return {
@@ -834,7 +832,7 @@ class Sweep:
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
         props = self._properties(trial_id)
-        return dict(sorted(_environment(props).items()))
+        return dict(sorted(recorded_environment(props).items()))
 
     def config(self, trial_id: str) -> dict[str, Any]:
         """The config a trial recorded, its nested keys flattened with ``.``: only its own keys, where the
@@ -1045,16 +1043,6 @@ def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]
     from ray_cmf.lineage import flatten_config
 
     return flatten_config(json.loads(raw), as_json=as_json)
-
-
-def _environment(props: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``env/...`` and ``seed/...`` values ray_cmf recorded among an execution's properties (a config's
-    keys of such names are not among them: see :func:`~ray_cmf.lineage.config_properties`)."""
-    return {
-        f"{'env' if k.startswith(ENV_PREFIX) else 'seed'}/{k.split('_', 1)[1]}": v
-        for k, v in props.items()
-        if k.startswith((ENV_PREFIX, SEED_PREFIX))
-    }
 
 
 def _side_by_side(values: Sequence[Mapping[str, Any]], columns: pd.Index) -> pd.DataFrame:

@@ -20,6 +20,7 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,3 +228,17 @@ def seed_props(seeds: dict[str, Any]) -> dict[str, Any]:
 def _seed_value(seed: int) -> int | str:
     """A seed as MLMD can hold it: an int64, or its decimal string (torch's seeds go up to 2**64 - 1)."""
     return int(seed) if -(2**63) <= seed < 2**63 else str(seed)
+
+
+def recorded_environment(props: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``env/...`` and ``seed/...`` values ray_cmf recorded among an execution's properties, each seed an
+    int again (see :func:`_seed_value`). A config's keys of such names are not among them: see
+    :func:`~ray_cmf.lineage.config_properties`."""
+    recorded: dict[str, Any] = {}
+    for key, value in props.items():
+        if key.startswith(ENV_PREFIX):
+            recorded["env/" + key[len(ENV_PREFIX) :]] = value
+        elif key.startswith(SEED_PREFIX):
+            seed = isinstance(value, str) and value.lstrip("-").isdecimal()
+            recorded["seed/" + key[len(SEED_PREFIX) :]] = int(value) if seed else value
+    return recorded

@@ -138,6 +138,29 @@ def test_seeds_must_be_ints_and_name_the_bad_one(tmp_path: Path) -> None:
     cmf.close()
 
 
+def test_a_seed_beyond_int64_reads_back_as_the_int_it_was(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch's initial seed is often 2**63 or more, which MLMD's int64 properties cannot hold: such a seed is
+    stored as its decimal text, and read back as that text: ``seed/torch`` was "18446744073709551615", so
+    ``--where '`seed/torch` > 0'`` matched no trial, and a sort put "9" above "10"."""
+    store = tmp_path / "store"
+    for name, seed in (("small", 7), ("huge", 2**64 - 1), ("edge", 2**63), ("negative", -(2**63) - 5)):
+        with Cmf(pipeline_name="p", store=store) as cmf:
+            cmf.create_execution("trial", {"lr": 0.1}, execution_name=name)
+            cmf.log_seeds(torch=seed)
+            cmf.log_metric("s", {"step": 0, "loss": 1.0})
+            cmf.commit_metrics("s")
+    sweep = Sweep(store, pipeline="p", metrics_name="s")
+    for name, seed in (("small", 7), ("huge", 2**64 - 1), ("edge", 2**63), ("negative", -(2**63) - 5)):
+        recorded = sweep.environment(name)["seed/torch"]
+        assert recorded == seed and type(recorded) is int, (name, recorded)
+        assert sweep.trials().set_index("trial_id").loc[name, "seed/torch"] == seed
+    assert sorted(sweep.trials(where="`seed/torch` > 0")["trial_id"]) == ["edge", "huge", "small"]
+    args = ["trials", "--store", str(store), "--pipeline", "p", "--metrics-name", "s", "--json", "--all-columns"]
+    assert main(args) == 0
+    shown = {row["trial_id"]: row["seed/torch"] for row in json.loads(capsys.readouterr().out)}
+    assert shown == {"small": 7, "huge": 2**64 - 1, "edge": 2**63, "negative": -(2**63) - 5}
+
+
 def test_config_keys_named_like_seeds_or_environment_stay_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

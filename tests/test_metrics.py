@@ -347,6 +347,44 @@ def test_top_k_accuracy_ranks_tied_scores_as_top_1_does(scores: list[list[float]
         previous = got
 
 
+@given(
+    scores=st.lists(
+        st.lists(st.sampled_from([0.0, 0.5, 1.0, math.nan]), min_size=3, max_size=3), min_size=1, max_size=8
+    ),
+    targets=st.lists(st.sampled_from([0, 1, 2, -100]), min_size=8, max_size=8),
+    top_k=st.integers(1, 2),
+    updates=st.integers(1, 3),
+)
+def test_accuracy_leaves_out_targets_at_ignore_index(
+    scores: list[list[float]], targets: list[int], top_k: int, updates: int
+) -> None:
+    """A language model pads its targets with -100, the index ``cross_entropy`` ignores: each padded position
+    counted as a wrong prediction, so a batch padded to twice its length read half its accuracy. Under
+    ``ignore_index`` such a target counts neither as a sample nor as non-finite, whatever its scores."""
+    preds = torch.tensor(scores, dtype=torch.float64)
+    target = torch.tensor(targets[: len(scores)])
+    scored, labels = Accuracy(top_k=top_k, ignore_index=-100), Accuracy(ignore_index=-100)
+    for _ in range(updates):
+        scored.update(preds, target)
+        labels.update(preds.nan_to_num(-1.0).argmax(dim=1).double(), target)
+    hits, bad, label_hits, kept = 0, 0, 0, 0
+    for row, t in zip(scores, target.tolist(), strict=False):
+        if t == -100:
+            continue
+        kept += 1
+        label_hits += t == max(range(3), key=lambda c, row=row: (np.nan_to_num(row[c], nan=-1.0), -c))
+        if any(math.isnan(v) for v in row):
+            bad += 1
+            continue
+        order = sorted(range(3), key=lambda c, row=row: (-row[c], c))
+        hits += t in order[:top_k]
+    got, nonfinite = scored.compute()["value"].item(), scored.compute()["nonfinite"].item()
+    assert nonfinite == bad * updates
+    assert got == pytest.approx(hits / (kept - bad)) if kept > bad else math.isnan(got)
+    by_label = labels.compute()["value"].item()
+    assert by_label == pytest.approx(label_hits / kept) if kept else math.isnan(by_label)
+
+
 def test_a_collection_computes_each_metric_as_the_metric_itself_does() -> None:
     """After a sync, an update of one metric switched the whole collection back to local values: ``compute()``
     gave ``a`` as NaN (its interval, empty) where ``metrics["a"].compute()`` gave the synced 5. Each metric is

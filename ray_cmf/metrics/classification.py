@@ -18,6 +18,8 @@ class Accuracy(Metric):
     ``preds_or_logits`` is either class scores of shape ``(N, C)`` (or ``(N, C, ...)``) or predicted labels
     with the target's shape. Samples whose scores are not all finite, or whose predicted label is NaN or
     inf, are excluded and counted (under ``nan_policy="exclude"``). Tied scores rank by class index.
+    Samples whose target is ``ignore_index`` (``-100`` for padding, as ``cross_entropy`` has it) are not
+    samples at all; any other target that is no class counts as a wrong prediction.
 
     Example:
         >>> m = Accuracy()
@@ -31,11 +33,14 @@ class Accuracy(Metric):
     higher_is_better = True
     _stages_arguments = True
 
-    def __init__(self, top_k: int = 1, **kwargs: Any) -> None:
+    def __init__(self, top_k: int = 1, ignore_index: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+        if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
+            raise ValueError(f"ignore_index must be an int or None, got {ignore_index!r}")
         self.top_k = top_k
+        self.ignore_index = ignore_index
         self.add_state("correct", 0.0, "sum")
         self.add_state("total", 0.0, "sum")
 
@@ -59,7 +64,7 @@ class Accuracy(Metric):
             raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(target.shape)}")
 
     def _config(self) -> tuple[Any, ...]:
-        return (self.top_k,)
+        return (self.top_k, self.ignore_index)
 
     def _apply(
         self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
@@ -69,6 +74,9 @@ class Accuracy(Metric):
         if target.dim() > 2:  # the staged updates' dimension joins the samples' dimension
             preds, target = preds.flatten(1, 2), target.flatten(1, 2)
             keep = None if keep is None else keep.flatten(1, 2)
+        if self.ignore_index is not None:
+            counted = target != self.ignore_index
+            keep = counted if keep is None else keep & counted
         if preds.dim() == target.dim():  # predicted labels: a NaN or inf one is no label (left out and counted)
             hit, bad = preds == target, nonfinite(preds) if self._needs_mask(preds) else None
         else:
