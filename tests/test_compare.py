@@ -292,6 +292,51 @@ def test_execution_metrics_are_columns_of_the_trial_table(
     assert sweep.lineage.execution_metrics({min(executions)}) == {min(executions): by_events[min(executions)]}
 
 
+def test_text_tables_never_show_two_different_values_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``diff`` of lr 0.1 against 0.10000001 printed "what differs between a and b" over two cells that both
+    read 0.1, and ``trials`` showed the two trials' lr alike: a table rounded every float to 6 digits. A value
+    now gets the digits that tell it apart from the other values of its column and of its row."""
+    for name, lr in (("a", 0.1), ("b", 0.10000001), ("c", 0.2)):
+        with Cmf(pipeline_name="p", store=tmp_path / "store") as cmf:
+            cmf.create_execution("trial", {"lr": lr, "wd": 1 / 3}, execution_name=name)
+            cmf.log_metric("s", {"step": 0, "loss": 1.0 + lr})
+            cmf.commit_metrics("s")
+    store = str(tmp_path / "store")
+    code, out, _ = _cli(capsys, "diff", "a", "b", "--store", store, "--metrics-name", "s")
+    cells = {line.split("│")[1].strip(): line.split("│")[2:4] for line in out.splitlines() if "│" in line}
+    assert code == 0 and [c.strip() for c in cells["config/lr"]] == ["0.1", "0.10000001"], out
+    assert [c.strip() for c in cells["loss_best"]] == ["1.1", "1.10000001"], out
+    code, out, _ = _cli(capsys, "trials", "--store", store, "--metrics-name", "s")
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in out.splitlines()
+        if "│" in line
+    }
+    assert code == 0 and "0.10000001" in rows["b"] and "0.1" in rows["a"] and "0.2" in rows["c"], out
+    assert "0.333333" in rows["a"], out  # where nothing needs more digits, 6 as before
+
+
+@given(st.lists(st.lists(floats | st.integers(-(2**70), 2**70), min_size=3, max_size=3), min_size=1, max_size=6))
+@example([[0.1, 0.10000001, 1], [1.0000000000000002, 1.0, 1]])
+def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[Any]]) -> None:
+    from ray_cmf.cli import _cells
+
+    columns = ["x", "y", "z"]
+    texts = _cells([dict(zip(columns, row, strict=True)) for row in values], columns)
+    lines = [list(zip(row, shown, strict=True)) for row, shown in zip(values, texts, strict=True)]
+    lines += [list(line) for line in zip(*lines, strict=True)]  # the columns too
+    for line in lines:
+        finite = {v: t for v, t in line if not (isinstance(v, float) and not math.isfinite(v))}
+        assert len(set(finite.values())) == len(finite), line  # distinct values, distinct texts
+    for row, shown in zip(values, texts, strict=True):
+        for value, text in zip(row, shown, strict=True):
+            if isinstance(value, int):
+                assert text == str(value)
+            elif math.isfinite(value):
+                assert len(text.lstrip("-").split("e")[0].replace(".", "").lstrip("0")) <= 17
+                assert math.isclose(float(text), value, rel_tol=5e-6, abs_tol=0), (value, text)
+
+
 def _stderr_on_a_terminal(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run ``ray-cmf`` with stderr on a pseudo-terminal (stdout piped); returns the run and what the terminal
     showed."""
