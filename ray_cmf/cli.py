@@ -13,12 +13,13 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
+from ray_cmf._digits import cell_digits, number_text
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
@@ -58,29 +59,13 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> N
 
 
 def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[list[str]]:
-    """The texts of a table's cells. A float gets 6 significant digits, or as many more as tell it apart from
-    every other number of its column and of its row (up to 17, which tell any two floats apart), so that a
-    table never shows two different values as one."""
+    """The texts of a table's cells: a float to 6 significant digits, or as many more as tell it apart from the
+    other numbers of its column and row (see :func:`~ray_cmf._digits.cell_digits`)."""
     values = [[jsonable(row.get(c)) for c in columns] for row in rows]  # NaN, inf as text; numpy's as Python's
-    by_row = [_digits(line) for line in values]
-    by_column = [_digits(line) for line in zip(*values, strict=True)]
-    return [[_cell(v, max(by_row[i], by_column[j])) for j, v in enumerate(line)] for i, line in enumerate(values)]
-
-
-def _digits(values: Iterable[Any]) -> int:
-    """The fewest significant digits, 6 or more, that give the distinct numbers among ``values`` distinct
-    texts."""
-    numbers = {v for v in values if type(v) in (int, float)}  # jsonable: a non-finite float is text
-    if not any(type(v) is float for v in numbers):
-        return _DIGITS
-    return next((d for d in range(_DIGITS, 17) if len({_number(v, d) for v in numbers}) == len(numbers)), 17)
-
-
-_DIGITS = 6  # a table's floats, unless a value needs more to be told apart
-
-
-def _number(value: float | int, digits: int) -> str:
-    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+    digits = cell_digits(values, 6)
+    return [
+        [_cell(v, d) for v, d in zip(line, places, strict=True)] for line, places in zip(values, digits, strict=True)
+    ]
 
 
 def _cell(value: Any, digits: int) -> str:
@@ -88,7 +73,7 @@ def _cell(value: Any, digits: int) -> str:
         return ""
     if isinstance(value, list):
         return ", ".join(map(str, value))
-    return _number(value, digits) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    return number_text(value, digits) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 def _frame_rows(frame: Any) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ray_cmf._atomic import write_text
+from ray_cmf._digits import cell_digits, number_text
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._names import check_mode
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
@@ -112,9 +113,10 @@ class _Section:
 
 def _hover_config(trials: pd.DataFrame) -> dict[str, str]:
     config = [c for c in trials.columns if c.startswith("config/")]
+    texts = _shorts(trials[config].to_numpy(dtype=object).tolist())
     return {
-        row["trial_id"]: ", ".join(f"{c[len('config/') :]}={_short(row[c])}" for c in config)
-        for row in trials[["trial_id", *config]].to_dict(orient="records")
+        trial_id: ", ".join(f"{c[len('config/') :]}={text}" for c, text in zip(config, line, strict=True))
+        for trial_id, line in zip(trials["trial_id"], texts, strict=True)
     }
 
 
@@ -123,10 +125,23 @@ def _sort_key(value: float) -> str:
     return str(value) if isinstance(value, int | np.integer) else str(jsonable(float(value)))
 
 
-def _short(value: Any) -> str:
+_DIGITS = 4  # a report table's floats, unless a value needs more to be told apart (see cell_digits)
+
+
+def _short(value: Any, digits: int = _DIGITS) -> str:
     if isinstance(value, float):
-        return str(jsonable(value)) if not math.isfinite(value) else f"{value:.4g}"  # NaN, Infinity
+        return str(jsonable(value)) if not math.isfinite(value) else number_text(value, digits)  # NaN, Infinity
     return html.escape(str(value))[:40]
+
+
+def _shorts(values: list[list[Any]]) -> list[list[str]]:
+    """The texts of a table's cells (None blank), each float with the digits that tell it apart from the other
+    numbers of its row and column (see :func:`~ray_cmf._digits.cell_digits`)."""
+    places = cell_digits(values, _DIGITS)
+    return [
+        ["" if v is None else _short(v, d) for v, d in zip(line, digits, strict=True)]
+        for line, digits in zip(values, places, strict=True)
+    ]
 
 
 @dataclass
@@ -633,9 +648,9 @@ def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], 
     order = ' class="asc"' if mode == "min" else ' class="desc"'
     columns = [*keys, "trials", "status", *summaries]
     head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)
-    body = []
-    for row in groups.to_dict(orient="records"):
-        cells = [f"<td>{_short(row[k]) if row[k] is not None else ''}</td>" for k in keys]
+    body, rows = [], groups.to_dict(orient="records")
+    for row, texts in zip(rows, _shorts([[row[k] for k in keys] for row in rows]), strict=True):
+        cells = [f"<td>{text}</td>" for text in texts]
         cells += [f'<td data-v="{row["trials"]}">{row["trials"]}</td>', f"<td>{html.escape(str(row['status']))}</td>"]
         for column in summaries:
             mean, std = row[f"{column}_mean"], row[f"{column}_std"]
@@ -659,13 +674,13 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     order = ' class="asc"' if mode == "min" else ' class="desc"'
     head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)
     body, notes = [], _texts(trials, NOTE_COLUMN)
-    for row in trials[columns].to_dict(orient="records"):
+    rows = trials[columns].to_dict(orient="records")
+    for row, texts in zip(rows, _shorts([list(row.values()) for row in rows]), strict=True):
         cells = []
-        for c in columns:
+        for c, text in zip(columns, texts, strict=True):  # a NaN is a value: only what was never recorded is blank
             value = row[c]
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             sort = "" if not numeric or value != value else f' data-v="{_sort_key(value)}"'
-            text = "" if value is None else _short(value)  # a NaN is a value: only what was never recorded is blank
             cells.append(f"<td{sort}>{text}</td>")
         trial, status = html.escape(str(row["trial_id"]), quote=True), html.escape(str(row["status"]), quote=True)
         note = notes.get(str(row["trial_id"]))

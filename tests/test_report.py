@@ -243,6 +243,30 @@ def test_the_server_sends_the_content_as_json(live_server: tuple[ReportServer, A
     assert parts["title"] == "live: 1 trial" and len(parts["data"]["sections"][0]["traces"][0]["x"]) == 20
 
 
+def test_the_report_never_shows_two_different_values_as_one(tmp_path: Path) -> None:
+    """Lr 0.1 and 0.10000001 both read 0.1 in the report's table, its hover and a grouped table's keys (4
+    significant digits): two trials that differ looked alike. A value now gets the digits that tell it apart
+    from the other values of its column and row."""
+    store = tmp_path / "store"
+    for name, lr in (("a", 0.1), ("b", 0.10000001), ("c", 0.123456)):
+        with Cmf(pipeline_name="p", store=store) as cmf:
+            cmf.create_execution("train", {"lr": lr, "wd": 1 / 3}, execution_name=name)
+            for step in range(3):
+                cmf.log_metric("steps", {"step": step, "loss": lr + 1 / (step + 1)})
+            cmf.commit_metrics("steps")
+    page = Sweep(store, metrics_name="steps").report(tmp_path / "r.html").read_text()
+    rows = {
+        m.group(1): re.findall(r"<td[^>]*>([^<]*)</td>", m.group(2))
+        for m in re.finditer(r'<tr data-trial="(\w)"[^>]*>(.*?)</tr>', page)
+    }
+    assert rows["a"][2:5] == ["0.1", "0.3333", "0.43333333"], rows  # wd: as short as before, nothing needs more
+    assert rows["b"][2:5] == ["0.10000001", "0.3333", "0.43333334"], rows
+    hovers = {t["meta"]: t["hovertemplate"] for t in _data(page)["sections"][0]["traces"]}
+    assert "lr=0.1, " in hovers["a"] and "lr=0.10000001, " in hovers["b"], hovers
+    grouped = Sweep(store, metrics_name="steps").report(tmp_path / "g.html", group_by="config/lr").read_text()
+    assert ">0.10000001</td>" in grouped and ">0.1</td>" in grouped
+
+
 def test_a_clean_sweep_reads_as_a_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
     """Three runs that all finish: the table best first, every run's curve, and a picked run's row and curve."""
     store = tmp_path / "store"
