@@ -92,6 +92,27 @@ _BULK = (0.05, 0.95)  # the quantiles of a plot's values that count as its bulk
 _REACH = 20.0  # how many widths of the bulk beyond it a value may lie and still set the axis
 
 
+def _width(low: float, high: float) -> float:
+    """The width of a bulk of values, or their scale where they are all one value."""
+    return float(high - low) or max(abs(low), abs(high), 1.0)
+
+
+def _bulk_of_most(bulks: np.ndarray) -> tuple[float, float]:
+    """The bulk of a plot of several curves, given each curve's bulk (rows of low, high): from the lowest low
+    to the highest high of the curves whose bulks lie within :data:`_REACH` widths (the median low to the
+    median high, or the median curve's bulk if wider) of the median, so that curves far from most of the
+    others, as diverging ones are, are marked beyond and stretch no axis. For an even count the median is
+    the inner of the two middle values. Where no curve is near (two curves, each wide on one side), the
+    bulk of them all."""
+    lows, highs = np.sort(bulks[:, 0]), np.sort(bulks[:, 1])
+    middle = (len(bulks) - 1) / 2
+    low, high = sorted((lows[math.ceil(middle)], highs[math.floor(middle)]))
+    reach = _REACH * max(_width(low, high), float(np.median(bulks[:, 1] - bulks[:, 0])))
+    near = (bulks[:, 0] >= low - reach) & (bulks[:, 1] <= high + reach)
+    kept = bulks[near] if near.any() else bulks
+    return float(kept[:, 0].min()), float(kept[:, 1].max())
+
+
 @dataclass(frozen=True)
 class Span:
     """The values a curve plot's axis shows. Values outside it (NaN, inf, beyond :data:`DRAWABLE_MAX`, or
@@ -102,14 +123,17 @@ class Span:
     high: float
 
     @classmethod
-    def of(cls, values: np.ndarray) -> Span:
-        """The span of a plot's values: the drawable ones within :data:`_REACH` widths of their bulk (their
-        5% to 95% quantiles), so a spike or a divergence is marked and the learning curves stay readable."""
+    def of(cls, values: np.ndarray, curves: Sequence[np.ndarray] = ()) -> Span:
+        """The span of a plot's values: the drawable ones within :data:`_REACH` widths of their bulk, so a
+        spike or a divergence is marked and the learning curves stay readable. The bulk is the values' 5% to
+        95% quantiles, or, given the plot's ``curves`` (each one's values), that of most curves (see
+        :func:`_bulk_of_most`): a trial that diverges slowly holds more than 5% of the values."""
         shown = values[drawable(values)]
         if not shown.size:
             return cls(0.0, 1.0)
-        low, high = np.quantile(shown, _BULK)
-        width = (high - low) or max(abs(low), abs(high), 1.0)
+        bulks = [np.quantile(c[drawable(c)], _BULK) for c in curves if drawable(c).any()]
+        low, high = _bulk_of_most(np.array(bulks)) if len(bulks) > 1 else np.quantile(shown, _BULK)
+        width = _width(low, high)
         within = shown[(shown >= low - _REACH * width) & (shown <= high + _REACH * width)]
         return cls(float(within.min()), float(within.max()))
 

@@ -111,9 +111,10 @@ def curves(
             title=color_by,
             fontsize="small",
         )
-    span = Span.of(floats(steps[metric]))
+    curves = list(steps.groupby("trial_id", sort=False))
+    span = Span.of(floats(steps[metric]), curves=[floats(frame[metric]) for _, frame in curves])
     marked = False
-    for trial_id, frame in steps.groupby("trial_id", sort=False):
+    for trial_id, frame in curves:
         logged = ~frame[metric].isna().to_numpy()  # a step without the metric is a gap, not a divergence
         x, y = floats(frame["step"])[logged], floats(frame[metric])[logged]
         shown = np.where(span.holds(y), y, np.nan)

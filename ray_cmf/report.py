@@ -196,7 +196,7 @@ def _curves(
     column = steps[metric]
     y_all = floats(column)[trials.order]
     logged = ~column.isna().to_numpy()[trials.order]  # a null is a row without this metric, not a divergence
-    span = Span.of(y_all)
+    span = Span.of(y_all, curves=[y_all[rows][logged[rows]] for _, _, rows in trials.spans])
     edges = span.edges()
     traces = []
     for number, (label, trial_id, rows) in enumerate(trials.spans):

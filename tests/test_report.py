@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from ray_cmf import Cmf, Sweep
 from ray_cmf.cli import main
 from ray_cmf.frames import Span, drawable
+from ray_cmf.frames import floats as floats_of
 from ray_cmf.report import ReportServer, build, downsample, importance
 from tests._browser import open_report, screenshot
 from tests._sweeps import run_grid
@@ -344,6 +345,54 @@ def test_a_diverged_trial_leaves_the_other_curves_readable(tmp_path: Path) -> No
     texts, ys = marked["d"]
     assert texts[0] == 1e5 and texts[-1] == "Infinity"  # where it left the plot, and where it ended
     assert min(ys) > 10.0 and max(ys) < 20.0  # at the edge, just above the highest value drawn
+
+
+def test_a_slowly_diverging_trial_leaves_the_other_curves_readable(tmp_path: Path) -> None:
+    """A trial whose loss climbed over 40 steps (1 to 1e40, a third of the sweep's points) held more than the 5%
+    of all values the axis left out, so the axis still ran to 1e40 and the three learning curves were flat at
+    0, in the report and in ``plot``. The axis now fits the bulk of most curves: the learning curves are whole,
+    the climb is drawn while it is near them and marked beyond."""
+    from tests._stores import Trial, write_trials
+
+    def losses(values: list[float]) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    learning = [Trial(f"t{lr}", {"lr": lr}, losses([2.3 / (1 + lr * s) for s in range(25)])) for lr in (0.1, 0.2, 0.3)]
+    climbing = Trial("up", {"lr": 9.0}, losses([10.0**k for k in range(40)]))
+    sweep = Sweep(write_trials(tmp_path / "store", [*learning, climbing]))
+    data = _data(sweep.report(tmp_path / "r.html").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    lines = {t["meta"]: t["y"] for t in section["traces"] if not t["name"].endswith("(off the plot)")}
+    assert all(len(lines[f"t{lr}"]) == 25 for lr in (0.1, 0.2, 0.3)), lines
+    assert lines["up"] == [1.0, 10.0], lines["up"]  # near the others' values: drawn; beyond: marked
+    marked = {t["meta"]: t["text"] for t in section["traces"] if t["name"].endswith("(off the plot)")}
+    assert marked["up"][0] == 100.0 and marked["up"][-1] == 1e39
+    steps = sweep.steps(["loss"], exact=True)
+    span = Span.of(floats_of(steps["loss"]), curves=[floats_of(f["loss"]) for _, f in steps.groupby("trial_id")])
+    assert span.high < 100.0 and span.holds(np.array([2.3, 10.0])).all()
+
+
+@given(st.lists(st.lists(floats, max_size=30), min_size=1, max_size=6))
+@example([[0.5 + i / 20 for i in range(20)], [0.4 + i / 30 for i in range(20)], [10.0**k for k in range(30)]])
+@example([[-10.0, 5.0], [10.0**k for k in range(30)]])  # a wide curve and a climb: the wide one, whole
+def test_a_plots_span_holds_the_bulk_of_most_curves(curves: list[list[float]]) -> None:
+    """However many curves diverge, the axis is finite and drawable and holds the 5%-95% bulk of a curve at
+    least, and of two curves of three that are alike; with one curve it is that curve's own span."""
+    arrays = [np.array(c, dtype=float) for c in curves]
+    pooled = np.concatenate(arrays)
+    span = Span.of(pooled, curves=arrays)
+    assert math.isfinite(span.low) and span.low <= span.high and abs(span.low) <= 1e300 >= abs(span.high)
+    drawn = [a[drawable(a)] for a in arrays if drawable(a).any()]
+    if len(drawn) == 1:
+        assert span == Span.of(pooled)
+    bulks = [np.quantile(a, (0.05, 0.95)) for a in drawn]
+    held = [span.holds(a[(a >= low) & (a <= high)]).all() for a, (low, high) in zip(drawn, bulks, strict=True)]
+    assert not drawn or any(held)
+    twice = Span.of(np.concatenate([pooled, arrays[0]]), curves=[*arrays, arrays[0]])  # the first curve, twice
+    if len(drawn) == 2 and drawable(arrays[0]).any():
+        shown = arrays[0][drawable(arrays[0])]
+        low, high = np.quantile(shown, (0.05, 0.95))
+        assert twice.holds(shown[(shown >= low) & (shown <= high)]).all()
 
 
 def test_values_beyond_what_a_plot_can_draw_are_marked_at_its_edge(tmp_path: Path) -> None:
