@@ -858,8 +858,8 @@ class Sweep:
         raise unknown_trials([trial_id], [self.key(e) for e, _ in self.executions()], self.pipeline)
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
-        """Status, error, tags, note, config, environment, seed and metric values (summaries and execution
-        metrics) that differ between two trials (rows: field; columns: the two trials)."""
+        """Status, error, tags, note, place in the sweep's top N, config, environment, seed and metric values
+        (summaries and execution metrics) that differ between two trials (rows: field; columns: the trials)."""
         import pandas as pd
 
         table = self.trials().set_index("trial_id")
@@ -868,7 +868,7 @@ class Sweep:
                 raise unknown_trials([trial], table.index, self.pipeline)
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
-        how = ("status", "stopped", ERROR_COLUMN, NOTE_COLUMN)
+        how = ("status", "stopped", "recovered", ERROR_COLUMN, NOTE_COLUMN, "in_top_n", "top_rank")
         ended = [f for f in pair.index if f in how or f.startswith(TAG_COLUMN)]
         fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f.startswith("metrics/") or f == "steps"]
         configs = [{f"config/{k}": v for k, v in self.config(t).items()} for t in pair.columns]  # a list is no cell

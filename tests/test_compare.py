@@ -93,6 +93,10 @@ def test_best_and_diff(sweep: dict[str, Any]) -> None:
     a, b = best["trial_id"]
     diff = s.diff(a, b)
     assert "config/lr" in diff.index and "config/nested.depth" not in diff.index
+    assert diff.loc["top_rank"].tolist() == [1, 2]  # both in the top 2 (in_top_n alike): their places differ
+    assert "in_top_n" not in diff.index
+    last = s.best("loss", mode="max", n=1)["trial_id"].iloc[0]
+    assert s.diff(a, last).loc["in_top_n"].tolist() == [True, False]
     with pytest.raises(RayCmfError, match="Unknown trial"):
         s.diff(a, "nope")
     with pytest.raises(RayCmfError, match="Unknown metric"):
