@@ -55,9 +55,16 @@ _LAZY = {
 }
 
 
+# The modules a user reaches as attributes (``import ray_cmf`` then ``ray_cmf.tune.get_cmf()``), loaded on
+# first use as well.
+_SUBMODULES = {"metrics", "train", "tune"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"ray_cmf.{name}")
     raise AttributeError(f"module 'ray_cmf' has no attribute {name!r}")
 
 

@@ -49,3 +49,15 @@ def test_the_readme_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert line in README.read_text()
         assert main([*shlex.split(line)[1:], "--pipeline", "lr_sweep", "--store", str(store), "--json"]) == 0
         assert len(json.loads(capsys.readouterr().out)) == trials
+
+
+def test_import_ray_cmf_reaches_its_integrations_as_the_readme_writes_them() -> None:
+    """The README writes ``import ray_cmf`` and then ``ray_cmf.tune.get_cmf()``: in a trainable that lives in
+    its own module, where nothing had imported ``ray_cmf.tune``, that raised "module 'ray_cmf' has no
+    attribute 'tune'" and every trial failed."""
+    probe = "import ray_cmf, sys; print(ray_cmf.tune.get_cmf.__name__, ray_cmf.train.StepLogger.__name__, "
+    probe += "ray_cmf.metrics.Mean.__name__, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["get_cmf", "StepLogger", "Mean", "True"], done.stderr
+    done = subprocess.run([sys.executable, "-c", "import ray_cmf; ray_cmf.nope"], capture_output=True, text=True)
+    assert "module 'ray_cmf' has no attribute 'nope'" in done.stderr
