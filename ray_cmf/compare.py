@@ -725,7 +725,7 @@ class Sweep:
             for t, s in summaries.items()
         ):
             return None
-        chosen = self._summarised(self._schema(mine), metrics)
+        chosen = self._summarised(self._schema(), metrics)  # the view's metrics, as a scan reads them
         rows = {}
         for trial_id, summary in summaries.items():
             assert summary is not None

@@ -247,23 +247,26 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
     """Per trial of a steps frame: ``<metric>_best`` (the best finite value: NaN and ±inf never rank
     best), ``<metric>_final`` (the last value logged, non-finite included; nulls skipped when the column
     keeps them apart, as an Arrow-backed one does) and ``steps`` (its rows). A Train run's rows are read
-    as Ray Train reads its result, from its rank 0 (see :func:`lead_rank`)."""
+    as Ray Train reads its result, from its rank 0 (see :func:`lead_rank`). A metric none of the frame's
+    trials logged is NaN for each."""
     import pandas as pd
 
     frame = lead_rank(frame)
     trial = frame[TRIAL_COLUMN].astype(str)
     summary = pd.DataFrame(index=pd.Index(trial.unique(), name=TRIAL_COLUMN))
     for metric in metrics:
-        if pd.api.types.is_integer_dtype(frame[metric].dtype):  # ints are all finite: kept as ints
+        if metric not in frame.columns:
+            summary[f"{metric}_best"] = summary[f"{metric}_final"] = math.nan
+        elif pd.api.types.is_integer_dtype(frame[metric].dtype):  # ints are all finite: kept as ints
             grouped = frame[metric].groupby(trial)
             summary[f"{metric}_best"] = exact_ints(grouped.max() if mode_of(mode, metric) == "max" else grouped.min())
             summary[f"{metric}_final"] = exact_ints(grouped.last())
-            continue
-        values = floats(frame[metric])
-        finite = pd.Series(np.where(np.isfinite(values), values, np.nan), index=frame.index).groupby(trial)
-        summary[f"{metric}_best"] = finite.max() if mode_of(mode, metric) == "max" else finite.min()
-        last = frame[metric].groupby(trial).last()
-        summary[f"{metric}_final"] = pd.Series(floats(last), index=last.index)
+        else:
+            values = floats(frame[metric])
+            finite = pd.Series(np.where(np.isfinite(values), values, np.nan), index=frame.index).groupby(trial)
+            summary[f"{metric}_best"] = finite.max() if mode_of(mode, metric) == "max" else finite.min()
+            last = frame[metric].groupby(trial).last()
+            summary[f"{metric}_final"] = pd.Series(floats(last), index=last.index)
     summary["steps"] = trial.groupby(trial).size()
     return summary
 

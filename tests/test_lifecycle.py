@@ -248,6 +248,30 @@ def test_where_reads_a_metric_that_the_table_does_not_show(tmp_path: Path, capsy
     assert code == 0 and [r["trial_id"] for r in found] == ["a"] and "acc_best" not in found[0], found
 
 
+@pytest.mark.parametrize("restored", [False, True])
+def test_a_where_query_gives_the_full_tables_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], restored: bool
+) -> None:
+    """A metric only some trials logged (``extra``), and a query that keeps only trials without it: after a
+    ``Tuner.restore`` (the kept trial's rows read by a scan, not from its file's summary) the query raised
+    ``KeyError: 'extra'``, in ``trials``, ``export`` and ``report``. A query's rows are the full table's,
+    whichever way the summaries are read."""
+    second = {"s1": _rows(2.0), "s2": [{"training_iteration": 2, "loss": 0.5}]} if restored else {"": _rows(2.0)}
+    store = write_trials(
+        tmp_path / "store",
+        [
+            Trial("has", {"case": 0}, {"": [{"training_iteration": 1, "loss": 0.3, "extra": 4}]}),
+            Trial("lacks", {"case": 1}, second),
+        ],
+    )
+    sweep = Sweep(store)
+    full = sweep.trials().set_index("trial_id")
+    kept = sweep.trials(where="config/case == 1").set_index("trial_id")
+    pd.testing.assert_frame_equal(kept, full.loc[["lacks"]], check_dtype=False)
+    code, found = _cli(capsys, "trials", "--store", str(store.root), "--where", "config/case == 1")
+    assert code == 0 and [r["trial_id"] for r in found] == ["lacks"] and found[0]["extra_best"] == "NaN"
+
+
 def test_a_nan_config_is_a_value_that_nan_finds_and_null_does_not(tmp_path: Path) -> None:
     """A config of NaN is recorded (``trials`` shows it, ``group_by`` keeps it apart): ``== nan`` finds it and
     ``== null`` does not, which finds the trials without a value. (Both used to treat NaN as missing, so
