@@ -22,7 +22,7 @@ from ray_cmf._atomic import atomic_write
 from ray_cmf._digits import cell_digits, number_text
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
-from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV
+from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.frames import ERROR_COLUMN, sort_trials
@@ -240,9 +240,10 @@ def _python(value: Any) -> Any:
 
 
 def _ranked_first(sweep: Any, table: Any) -> Any:
-    """The trial table best first by the metric the sweep's CmfRayLogger ranked by, where trials have it."""
+    """The trial table best first by the metric the sweep's CmfRayLogger ranked by, else the first that a
+    logger declared a mode for, where trials have it; never by StepLogger's throughput, a speed."""
     modes = sweep.modes()
-    ranked = [f"{metric}_best" for metric in modes if f"{metric}_best" in table.columns]
+    ranked = [f"{metric}_best" for metric in modes if f"{metric}_best" in table.columns and metric != THROUGHPUT]
     return sort_trials(table, ranked[0], modes) if ranked else table
 
 

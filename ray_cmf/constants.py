@@ -31,6 +31,7 @@ ENVIRONMENT_TYPE = "Environment"
 SYSTEM_METRICS_NAME = "system_metrics"
 RESULTS_METRICS_NAME = "tune_results"  # CmfRayLogger's series of each trial's Tune results
 STEPS_METRICS_NAME = "train_steps"  # StepLogger's series of a Train run's steps
+THROUGHPUT = "samples_per_s"  # a column of StepLogger's own: best highest, a speed and no result to rank by
 REPORTS_METRICS_NAME = "train_reports"  # CmfTrainCallback's series of what a Train run's ranks report
 # Its bookkeeping columns: which report of the run (a row's step where the loop reported none), which start
 # of the workers, and whether the report carried a checkpoint

@@ -44,6 +44,7 @@ from ray_cmf.constants import (
     STEP_FLUSH_SECONDS,
     STEPS_METRICS_NAME,
     SYSTEM_METRICS_NAME,
+    THROUGHPUT,
     TRIAL_PROPERTY,
     WORKER_GROUP_COLUMN,
 )
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
-THROUGHPUT = "samples_per_s"  # a column of StepLogger's own: best highest
 _OWN_COLUMNS = frozenset({"step", "wall_time", SAMPLES, THROUGHPUT})  # what a row holds beside the metrics
 STEPS_MAX, STEPS_MIN = "ray_cmf_steps_max", "ray_cmf_steps_min"  # every sync carries the ranks' step counts
 _LAST_SYNC_WAIT_S = 2.0  # how long a loop's end without finish() waits for the sync of its last step
@@ -243,7 +243,7 @@ class StepLogger:
         self._syncs = 0
         self._samples = 0
         self._nonfinite: dict[str, float] = {}  # per interval metric: the values it left out so far in the run
-        self._last_sync_time = time.time()
+        self._last_sync_time: float | None = None  # the interval's start: this start's first step, then each sync
         self._buffer: MetricBuffer | None = None
         self._watch: StallWatch | None = None  # rank 0's: its rows leave once the loop stalls
         self._run: Reply | None = None  # rank 0's registration, until its first step records where it resumes
@@ -338,8 +338,10 @@ class StepLogger:
         """Count one training step (and its samples); every ``sync_every`` steps, start a sync of the interval.
 
         The sync's collective runs while the next step trains; that step's call completes it and logs the
-        row. Returns that row (on every rank) on the step after each sync step, else None. No host sync
-        otherwise.
+        row. Returns that row on the step after each sync step, else None: its metrics are the synced ones on
+        every rank, its ``wall_time`` and ``samples_per_s`` (all ranks' samples) timed by the rank's own clock
+        (rank 0's row is the one logged). No host sync otherwise. ``samples_per_s`` is timed from this
+        StepLogger's first step on: the set-up before it, and that step's samples, are not counted.
         """
         if self._run is not None:  # this start's first step: it resumes after the steps done (a checkpoint's)
             resumes = {"metrics_name": self.metrics_name, "step": self.steps_done}
@@ -353,7 +355,9 @@ class StepLogger:
         self.steps_done += 1
         if self._watch is not None:
             self._watch.beat()
-        if samples is not None:
+        if self._last_sync_time is None:  # throughput counts from here: the set-up and this step are not timed
+            self._last_sync_time = time.time()
+        elif samples is not None:
             self._samples += samples  # host-side count: no tensor op per step
         row = self._complete() if self._pending is not None else None
         if self.steps_done % self.sync_every == 0:
@@ -414,7 +418,7 @@ class StepLogger:
         """Wait for the sync in flight; rank 0 appends its row; every ``report_every`` syncs, report it."""
         row, step, launched = self._wait()
         samples = row.pop(SAMPLES, 0.0)
-        elapsed = launched - self._last_sync_time
+        elapsed = launched - (launched if self._last_sync_time is None else self._last_sync_time)
         self._last_sync_time = launched
         row = {"step": step, **row, "wall_time": launched}
         if samples:

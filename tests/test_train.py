@@ -421,6 +421,64 @@ def test_ranks_that_run_unequal_steps_fail_and_say_so(ray_session: None, tmp_pat
         _fit(tmp_path, "uneven", max_failures=0, steps_on_rank_1=35)
 
 
+def test_throughput_counts_from_the_first_step_not_from_the_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``samples_per_s`` of the first interval counted from when StepLogger was built: the model and data
+    set-up that follows (3 s) made a run of 200 samples/s read 26 in its first row, and again after every
+    restart. Throughput now counts from the first step: that step and what came before it are no training
+    time it can measure."""
+    from types import SimpleNamespace
+
+    import ray_cmf.train
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    clock = SimpleNamespace(now=1_000.0)
+    monkeypatch.setattr(ray_cmf.train, "time", SimpleNamespace(time=lambda: clock.now))
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(metrics, sync_every=5, store=str(tmp_path / "store"), pipeline_name="p", run_name="r")
+    clock.now += 100.0  # building the model, loading the data
+    rows = []
+    for step in range(12):
+        clock.now += 0.01  # a step of 10 samples
+        metrics["loss"].update(torch.tensor(float(step)))
+        rows.append(steps.step(samples=10))
+    rows.append(steps.sync())
+    got = [(r["step"], r["samples_per_s"]) for r in rows if r is not None]
+    assert [s for s, _ in got] == [5, 10, 12] and [r for _, r in got] == pytest.approx([1000.0] * 3), got
+    steps.finish()
+
+
+def test_trials_never_ranks_train_runs_by_their_throughput(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ray-cmf trials`` without ``--metric`` put the fastest Train run first, the run with the lowest loss
+    last: StepLogger declares ``samples_per_s`` best highest, and it was the first metric any logger
+    declared. A speed is no result to rank by: runs whose loggers declare nothing else are in id order."""
+    from types import SimpleNamespace
+
+    import ray_cmf.train
+    from ray_cmf.cli import main
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    clock = SimpleNamespace(now=1_000.0)
+    monkeypatch.setattr(ray_cmf.train, "time", SimpleNamespace(time=lambda: clock.now))
+    for name, seconds, loss in (("a-good", 0.5, 0.1), ("b-fast", 0.01, 0.9)):
+        metrics = MetricCollection({"loss": Mean()})
+        steps = StepLogger(metrics, sync_every=2, store=str(tmp_path / "store"), pipeline_name="p", run_name=name)
+        for _ in range(4):
+            clock.now += seconds
+            metrics["loss"].update(torch.tensor(loss))
+            steps.step(samples=8)
+        steps.finish()
+    assert main(["trials", "--store", str(tmp_path / "store"), "--metrics-name", "train_steps", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [r["trial_id"] for r in shown] == ["a-good", "b-fast"], shown
+    assert shown[1]["samples_per_s_best"] > shown[0]["samples_per_s_best"]
+
+
 def test_no_process_group_local_mode(tmp_path: Path) -> None:
     from ray_cmf import RayCmfError
     from ray_cmf.metrics import Mean, MetricCollection
