@@ -15,6 +15,7 @@ import math
 import string
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -52,7 +53,7 @@ from ray_cmf.frames import (
     sort_trials,
     summarize,
 )
-from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING
+from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING, counts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -333,7 +334,7 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     dims = []
     for column in [c for c in trials.columns if c.startswith("config/")]:
         values, key = trials[column], column[len("config/") :]
-        if values.nunique(dropna=True) < 2:
+        if not _varies(values):
             continue
         if numeric(values):
             numbers = floats(values)
@@ -343,14 +344,14 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
             else:
                 dims.append({"label": key, "values": _floats(values)})
         else:
-            labels = sorted(map(str, values.dropna().unique()))
-            codes = {label: i for i, label in enumerate(labels)}
+            labels = _category_labels(values)
+            codes = {category: i for i, category in enumerate(labels)}
             dims.append(
                 {
                     "label": key,
-                    "values": [codes.get(str(v)) for v in values],
+                    "values": [codes.get(_category(v)) for v in values],
                     "tickvals": list(range(len(labels))),
-                    "ticktext": labels,
+                    "ticktext": list(labels.values()),
                 }
             )
     if not dims:
@@ -364,10 +365,29 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     }
 
 
+def _category(value: Any) -> tuple[str, str]:
+    """A config value as a category: its type and its text, so that ``True``, ``1`` and ``"1"`` are three
+    (pandas counts ``True`` and ``1`` as one value)."""
+    return type(value).__name__, str(value)
+
+
+def _varies(values: pd.Series) -> bool:
+    """Whether a config column holds two recorded values or more (see :func:`_category`)."""
+    return len({_category(v) for v in values.dropna()}) > 1
+
+
+def _category_labels(values: pd.Series) -> dict[tuple[str, str], str]:
+    """Each category of a config column (see :func:`_category`) and its tick label, in text order: its text,
+    and its type where another category reads the same."""
+    categories = sorted({_category(v) for v in values.dropna()}, key=lambda c: (c[1], c[0]))
+    texts = Counter(text for _, text in categories)
+    return {(kind, text): text if texts[text] == 1 else f"{text} ({kind})" for kind, text in categories}
+
+
 def _config_notes(trials: pd.DataFrame, metric: str | None) -> dict[str, str]:
     """What the parallel coordinates and the importance plots say of the trials they leave out, or, where they
     draw nothing, why: no config key varies, or too few trials have a finite best ``metric`` to draw."""
-    varying = [c for c in trials.columns if c.startswith("config/") and trials[c].nunique(dropna=True) > 1]
+    varying = [c for c in trials.columns if c.startswith("config/") and _varies(trials[c])]
     kept = int(drawable(trials[f"{metric}_best"].astype(float).to_numpy()).sum()) if metric else 0
     left_out = len(trials) - kept
     if not varying:
@@ -640,9 +660,16 @@ def _group_of(trials: pd.DataFrame, keys: Sequence[str]) -> dict[str, str]:
     return dict(zip(trials["trial_id"].astype(str), labels, strict=True))
 
 
+def _summaries(metrics: Sequence[str], present: set[str]) -> list[str]:
+    """Each metric's ``_best`` and ``_final`` columns among ``present``: a count's final only, since its
+    "best" (the fewest epochs, or non-finite values, so far) means nothing."""
+    kinds = {m: ("final",) if counts(m) else ("best", "final") for m in metrics}
+    return [f"{m}_{k}" for m in metrics for k in kinds[m] if f"{m}_{k}" in present]
+
+
 def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], mode: str) -> str:
     """One row per group: its key values, how many trials, their statuses, and each summary as mean ± std."""
-    summaries = [f"{m}_{k}" for m in metrics for k in ("best", "final") if f"{m}_{k}_mean" in groups.columns]
+    summaries = _summaries(metrics, {c.removesuffix("_mean") for c in groups.columns})
     summaries.append("steps")
     sorted_by = f"{metrics[0]}_best" if metrics else None
     order = ' class="asc"' if mode == "min" else ' class="desc"'
@@ -667,7 +694,7 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     """The trial table, in the order it comes (best first), the first metric's best marked as its sort."""
     stopped = ["stopped"] if "stopped" in trials.columns and trials["stopped"].any() else []  # by Tune
     columns = ["trial_id", "status", *stopped, *[c for c in trials.columns if c.startswith(("config/", TAG_COLUMN))]]
-    columns += [f"{m}_{k}" for m in metrics for k in ("best", "final") if f"{m}_{k}" in trials.columns]
+    columns += _summaries(metrics, set(trials.columns))
     columns += [c for c in trials.columns if c.startswith("metrics/")]  # log_execution_metrics
     columns += ["steps", "md5"]
     sorted_by = f"{metrics[0]}_best" if metrics else None

@@ -268,6 +268,41 @@ def test_the_report_never_shows_two_different_values_as_one(tmp_path: Path) -> N
     assert ">0.10000001</td>" in grouped and ">0.1</td>" in grouped
 
 
+def test_parallel_coordinates_keep_true_1_and_text_1_apart(tmp_path: Path) -> None:
+    """A config key of ``True``, ``False`` and ``1`` (an int) across trials: the parallel coordinates drew the
+    ``1`` as missing (pandas counts ``True`` and ``1`` as one value), and a key of only ``True`` and ``1`` did
+    not vary at all. Each recorded value is its own category, its type named where two read alike."""
+    from tests._stores import Trial, write_trials
+
+    flags = {"t": True, "f": False, "one": 1, "text": "1"}
+    trials = [Trial(name, {"flag": flag}, _losses(i + 1.0)) for i, (name, flag) in enumerate(flags.items())]
+    trials += [Trial(f"same-{flag!r}", {"same": flag}, _losses(5.0)) for flag in (True, 1)]
+    data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
+    dims = {d["label"]: d for d in data["parcoords"]["dimensions"]}
+    flag = dims["flag"]
+    picked = {
+        t: flag["ticktext"][code] for t, code in zip(data["status"], flag["values"], strict=True) if code is not None
+    }
+    assert picked == {"t": "True", "f": "False", "one": "1 (int)", "text": "1 (str)"}, flag
+    assert "same" in dims  # True and 1 differ
+
+
+def test_the_table_shows_a_count_by_its_final_value_only(tmp_path: Path) -> None:
+    """The report's table had a ``loss_nonfinite_best`` of 0 beside a ``loss_nonfinite_final`` of 8: the
+    "best" of a count is its first row's, which means nothing. A count (``<metric>_nonfinite``, an epoch)
+    shows its final value only, as ``trials`` does."""
+    from tests._stores import Trial, write_trials
+
+    rows = [{"training_iteration": i + 1, "loss": 1.0 / (i + 1), "loss_nonfinite": 2 * i} for i in range(5)]
+    page = Sweep(write_trials(tmp_path / "store", [Trial("a", {}, {"": rows})])).report(tmp_path / "r.html")
+    head = re.findall(r"<th[^>]*>([^<]*)</th>", page.read_text().split('<table id="trials">')[1].split("</thead>")[0])
+    assert "loss_nonfinite_final" in head and "loss_nonfinite_best" not in head and "loss_best" in head, head
+
+
+def _losses(scale: float) -> dict[str, list[dict[str, Any]]]:
+    return {"": [{"training_iteration": i + 1, "loss": scale / (i + 1)} for i in range(3)]}
+
+
 def test_a_clean_sweep_reads_as_a_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
     """Three runs that all finish: the table best first, every run's curve, and a picked run's row and curve."""
     store = tmp_path / "store"
