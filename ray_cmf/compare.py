@@ -296,6 +296,11 @@ class Sweep:
         view._whole = self._whole
         return view
 
+    def columns(self) -> list[str]:
+        """Every column the trials logged to this series, as :meth:`steps` gives them (read from the committed
+        files' schemas, no row)."""
+        return _logged_columns(self._schema())
+
     def series_names(self) -> list[str]:
         """The names of the series the compared executions hold, committed or still spilled, sorted.
 

@@ -497,6 +497,13 @@ def _not_drawn(name: str, steps: pd.DataFrame) -> list[str]:
     return [f"{name}/{c}" for c in _shown(_logged(steps)) if not _drawable(steps[c]) and steps[c].notna().any()]
 
 
+def _unsummarised(sweep: Sweep, trials: pd.DataFrame) -> list[str]:
+    """The metrics of the sweep's own series that hold no numbers (so no ``_best`` in ``trials``): no curve,
+    but named."""
+    metrics = _shown(c for c in sweep.columns() if is_metric(c))
+    return [f"{sweep.metrics_name}/{m}" for m in metrics if f"{m}_best" not in trials.columns]
+
+
 def _with_summary(
     trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str], mode: str | Mapping[str, str]
 ) -> pd.DataFrame:
@@ -600,7 +607,9 @@ def content(
     sections = [_Section("", sweep.metrics_name, m, plotter.traces(steps, spans, m)) for m in (chosen if own else [])]
     drawn = _series_sections(sweep, others, plotter, live)
     sections += drawn.sections
-    not_drawn = _not_drawn(sweep.metrics_name, steps) if own and live and metrics is None else []
+    not_drawn = []
+    if own and metrics is None:  # the file's curves are of the summarised metrics: name the others
+        not_drawn = _not_drawn(sweep.metrics_name, steps) if live else _unsummarised(sweep, trials)
     for number, section in enumerate(sections):
         section.key = f"curve-{number}"
     data: dict[str, Any] = {

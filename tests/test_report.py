@@ -299,6 +299,31 @@ def test_the_table_shows_a_count_by_its_final_value_only(tmp_path: Path) -> None
     assert "loss_nonfinite_final" in head and "loss_nonfinite_best" not in head and "loss_best" in head, head
 
 
+def test_the_curves_caption_names_the_metrics_without_a_curve(tmp_path: Path) -> None:
+    """A metric of bools or words has no curve and, as the README says, is named in the curves' caption: the
+    live page (``serve``) named it, the report file did not."""
+    from ray_cmf.report import content
+    from tests._stores import Trial, write_trials
+
+    def rows(lr: float) -> dict[str, list[dict[str, Any]]]:
+        big = [2**60 + s if lr == 0.1 else 0.5 * s for s in range(4)]  # exact text: drawn as numbers
+        return {
+            "": [
+                {"step": s, "loss": lr / (s + 1), "improved": s % 2 == 0, "phase": "warm", "big": big[s]}
+                for s in range(4)
+            ]
+        }
+
+    store = write_trials(tmp_path / "store", [Trial(f"lr{lr}", {"lr": lr}, rows(lr)) for lr in (0.1, 0.2)])
+    sweep = Sweep(store)
+    for live in (False, True):
+        parts = content(sweep, live=live)
+        note = parts["note"]
+        assert "No curve for tune_results/improved, tune_results/phase: text or bools" in note, (live, note)
+        assert [s["metric"] for s in parts["data"]["sections"]] == ["loss", "big"]
+    assert "No curve for tune_results/improved, tune_results/phase" in sweep.report(tmp_path / "r.html").read_text()
+
+
 def _losses(scale: float) -> dict[str, list[dict[str, Any]]]:
     return {"": [{"training_iteration": i + 1, "loss": scale / (i + 1)} for i in range(3)]}
 
