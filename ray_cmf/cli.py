@@ -400,9 +400,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
 EXPORT_FORMATS = ("csv", "parquet")
 
 
+STDOUT = "-"  # export -o -: the steps to the standard output
+
+
 def _export_format(args: argparse.Namespace) -> str:
     """``--format``, or the output's extension."""
     fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
+    if fmt not in EXPORT_FORMATS and args.output == STDOUT:
+        raise RayCmfError("-o - writes to the standard output: pass --format csv or parquet")
     if fmt not in EXPORT_FORMATS:
         raise RayCmfError(f"--format is needed: the output {args.output!r} ends in neither .csv nor .parquet")
     return str(fmt)
@@ -413,11 +418,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     sweep = _picked(args)
     with status(f"reading the steps of {sweep.pipeline}"):
         frame = sweep.steps(args.metric or None, exact=True)  # a null (nothing logged) stays apart from a NaN
+    write = frame.to_csv if fmt == "csv" else frame.to_parquet
+    if args.output == STDOUT:  # the steps alone: a pipe reads them
+        write(sys.stdout if fmt == "csv" else sys.stdout.buffer, index=False)
+        print(f"exported {len(frame)} rows, {len(frame.columns)} columns", file=sys.stderr)
+        return EXIT_OK
     with atomic_write(_output(args.output)) as pending:
-        if fmt == "csv":
-            frame.to_csv(pending.tmp, index=False)
-        else:
-            frame.to_parquet(pending.tmp, index=False)
+        write(pending.tmp, index=False)
     _emit(
         args,
         [{"rows": len(frame), "columns": len(frame.columns), "path": str(Path(args.output).absolute())}],
@@ -745,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", cmd_export, "every trial's steps as one CSV or Parquet file")
     _add_sweep_options(p)
     p.add_argument("--format", choices=EXPORT_FORMATS, help="default: from the output's extension (.csv, .parquet)")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", required=True, help="a .csv or .parquet file, or - for the standard output")
     p = command("verify", cmd_verify, "re-hash every file against MLMD and DVC; exit 1 on any mismatch")
     p.add_argument("--remote", action="store_true", help="also check that the store's remote holds every file")
     p = command("push", cmd_push, "dvc push the store's files to its remote")

@@ -153,6 +153,23 @@ def test_console_script_runs(sweep: dict[str, Any]) -> None:
     assert result.returncode == 0 and "loss_best" in result.stdout
 
 
+def test_export_to_stdout_pipes_the_steps(sweep: dict[str, Any], tmp_path: Path) -> None:
+    """``ray-cmf export --format csv -o -`` wrote a file named ``-``; ``-`` is the standard output, as for
+    most tools, and it holds the steps only (the summary goes to stderr)."""
+    import io
+
+    exe = str(Path(sys.executable).with_name("ray-cmf"))
+    args = [exe, "export", "--store", str(sweep["store"]), "--metric", "loss", "-o", "-"]
+    csv = subprocess.run([*args, "--format", "csv"], capture_output=True, text=True, cwd=tmp_path)
+    frame = pd.read_csv(io.StringIO(csv.stdout))
+    assert csv.returncode == 0 and len(frame) == 4 * RESULTS + 3 and "loss" in frame.columns, csv.stderr
+    parquet = subprocess.run([*args, "--format", "parquet"], capture_output=True, cwd=tmp_path)
+    assert parquet.returncode == 0 and len(pd.read_parquet(io.BytesIO(parquet.stdout))) == len(frame)
+    assert not (tmp_path / "-").exists()
+    bare = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path)
+    assert bare.returncode == 2 and "-o - writes to the standard output: pass --format csv or parquet" in bare.stderr
+
+
 def test_verify_detects_tampered_and_deleted_files(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _cli(capsys, "verify", "--store", str(store_copy), "--json")
     findings = json.loads(out)
