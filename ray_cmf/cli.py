@@ -10,6 +10,7 @@ Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``-
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
-from ray_cmf._digits import cell_digits, number_text
+from ray_cmf._cells import cell_digits, number_text, quoted_cells
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
@@ -60,12 +61,17 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> N
 
 def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[list[str]]:
     """The texts of a table's cells: a float to 6 significant digits, or as many more as tell it apart from the
-    other numbers of its column and row (see :func:`~ray_cmf._digits.cell_digits`)."""
-    values = [[jsonable(row.get(c)) for c in columns] for row in rows]  # NaN, inf as text; numpy's as Python's
-    digits = cell_digits(values, 6)
-    return [
-        [_cell(v, d) for v, d in zip(line, places, strict=True)] for line, places in zip(values, digits, strict=True)
+    other numbers of its column and row, and a text that reads as a number of its row or column quoted (see
+    :mod:`ray_cmf._cells`)."""
+    raw = [[row.get(c) for c in columns] for row in rows]
+    values = [[jsonable(v) for v in line] for line in raw]  # NaN, inf as text; numpy's as Python's
+    texts = [
+        [_cell(v, d) for v, d in zip(line, digits, strict=True)]
+        for line, digits in zip(values, cell_digits(values, 6), strict=True)
     ]
+    for line, quoted in zip(texts, quoted_cells(raw, texts), strict=True):
+        line[:] = [json.dumps(t, ensure_ascii=False) if q else t for t, q in zip(line, quoted, strict=True)]
+    return texts
 
 
 def _cell(value: Any, digits: int) -> str:

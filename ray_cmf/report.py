@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ray_cmf._atomic import write_text
-from ray_cmf._digits import cell_digits, number_text
+from ray_cmf._cells import cell_digits, number_text, quoted_cells
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._names import check_mode
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
@@ -137,12 +137,15 @@ def _short(value: Any, digits: int = _DIGITS) -> str:
 
 def _shorts(values: list[list[Any]]) -> list[list[str]]:
     """The texts of a table's cells (None blank), each float with the digits that tell it apart from the other
-    numbers of its row and column (see :func:`~ray_cmf._digits.cell_digits`)."""
-    places = cell_digits(values, _DIGITS)
-    return [
+    numbers of its row and column, and a text that reads as one of those numbers quoted (see
+    :mod:`ray_cmf._cells`)."""
+    texts = [
         ["" if v is None else _short(v, d) for v, d in zip(line, digits, strict=True)]
-        for line, digits in zip(values, places, strict=True)
+        for line, digits in zip(values, cell_digits(values, _DIGITS), strict=True)
     ]
+    for line, quoted in zip(texts, quoted_cells(values, texts), strict=True):
+        line[:] = [f"&quot;{t}&quot;" if q else t for t, q in zip(line, quoted, strict=True)]
+    return texts
 
 
 @dataclass

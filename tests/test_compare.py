@@ -317,10 +317,10 @@ def test_text_tables_never_show_two_different_values_as_one(tmp_path: Path, caps
     """``diff`` of lr 0.1 against 0.10000001 printed "what differs between a and b" over two cells that both
     read 0.1, and ``trials`` showed the two trials' lr alike: a table rounded every float to 6 digits. A value
     now gets the digits that tell it apart from the other values of its column and of its row."""
-    for name, lr in (("a", 0.1), ("b", 0.10000001), ("c", 0.2)):
+    for name, lr in (("a", 0.1), ("b", 0.10000001), ("c", 0.2), ("s", "0.1")):
         with Cmf(pipeline_name="p", store=tmp_path / "store") as cmf:
             cmf.create_execution("trial", {"lr": lr, "wd": 1 / 3}, execution_name=name)
-            cmf.log_metric("s", {"step": 0, "loss": 1.0 + lr})
+            cmf.log_metric("s", {"step": 0, "loss": 1.0 + float(lr)})
             cmf.commit_metrics("s")
     store = str(tmp_path / "store")
     code, out, _ = _cli(capsys, "diff", "a", "b", "--store", store, "--metrics-name", "s")
@@ -335,11 +335,27 @@ def test_text_tables_never_show_two_different_values_as_one(tmp_path: Path, caps
     }
     assert code == 0 and "0.10000001" in rows["b"] and "0.1" in rows["a"] and "0.2" in rows["c"], out
     assert "0.333333" in rows["a"], out  # where nothing needs more digits, 6 as before
+    assert rows["s"][1] == '"0.1"' and rows["a"][1] == "0.1", out  # the text "0.1" is no number 0.1
+    code, out, _ = _cli(capsys, "diff", "a", "s", "--store", store, "--metrics-name", "s")
+    cells = {line.split("│")[1].strip(): line.split("│")[2:4] for line in out.splitlines() if "│" in line}
+    assert [c.strip() for c in cells["config/lr"]] == ["0.1", '"0.1"'], out
 
 
-@given(st.lists(st.lists(floats | st.integers(-(2**70), 2**70), min_size=3, max_size=3), min_size=1, max_size=6))
+_texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "1e-07"])
+
+
+@given(
+    st.lists(
+        st.lists(floats | st.integers(-(2**70), 2**70) | st.booleans() | _texts, min_size=3, max_size=3),
+        min_size=1,
+        max_size=6,
+    )
+)
 @example([[0.1, 0.10000001, 1], [1.0000000000000002, 1.0, 1]])
+@example([[0.1, "0.1", True], ["True", 1e-07, "1e-07"]])
 def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[Any]]) -> None:
+    """In a text table, two different values (a float and a close one, the text "0.1" and the number 0.1, the
+    text "True" and True) never read alike in one row or column."""
     from ray_cmf.cli import _cells
 
     columns = ["x", "y", "z"]
@@ -347,11 +363,13 @@ def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[
     lines = [list(zip(row, shown, strict=True)) for row, shown in zip(values, texts, strict=True)]
     lines += [list(line) for line in zip(*lines, strict=True)]  # the columns too
     for line in lines:
-        finite = {v: t for v, t in line if not (isinstance(v, float) and not math.isfinite(v))}
+        finite = {(type(v) is str, v): t for v, t in line if not (isinstance(v, float) and not math.isfinite(v))}
         assert len(set(finite.values())) == len(finite), line  # distinct values, distinct texts
     for row, shown in zip(values, texts, strict=True):
         for value, text in zip(row, shown, strict=True):
-            if isinstance(value, int):
+            if isinstance(value, str | bool):
+                assert text in (str(value), json.dumps(value))
+            elif isinstance(value, int):
                 assert text == str(value)
             elif math.isfinite(value):
                 assert len(text.lstrip("-").split("e")[0].replace(".", "").lstrip("0")) <= 17

@@ -1,10 +1,12 @@
-"""How many significant digits a table gives its floats: few, unless a value needs more to be told apart from
-the values it stands beside."""
+"""How a table's cells read, so that no two different values read alike: a float gets few significant digits
+unless it needs more to be told apart from the values beside it, and a text that reads as a number beside
+numbers is quoted."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from numbers import Number
 from typing import Any
 
 MOST = 17  # significant digits that tell any two float64 values apart
@@ -31,3 +33,16 @@ def _digits(values: Iterable[Any], least: int) -> int:
     if not any(type(v) is float for v in numbers):
         return least
     return next((d for d in range(least, MOST) if len({number_text(v, d) for v in numbers}) == len(numbers)), MOST)
+
+
+def quoted_cells(values: Sequence[Sequence[Any]], texts: Sequence[Sequence[str]]) -> list[list[bool]]:
+    """Which cells of a table (its ``values`` and how they read, ``texts``) hold a text to show quoted: one
+    that reads as a number or a bool of its row or its column reads, so that the text "0.1" and the number 0.1
+    never read alike."""
+    cells = [list(zip(line, shown, strict=True)) for line, shown in zip(values, texts, strict=True)]
+    by_row = [{t for v, t in line if isinstance(v, Number)} for line in cells]
+    by_column = [{t for v, t in line if isinstance(v, Number)} for line in zip(*cells, strict=True)]
+    return [
+        [isinstance(v, str) and (t in by_row[i] or t in by_column[j]) for j, (v, t) in enumerate(line)]
+        for i, line in enumerate(cells)
+    ]
