@@ -20,19 +20,42 @@ def number_text(value: float | int, digits: int) -> str:
 def cell_digits(values: Sequence[Sequence[Any]], least: int) -> list[list[int]]:
     """The significant digits of each cell of a table of plain values: at least ``least``, and as many more
     as tell its value apart from every other number of its row and of its column, so that a table never
-    shows two different values as one."""
+    shows two different values as one (and only the values that need more digits get them)."""
     by_row = [_digits(line, least) for line in values]
     by_column = [_digits(line, least) for line in zip(*values, strict=True)]
-    return [[max(by_row[i], by_column[j]) for j in range(len(line))] for i, line in enumerate(values)]
+    return [
+        [
+            max(by_row[i].get(v, least), by_column[j].get(v, least)) if _finite_float(v) else least
+            for j, v in enumerate(line)
+        ]
+        for i, line in enumerate(values)
+    ]
 
 
-def _digits(values: Iterable[Any], least: int) -> int:
-    """The fewest significant digits, ``least`` or more, that give the distinct finite numbers among ``values``
-    distinct texts."""
-    numbers = {v for v in values if type(v) is int or (type(v) is float and math.isfinite(v))}
-    if not any(type(v) is float for v in numbers):
-        return least
-    return next((d for d in range(least, MOST) if len({number_text(v, d) for v in numbers}) == len(numbers)), MOST)
+def _finite_float(value: Any) -> bool:
+    return type(value) is float and math.isfinite(value)
+
+
+def _digits(values: Iterable[Any], least: int) -> dict[float, int]:
+    """The fewest significant digits, ``least`` or more, of each finite float among ``values`` that give it a
+    text no other number among them has."""
+    values = list(values)
+    taken = {str(v) for v in values if type(v) is int}  # an int reads whole
+    crowd, digits = {v for v in values if _finite_float(v)}, {}
+    for d in range(least, MOST):
+        texts: dict[str, set[float]] = {}
+        for v in crowd:
+            texts.setdefault(number_text(v, d), set()).add(v)
+        crowd = set()
+        for text, alike in texts.items():
+            if len(alike) > 1 or text in taken:
+                crowd |= alike
+            else:
+                digits[next(iter(alike))] = d
+                taken.add(text)
+        if not crowd:
+            break
+    return {**digits, **dict.fromkeys(crowd, MOST)}
 
 
 def quoted_cells(values: Sequence[Sequence[Any]], texts: Sequence[Sequence[str]]) -> list[list[bool]]:
