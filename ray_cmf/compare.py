@@ -846,6 +846,10 @@ class Sweep:
         text."""
         return dict(sorted(_config(self._properties(trial_id), as_json=False).items()))
 
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """Every trial's own config, by trial id, as :meth:`config` gives each, read in one pass."""
+        return {self.key(e): dict(sorted(_config(properties(e), as_json=False).items())) for e, _ in self.executions()}
+
     def execution_metrics(self, trial_id: str) -> dict[str, Any]:
         """What a trial logged with ``log_execution_metrics``: ``{"<metrics_name>/<key>": value}`` (of a name
         logged twice, the later values), each as logged; its ``metrics/...`` columns in :meth:`trials`, where a

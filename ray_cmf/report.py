@@ -112,12 +112,17 @@ class _Section:
         return {**self.__dict__, "title": self.title}
 
 
-def _hover_config(trials: pd.DataFrame) -> dict[str, str]:
-    config = [c for c in trials.columns if c.startswith("config/")]
-    texts = _shorts(trials[config].to_numpy(dtype=object).tolist())
+def _hover_config(trials: pd.DataFrame, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Each trial's config as its curves' hover names it: its own keys only (``configs``, by trial), each
+    value read as the table reads it."""
+    keys = [c[len("config/") :] for c in trials.columns if c.startswith("config/")]
+    own = [configs.get(str(t), {}) for t in trials["trial_id"]]
+    texts = _shorts([[config.get(k) for k in keys] for config in own])  # None: blank, for the table
     return {
-        trial_id: ", ".join(f"{c[len('config/') :]}={text}" for c, text in zip(config, line, strict=True))
-        for trial_id, line in zip(trials["trial_id"], texts, strict=True)
+        str(trial_id): ", ".join(
+            f"{k}={'None' if config[k] is None else text}" for k, text in zip(keys, line, strict=True) if k in config
+        )
+        for trial_id, config, line in zip(trials["trial_id"], own, texts, strict=True)
     }
 
 
@@ -604,7 +609,7 @@ def content(
     trials = _best_first(trials, f"{primary}_best", mode) if primary else trials
     keys = group_keys(trials, group_by) if group_by is not None else None
     groups = _group_of(trials, keys) if keys is not None else None
-    plotter = _Plotter(_hover_config(trials), modes, max_points, groups)
+    plotter = _Plotter(_hover_config(trials, sweep.configs()), modes, max_points, groups)
     spans = _Trials.of(steps)
     own = series is None or sweep.metrics_name in series
     sections = [_Section("", sweep.metrics_name, m, plotter.traces(steps, spans, m)) for m in (chosen if own else [])]

@@ -325,6 +325,20 @@ def test_the_curves_caption_names_the_metrics_without_a_curve(tmp_path: Path) ->
     assert "No curve for tune_results/improved, tune_results/phase" in sweep.report(tmp_path / "r.html").read_text()
 
 
+def test_the_hover_names_only_a_trials_own_config_keys(tmp_path: Path) -> None:
+    """A trial's hover read ``nested.c=None`` for a key only another trial's config has, the same as a config
+    that sets it to None: it names only the trial's own keys now, a None as None."""
+    from tests._stores import Trial, write_trials
+
+    trials = [
+        Trial("own", {"a": 1, "nested": {"c": None}, "lr": 0.5}, _losses(1.0)),
+        Trial("other", {"a": 2, "lr": math.nan, "tag": ""}, _losses(2.0)),
+    ]
+    data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
+    hovers = {t["meta"]: t["hovertemplate"].split("<br>")[1] for t in data["sections"][0]["traces"]}
+    assert hovers == {"own": "a=1, lr=0.5, nested.c=None", "other": "a=2, lr=NaN, tag="}, hovers
+
+
 def _losses(scale: float) -> dict[str, list[dict[str, Any]]]:
     return {"": [{"training_iteration": i + 1, "loss": scale / (i + 1)} for i in range(3)]}
 
