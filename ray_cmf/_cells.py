@@ -13,8 +13,14 @@ MOST = 17  # significant digits that tell any two float64 values apart
 
 
 def number_text(value: float | int, digits: int) -> str:
-    """A number as a table shows it: a float to ``digits`` significant digits, an int whole."""
-    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+    """A number as a table shows it: a float to ``digits`` significant digits (no more than its shortest
+    exact text has: 0.1 reads 0.1 at any), an int whole."""
+    if not isinstance(value, float) or not math.isfinite(value) or value == 0:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    mantissa = repr(abs(value)).partition("e")[0]
+    significant = len(mantissa.replace(".", "").strip("0")) or 1
+    places = math.floor(math.log10(abs(value))) + 1  # a round number's digits before the point: 100, not 1e+02
+    return f"{value:.{min(digits, max(significant, places))}g}"
 
 
 def cell_digits(values: Sequence[Sequence[Any]], least: int) -> list[list[int]]:
@@ -58,14 +64,26 @@ def _digits(values: Iterable[Any], least: int) -> dict[float, int]:
     return {**digits, **dict.fromkeys(crowd, MOST)}
 
 
-def quoted_cells(values: Sequence[Sequence[Any]], texts: Sequence[Sequence[str]]) -> list[list[bool]]:
-    """Which cells of a table (its ``values`` and how they read, ``texts``) hold a text to show quoted: one
-    that reads as a number or a bool of its row or its column reads, so that the text "0.1" and the number 0.1
-    never read alike."""
-    cells = [list(zip(line, shown, strict=True)) for line, shown in zip(values, texts, strict=True)]
-    by_row = [{t for v, t in line if isinstance(v, Number)} for line in cells]
-    by_column = [{t for v, t in line if isinstance(v, Number)} for line in zip(*cells, strict=True)]
+def quoted_cells(values: Sequence[Sequence[Any]]) -> list[list[bool]]:
+    """Which cells of a table hold a text to show quoted: one that reads as a number or a bool in a column
+    that holds numbers or bools too (the text "0.1" beside the number 0.1), and one that is empty or begins
+    or ends with a space, which would read as no value or as another text."""
+    mixed = [any(isinstance(v, Number) for v in column) for column in zip(*values, strict=True)]
     return [
-        [isinstance(v, str) and (t in by_row[i] or t in by_column[j]) for j, (v, t) in enumerate(line)]
-        for i, line in enumerate(cells)
+        [
+            isinstance(v, str) and (v != v.strip() or not v or (plain and _reads_as_value(v)))
+            for v, plain in zip(line, mixed, strict=True)
+        ]
+        for line in values
     ]
+
+
+def _reads_as_value(text: str) -> bool:
+    """Whether a text reads as a number or a bool does."""
+    if text in ("True", "False", "true", "false"):
+        return True
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

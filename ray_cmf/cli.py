@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
-from ray_cmf._cells import cell_digits, number_text, quoted_cells
+from ray_cmf._cells import MOST, cell_digits, number_text, quoted_cells
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
@@ -38,8 +38,9 @@ def _print_json(payload: Any) -> None:
     sys.stdout.write(dumps(payload, indent=2) + "\n")
 
 
-def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> None:
-    """Print rows as strict JSON (``--json``) or as a rich table."""
+def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str, *, digits: int = 6) -> None:
+    """Print rows as strict JSON (``--json``) or as a rich table, its floats to ``digits`` significant digits
+    or as many more as tell them apart (see :func:`_cells`)."""
     if args.json:
         _print_json(rows)
         return
@@ -54,22 +55,22 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str) -> N
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for column in columns:
         table.add_column(str(column), overflow="fold" if sys.stdout.isatty() else "ignore", no_wrap=True)
-    for cells in _cells(rows, columns):
+    for cells in _cells(rows, columns, digits):
         table.add_row(*cells)
     console.print(table)
 
 
-def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> list[list[str]]:
-    """The texts of a table's cells: a float to 6 significant digits, or as many more as tell it apart from the
-    other numbers of its column and row, and a text that reads as a number of its row or column quoted (see
+def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], digits: int = 6) -> list[list[str]]:
+    """The texts of a table's cells: a float to ``digits`` significant digits, or as many more as tell it apart
+    from the other numbers of its column and row, and a text that could read as another value quoted (see
     :mod:`ray_cmf._cells`)."""
     raw = [[row.get(c) for c in columns] for row in rows]
     values = [[jsonable(v) for v in line] for line in raw]  # NaN, inf as text; numpy's as Python's
     texts = [
-        [_cell(v, d) for v, d in zip(line, digits, strict=True)]
-        for line, digits in zip(values, cell_digits(values, 6), strict=True)
+        [_cell(v, d) for v, d in zip(line, places, strict=True)]
+        for line, places in zip(values, cell_digits(values, digits), strict=True)
     ]
-    for line, quoted in zip(texts, quoted_cells(raw, texts), strict=True):
+    for line, quoted in zip(texts, quoted_cells(raw), strict=True):
         line[:] = [json.dumps(t, ensure_ascii=False) if q else t for t, q in zip(line, quoted, strict=True)]
     return texts
 
@@ -213,8 +214,10 @@ def cmd_trials(args: argparse.Namespace) -> int:
     table = sweep.trials(
         args.metric or None, mode=args.mode, verify=args.verify, where=args.where, sort=sort or "trial_id"
     )
+    order = f"sorted by {sort}" if sort else "by trial_id"
     if sort is None:
-        table = _ranked_first(sweep, table)
+        table, ranked = _ranked_first(sweep, table)
+        order = f"best first by {ranked}" if ranked else order
     if args.status:
         unknown = sorted(set(args.status) - STATUSES - set(table["status"]))
         if unknown:
@@ -226,7 +229,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
     if args.limit:
         table = table.head(args.limit)
     columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
-    _emit(args, _trial_rows(args, table, columns), f"trials of {sweep.pipeline} ({sweep.metrics_name})")
+    _emit(args, _trial_rows(args, table, columns), f"trials of {sweep.pipeline} ({sweep.metrics_name}), {order}")
     return EXIT_OK
 
 
@@ -245,12 +248,13 @@ def _python(value: Any) -> Any:
     return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
 
 
-def _ranked_first(sweep: Any, table: Any) -> Any:
+def _ranked_first(sweep: Any, table: Any) -> tuple[Any, str | None]:
     """The trial table best first by the metric the sweep's CmfRayLogger ranked by, else the first that a
-    logger declared a mode for, where trials have it; never by StepLogger's throughput, a speed."""
+    logger declared a mode for, where trials have it (never by StepLogger's throughput, a speed), and the
+    column it is sorted by (None: none of them)."""
     modes = sweep.modes()
     ranked = [f"{metric}_best" for metric in modes if f"{metric}_best" in table.columns and metric != THROUGHPUT]
-    return sort_trials(table, ranked[0], modes) if ranked else table
+    return (sort_trials(table, ranked[0], modes), ranked[0]) if ranked else (table, None)
 
 
 def _grouped_trials(args: argparse.Namespace, sweep: Any) -> int:
@@ -343,12 +347,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         console.print("note:", payload["note"], soft_wrap=True)
     if payload["error"]:
         console.print(f"error: {payload['error']}", markup=False, highlight=False, soft_wrap=True)
-    _emit(args, [{"field": k, "value": v} for k, v in payload["environment"].items()], "environment and seeds")
+    environment = [{"field": k, "value": v} for k, v in payload["environment"].items()]
+    _emit(args, environment, "environment and seeds", digits=MOST)  # one trial's whole record: exact
     if payload["execution_metrics"]:
         rows = [{"metric": k, "value": v} for k, v in payload["execution_metrics"].items()]
-        _emit(args, rows, "execution metrics")
-    _emit(args, files, "lineage: files")
-    _emit(args, payload["last_rows"], f"last {args.rows} rows")
+        _emit(args, rows, "execution metrics", digits=MOST)
+    _emit(args, files, "lineage: files", digits=MOST)
+    _emit(args, payload["last_rows"], f"last {args.rows} rows", digits=MOST)
     return EXIT_OK
 
 
@@ -362,7 +367,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     pairs = zip(diff.index, diff.values, strict=True)
     shown = (lambda value: value) if args.json else _literal
     rows = [{"field": field, args.trial_a: shown(a), args.trial_b: shown(b)} for field, (a, b) in pairs]
-    _emit(args, rows, f"what differs between {args.trial_a} and {args.trial_b}")
+    _emit(args, rows, f"what differs between {args.trial_a} and {args.trial_b}", digits=MOST)
     return EXIT_OK
 
 

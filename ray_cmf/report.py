@@ -148,7 +148,7 @@ def _shorts(values: list[list[Any]]) -> list[list[str]]:
         ["" if v is None else _short(v, d) for v, d in zip(line, digits, strict=True)]
         for line, digits in zip(values, cell_digits(values, _DIGITS), strict=True)
     ]
-    for line, quoted in zip(texts, quoted_cells(values, texts), strict=True):
+    for line, quoted in zip(texts, quoted_cells(values), strict=True):
         line[:] = [f"&quot;{t}&quot;" if q else t for t, q in zip(line, quoted, strict=True)]
     return texts
 

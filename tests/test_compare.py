@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -341,7 +342,7 @@ def test_text_tables_never_show_two_different_values_as_one(tmp_path: Path, caps
     assert [c.strip() for c in cells["config/lr"]] == ["0.1", '"0.1"'], out
 
 
-_texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "1e-07"])
+_texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "abc ", "", "1e-07"])
 
 
 @given(
@@ -353,27 +354,37 @@ _texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "1e-07"])
 )
 @example([[0.1, 0.10000001, 1], [1.0000000000000002, 1.0, 1]])
 @example([[0.1, "0.1", True], ["True", 1e-07, "1e-07"]])
+@example([["abc"], ["abc "], [""], [None]])
 def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[Any]]) -> None:
-    """In a text table, two different values (a float and a close one, the text "0.1" and the number 0.1, the
-    text "True" and True) never read alike in one row or column."""
+    """In a text table, two different values never read alike in one column (a float and a close one, the text
+    "0.1" and the number 0.1, the text "True" and True, "a" and "a ", "" and nothing), nor two different numbers
+    in one row; a float reads as short as it can (0.1 never as 0.10000000000000001)."""
     from ray_cmf.cli import _cells
 
-    columns = ["x", "y", "z"]
+    columns = [f"c{i}" for i in range(len(values[0]))]
     texts = _cells([dict(zip(columns, row, strict=True)) for row in values], columns)
-    lines = [list(zip(row, shown, strict=True)) for row, shown in zip(values, texts, strict=True)]
-    lines += [list(line) for line in zip(*lines, strict=True)]  # the columns too
-    for line in lines:
-        finite = {(type(v) is str, v): t for v, t in line if not (isinstance(v, float) and not math.isfinite(v))}
-        assert len(set(finite.values())) == len(finite), line  # distinct values, distinct texts
+    cells = [list(zip(row, shown, strict=True)) for row, shown in zip(values, texts, strict=True)]
+
+    def told_apart(line: list[tuple[Any, str]]) -> None:
+        for (a, shown_a), (b, shown_b) in itertools.combinations(line, 2):
+            if shown_a == shown_b and not (isinstance(a, float) and a != a):
+                assert isinstance(a, str) == isinstance(b, str) and a == b, line
+
+    for column in zip(*cells, strict=True):
+        told_apart(list(column))
+    for row in cells:
+        told_apart([(v, t) for v, t in row if isinstance(v, int | float) and not isinstance(v, bool)])
     for row, shown in zip(values, texts, strict=True):
         for value, text in zip(row, shown, strict=True):
-            if isinstance(value, str | bool):
+            if value is None:
+                assert text == ""
+            elif isinstance(value, str | bool):
                 assert text in (str(value), json.dumps(value))
             elif isinstance(value, int):
                 assert text == str(value)
-            elif math.isfinite(value):
-                assert len(text.lstrip("-").split("e")[0].replace(".", "").lstrip("0")) <= 17
-                assert math.isclose(float(text), value, rel_tol=5e-6, abs_tol=0), (value, text)
+            elif value is not None and math.isfinite(value):
+                assert math.isclose(float(text), value, rel_tol=5e-6), (value, text)
+                assert len(text) <= max(len(repr(value)), len(f"{value:.6g}")), (value, text)
 
 
 def _stderr_on_a_terminal(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:

@@ -336,7 +336,7 @@ def test_the_hover_names_only_a_trials_own_config_keys(tmp_path: Path) -> None:
     ]
     data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
     hovers = {t["meta"]: t["hovertemplate"].split("<br>")[1] for t in data["sections"][0]["traces"]}
-    assert hovers == {"own": "a=1, lr=0.5, nested.c=None", "other": "a=2, lr=NaN, tag="}, hovers
+    assert hovers == {"own": "a=1, lr=0.5, nested.c=None", "other": "a=2, lr=NaN, tag=&quot;&quot;"}, hovers
 
 
 def _losses(scale: float) -> dict[str, list[dict[str, Any]]]:

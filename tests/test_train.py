@@ -477,6 +477,12 @@ def test_trials_never_ranks_train_runs_by_their_throughput(
     shown = json.loads(capsys.readouterr().out)
     assert [r["trial_id"] for r in shown] == ["a-good", "b-fast"], shown
     assert shown[1]["samples_per_s_best"] > shown[0]["samples_per_s_best"]
+    assert main(["trials", "--store", str(tmp_path / "store"), "--metrics-name", "train_steps"]) == 0
+    assert "trials of p (train_steps), by trial_id" in capsys.readouterr().out  # the title says the order
+    assert (
+        main(["trials", "--store", str(tmp_path / "store"), "--metrics-name", "train_steps", "--metric", "loss"]) == 0
+    )
+    assert "sorted by loss_best" in capsys.readouterr().out
 
 
 def test_no_process_group_local_mode(tmp_path: Path) -> None:
