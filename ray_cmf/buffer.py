@@ -113,8 +113,8 @@ class _Column:
         return pa.Array.from_buffers(_KINDS[self.kind][3], n, buffers, null_count=len(self.nulls))
 
 
-def _classify(key: str, value: Any) -> tuple[str, Any]:
-    """Map a logged value to (kind, normalized value); reject containers and objects."""
+def _classify(key: str, value: Any, row: int) -> tuple[str, Any]:
+    """Map a logged value to (kind, normalized value); reject containers and objects (naming the ``row``)."""
     if isinstance(value, bool | np.bool_):
         return "bool", bool(value)
     if isinstance(value, numbers.Integral):
@@ -124,7 +124,7 @@ def _classify(key: str, value: Any) -> tuple[str, Any]:
     if isinstance(value, str):
         return "str", value
     hint = "Call .item() on a tensor, or use ray_cmf.metrics for device tensors." if hasattr(value, "item") else ""
-    raise InvalidValueError(key, value, hint)
+    raise InvalidValueError(key, value, hint, row)
 
 
 def _magnitude(values: np.ndarray) -> int:
@@ -305,8 +305,8 @@ class MetricBuffer:
         """Handle a new column, a null, a numeric widening or a type error."""
         if self._owner is None:
             self._owner = threading.get_ident()
-        if not isinstance(key, str):
-            raise InvalidNameError("metric name", key, "metric names (the keys of a row) must be strings")
+        if not isinstance(key, str) or not key:
+            raise InvalidNameError("metric name", key, "metric names (the keys of a row) must be non-empty strings")
         column = self._columns.get(key)
         if value is None:
             if column is not None:
@@ -314,8 +314,8 @@ class MetricBuffer:
             else:
                 self._skipped += 1
             return
-        kind, value = _classify(key, value)
         row = self._first_row + n
+        kind, value = _classify(key, value, row)
         if kind == "int" and not _INT64_MIN <= value <= _INT64_MAX:
             raise PrecisionError(key, row, value, "does not fit in int64")
         known = self._kinds.get(key)

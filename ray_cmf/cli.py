@@ -342,7 +342,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     config = "  ".join(f"{k}={_python(v)!r}" for k, v in payload["config"].items())
     console.print(f"config: {config}", markup=False, highlight=False, soft_wrap=True)
     if payload["tags"]:
-        console.print("tags:", payload["tags"])
+        tags = "  ".join(f"{k}={v}" for k, v in payload["tags"].items())
+        console.print(f"tags: {tags}", markup=False, highlight=False, soft_wrap=True)
     if payload["note"]:
         console.print("note:", payload["note"], soft_wrap=True)
     if payload["error"]:

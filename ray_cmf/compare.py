@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -104,15 +105,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def unknown_trials(asked: Iterable[str], keys: Iterable[str], pipeline: str | None) -> RayCmfError:
+def unknown_trials(
+    asked: Iterable[str], keys: Iterable[str], pipeline: str | None, deleted: Collection[str] = ()
+) -> RayCmfError:
     """The error for trials a sweep does not hold by those keys: a bare Tune id that several of its trials
-    share (ids recur across sweeps) is answered with their keys."""
+    share (ids recur across sweeps) is answered with their keys, and a trial it leaves out as ``deleted``
+    says so."""
     keys = sorted(keys)
     lines, unknown = [], []
     for trial in asked:
         sharing = [k for k in keys if tune_id_of_key(k) == trial]
         if sharing:
             lines.append(f"{trial!r} is the Tune id of {len(sharing)} trials in {pipeline}; name one: {sharing}")
+        elif trial in deleted:
+            lines.append(f"{trial!r} is deleted: read it with Sweep(..., include_deleted=True) (--include-deleted)")
         else:
             unknown.append(trial)
     if unknown:
@@ -189,11 +195,13 @@ class _Spilled:
     table: pa.Table
     steps: list[str]  # its step columns (see ``_step_columns``)
 
-    def keyed(self, several: bool, asked: Collection[str] | None) -> pa.Table:
-        """The rows with their trial (and, where a trial holds ``several`` series of the name, their series)."""
+    def keyed(self, several: Collection[str], asked: Collection[str] | None) -> pa.Table:
+        """The rows with their trial and, where some trials hold ``several`` series of the name, their series
+        (null for a trial that holds one)."""
         table = self.table.append_column(TRIAL_COLUMN, _constant(self.trial, self.table.num_rows))
         if several:
-            table = table.append_column(SERIES_COLUMN, _constant(self.instance, table.num_rows))
+            instance = self.instance if self.trial in several else None
+            table = table.append_column(SERIES_COLUMN, _constant(instance, table.num_rows))
         return _keyed(table, self.steps, asked)
 
 
@@ -402,13 +410,13 @@ class Sweep:
             path = self.store.fetch(props["Commit"]) or path
         return TrialFile(self.key(execution), execution, stage, path, props["Commit"], props["url"], instance)
 
-    def _several(self, spilled: Iterable[tuple[str, str]] = ()) -> bool:
-        """Whether some trial holds more than one series of this name (then rows carry a ``series`` key),
-        committed or among the ``spilled`` ones (trial, series instance): a running script's one series
-        reads with the same columns before its commit and after."""
+    def _several(self, spilled: Iterable[tuple[str, str]] = ()) -> set[str]:
+        """The trials that hold more than one series of this name (where there are any, rows carry a
+        ``series`` key), committed or among the ``spilled`` ones (trial, series instance): a running script's
+        one series reads with the same columns before its commit and after."""
         held = {(f.trial_id, f.instance) for f in self.files()} | set(spilled)
-        trials = [trial for trial, _ in held]
-        return len(trials) != len(set(trials))
+        counts = Counter(trial for trial, _ in held)
+        return {trial for trial, n in counts.items() if n > 1}
 
     # -- frames --------------------------------------------------------------------------------------
     def steps(
@@ -489,7 +497,7 @@ class Sweep:
         if unknown and (known or spilled is None):
             raise self._unknown(unknown)
 
-    def _committed(self, metrics: list[str] | None, trials: set[str] | None, several: bool) -> pa.Table:
+    def _committed(self, metrics: list[str] | None, trials: set[str] | None, several: set[str]) -> pa.Table:
         mine = [f for f in self.files() if trials is None or f.trial_id in trials]
         footers = self._footers(mine)
         files = [f for f in mine if f.path in footers]
@@ -498,7 +506,7 @@ class Sweep:
         schema = unify([schema for schema, _ in footers.values()], _big_ints(footers))
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
         steps = _step_columns(self._candidates, schema, [schema for schema, _ in footers.values()])
-        table = _scan_with_trials(dataset, _columns(schema, metrics, steps), files, series=several)
+        table = _scan_with_trials(dataset, _columns(schema, metrics, steps), files, several=several)
         return _keyed(table, steps, metrics)
 
     def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
@@ -542,7 +550,7 @@ class Sweep:
         ±inf, never ranks best) and ``<metric>_final`` the last value logged (non-finite included); over
         every series of a trial that holds several. ``steps`` counts the trial's rows. What a trial logged
         with ``log_execution_metrics(name, values)`` shows as ``metrics/<name>/<key>`` columns (of a name
-        logged twice, the later values).
+        logged twice, each key's later value: keys only the earlier call had stay).
 
         ``where`` keeps the trials an expression holds for (``'config/lr < 0.01 and status == "COMPLETE"'``;
         see :mod:`ray_cmf.query`); one that reads only recorded columns (config, status, tags, times) is
@@ -852,8 +860,8 @@ class Sweep:
 
     def execution_metrics(self, trial_id: str) -> dict[str, Any]:
         """What a trial logged with ``log_execution_metrics``: ``{"<metrics_name>/<key>": value}`` (of a name
-        logged twice, the later values), each as logged; its ``metrics/...`` columns in :meth:`trials`, where a
-        list is its JSON text."""
+        logged twice, each key's later value: keys only the earlier call had stay), each as logged; its
+        ``metrics/...`` columns in :meth:`trials`, where a list is its JSON text."""
         execution = self._execution(trial_id)
         return self.lineage.execution_metrics({execution.id}, as_json=False).get(execution.id, {})
 
@@ -864,7 +872,14 @@ class Sweep:
         for execution, _ in self.executions():
             if self.key(execution) == trial_id:
                 return execution
-        raise unknown_trials([trial_id], [self.key(e) for e, _ in self.executions()], self.pipeline)
+        raise unknown_trials([trial_id], [self.key(e) for e, _ in self.executions()], self.pipeline, self._deleted())
+
+    def _deleted(self) -> set[str]:
+        """The trials this sweep leaves out as deleted (none where it includes them)."""
+        if self.include_deleted:
+            return set()
+        everyone = self.everyone()
+        return {everyone.key(e) for e, _ in everyone.executions() if property_of(e, DELETED_PROPERTY) is not None}
 
     def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
         """Status, error, tags, note, place in the sweep's top N, config, environment, seed and metric values
@@ -874,7 +889,7 @@ class Sweep:
         table = self.trials().set_index("trial_id")
         for trial in (trial_a, trial_b):
             if trial not in table.index:
-                raise unknown_trials([trial], table.index, self.pipeline)
+                raise unknown_trials([trial], table.index, self.pipeline, self._deleted())
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
         how = ("status", "stopped", "recovered", ERROR_COLUMN, NOTE_COLUMN, "in_top_n", "top_rank")
@@ -882,9 +897,10 @@ class Sweep:
         fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f.startswith("metrics/") or f == "steps"]
         configs = [{f"config/{k}": v for k, v in self.config(t).items()} for t in pair.columns]  # a list is no cell
         environments = [self.environment(t) for t in pair.columns]
-        parts = [pair.loc[ended], _side_by_side(configs, pair.columns), pair.loc[fields]]
-        pair = pd.concat([*parts, _side_by_side(environments, pair.columns)])
-        differs = pair.apply(lambda r: not _same(r.iloc[0], r.iloc[1]), axis=1)
+        config, environment = _side_by_side(configs, pair.columns), _side_by_side(environments, pair.columns)
+        pair = pd.concat([pair.loc[ended], config, pair.loc[fields], environment])
+        exact = pair.index.isin([*config.index, *environment.index])  # a config of NaN is a value, not a blank
+        differs = [not _same(a, b, nan_is_none=not e) for (a, b), e in zip(pair.values, exact, strict=True)]
         return pair[differs]
 
     # -- curation: tags, notes, deletion ------------------------------------------------------------
@@ -1062,11 +1078,13 @@ def _side_by_side(values: Sequence[Mapping[str, Any]], columns: pd.Index) -> pd.
     return pd.DataFrame([[one.get(k) for one in values] for k in keys], index=keys, columns=columns, dtype=object)
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Whether two recorded values are the same: None and NaN (nothing recorded, a NaN logged) are, an empty
-    text only as an empty text, and a bool only ever as a bool (``True == 1`` in Python)."""
+def _same(a: Any, b: Any, *, nan_is_none: bool = True) -> bool:
+    """Whether two recorded values are the same: None and NaN are where ``nan_is_none`` (a summary: a NaN
+    logged last and a metric never logged read alike), two NaNs always; an empty text only as an empty text,
+    and a bool only ever as a bool (``True == 1`` in Python)."""
     if blank(a) and blank(b):
-        return isinstance(a, str) == isinstance(b, str)
+        nan = [isinstance(v, float) and v != v for v in (a, b)]
+        return isinstance(a, str) == isinstance(b, str) and (nan_is_none or nan[0] == nan[1])
     return isinstance(a, bool) == isinstance(b, bool) and bool(a == b)
 
 
@@ -1176,25 +1194,28 @@ def _tidy(
 
 
 def _series_in_step_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """A trial's several series ordered by the step each starts at (ties: as committed), its trials as they
-    were: the rows a trial logged furthest on come last, which is what its ``_final`` is, whichever series
-    was committed last (a crashed run's spill that ``recover`` committed after the run that resumed it)."""
+    """A trial's several series ordered by the furthest step each reached, then by the step each starts at
+    (ties: as committed), its trials as they were: the rows a trial logged furthest on come last, which is
+    what its ``_final`` is, whichever series was committed last (a crashed run's spill that ``recover``
+    committed after the run that resumed it; two ``Cmf`` objects of one execution, both from step 0)."""
     import pandas as pd
 
     if not pd.api.types.is_numeric_dtype(frame["step"]):
         return frame
-    series = [TRIAL_COLUMN, SERIES_COLUMN]
-    starts = frame.groupby(series, dropna=False, observed=True, sort=False)["step"].transform("min")
+    steps = frame.groupby([TRIAL_COLUMN, SERIES_COLUMN], dropna=False, observed=True, sort=False)["step"]
     trials = frame.groupby(TRIAL_COLUMN, dropna=False, observed=True, sort=False).ngroup()
-    order = pd.DataFrame({"trial": trials, "start": starts.astype("float64")}, index=frame.index)
-    return frame.loc[order.sort_values(["trial", "start"], kind="stable").index]
+    order = pd.DataFrame(
+        {"trial": trials, "end": steps.transform("max").astype("float64"), "start": steps.transform("min")},
+        index=frame.index,
+    )
+    return frame.loc[order.sort_values(["trial", "end", "start"], kind="stable").index]
 
 
 def _scan_with_trials(
-    dataset: pads.Dataset, columns: list[str], files: Sequence[TrialFile], *, series: bool
+    dataset: pads.Dataset, columns: list[str], files: Sequence[TrialFile], *, several: Collection[str]
 ) -> pa.Table:
-    """One projected scan of every distinct file, with dictionary-encoded trial_id (and, when ``series``,
-    series) columns.
+    """One projected scan of every distinct file, with dictionary-encoded trial_id and, where some trials hold
+    ``several`` series, series columns (null for a trial that holds one).
 
     Trials whose series have the same content share one file (one artifact, linked to each): its rows
     are read once and given to each of them.
@@ -1217,7 +1238,11 @@ def _scan_with_trials(
         table = table.take(pa.array(np.concatenate(rows)))
         file_codes = np.concatenate([np.full(len(mine), code, dtype=np.int32) for code, mine in enumerate(rows)])
     table = table.append_column(TRIAL_COLUMN, _labels(file_codes, [f.trial_id for f in files]))
-    return table.append_column(SERIES_COLUMN, _labels(file_codes, [f.instance for f in files])) if series else table
+    if not several:
+        return table
+    return table.append_column(
+        SERIES_COLUMN, _labels(file_codes, [f.instance if f.trial_id in several else None for f in files])
+    )
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
@@ -1234,17 +1259,19 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables([conform(t, schema) for t in tables])
 
 
-def _constant(label: str, rows: int) -> pa.DictionaryArray:
-    """One label for every row, dictionary-encoded like the scanned tables' (so that they concatenate)."""
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([label], pa.string()))
+def _constant(label: str | None, rows: int) -> pa.DictionaryArray:
+    """One label for every row (None: null), dictionary-encoded like the scanned tables' (so that they
+    concatenate)."""
+    return _labels(np.zeros(rows, dtype=np.int32), [label])
 
 
-def _labels(file_codes: np.ndarray, label_of_file: list[str]) -> pa.DictionaryArray:
-    """Each row's label (its file's), dictionary-encoded over the distinct labels."""
-    names = list(dict.fromkeys(label_of_file))
-    code_of_name = {name: i for i, name in enumerate(names)}
-    label_codes = np.asarray([code_of_name[label] for label in label_of_file], dtype=np.int32)
-    return pa.DictionaryArray.from_arrays(pa.array(label_codes[file_codes]), pa.array(names, pa.string()))
+def _labels(file_codes: np.ndarray, label_of_file: Sequence[str | None]) -> pa.DictionaryArray:
+    """Each row's label (its file's; None: null), dictionary-encoded over the distinct labels."""
+    names = list(dict.fromkeys(label for label in label_of_file if label is not None))
+    code_of_name: dict[str | None, int] = {name: i for i, name in enumerate(names)}
+    label_codes = np.asarray([code_of_name.get(label, -1) for label in label_of_file], dtype=np.int32)[file_codes]
+    indices = pa.array(label_codes, mask=label_codes < 0)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(names, pa.string()))
 
 
 def _big_ints(footers: Mapping[Path, tuple[pa.Schema, dict[str, Any] | None]]) -> set[str]:

@@ -49,13 +49,15 @@ class InvalidNameError(RayCmfError, ValueError):
 class InvalidValueError(RayCmfError, ValueError):
     """A logged value of a type that cannot be stored as a scalar column."""
 
-    def __init__(self, key: str, value: Any, hint: str = "") -> None:
+    def __init__(self, key: str, value: Any, hint: str = "", row: int | None = None) -> None:
+        at = "" if row is None else f" at row {row}"
         super().__init__(
-            f"Metric {key!r} has unsupported type {type(value).__name__} (value {value!r:.80}); "
+            f"Metric {key!r}{at} has unsupported type {type(value).__name__} (value {value!r:.80}); "
             "log int, float, bool, str or None." + (f" {hint}" if hint else "")
         )
         self.key = key
         self.value = value
+        self.row = row
 
 
 class SchemaError(RayCmfError, ValueError):

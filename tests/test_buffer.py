@@ -75,9 +75,18 @@ def test_type_change_that_cannot_widen_names_key_row_and_types(tmp_path: Path) -
 @pytest.mark.parametrize("value", [{"nested": 1}, [1, 2], object(), (1,), {1, 2}])
 def test_non_scalar_values_raise_naming_key_and_type(tmp_path: Path, value: object) -> None:
     buf = MetricBuffer(tmp_path / "spill")
+    buf.append({"ok": 0.5})
     with pytest.raises(InvalidValueError) as err:
         buf.append({"ok": 1.0, "bad": value})
-    assert "'bad'" in str(err.value) and type(value).__name__ in str(err.value)
+    assert "'bad' at row 2" in str(err.value) and type(value).__name__ in str(err.value)  # as the README says
+    assert buf.rows == 1
+
+
+def test_an_empty_metric_name_is_refused(tmp_path: Path) -> None:
+    """``{"": 1}`` was stored as a column with no name, summarised as ``_best`` and ``_final``."""
+    buf = MetricBuffer(tmp_path / "spill")
+    with pytest.raises(RayCmfError, match="Invalid metric name '': metric names .* must be non-empty strings"):
+        buf.append({"ok": 1.0, "": 1})
     assert buf.rows == 0
 
 

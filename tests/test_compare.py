@@ -104,6 +104,23 @@ def test_best_and_diff(sweep: dict[str, Any]) -> None:
         s.best("no_such_metric")
 
 
+def test_diff_tells_a_nan_config_from_a_missing_key(tmp_path: Path) -> None:
+    """A config of NaN is a value (``--where 'config/eps == nan'`` finds it, ``== null`` does not): ``diff``
+    of a trial with ``eps=nan`` against one without ``eps`` said nothing differs. A summary's NaN and a
+    metric never logged still read alike, as the README says."""
+    for name, config, rows in (("a", {"eps": math.nan, "lr": 0.1}, [1.0]), ("b", {"lr": 0.1}, [1.0])):
+        with Cmf(pipeline_name="p", store=tmp_path / "store") as cmf:
+            cmf.create_execution("trial", config, execution_name=name)
+            for step, loss in enumerate(rows):
+                cmf.log_metric("s", {"step": step, "loss": loss, **({"extra": math.nan} if name == "a" else {})})
+            cmf.commit_metrics("s")
+    diff = Sweep(tmp_path / "store", metrics_name="s").diff("a", "b")
+    assert (
+        "config/eps" in diff.index and math.isnan(diff.loc["config/eps", "a"]) and diff.loc["config/eps", "b"] is None
+    )
+    assert "extra_best" not in diff.index  # a NaN summary and no summary read alike
+
+
 def test_plots_are_written(sweep: dict[str, Any], tmp_path: Path) -> None:
     s = Sweep(sweep["store"], pipeline="sweep")
     for path in (

@@ -425,6 +425,13 @@ def test_deleted_trials_leave_every_view_until_undeleted(tmp_path: Path, capsys:
     page = (tmp_path / "r.html").read_text()
     assert 'data-trial="b"' in page and 'data-trial="a"' not in page and 'data-trial="c"' not in page
 
+    for read in (sweep.config, sweep.environment, sweep.execution_metrics):  # it said "Unknown trial(s)"
+        with pytest.raises(RayCmfError, match=r"'a' is deleted: read it with Sweep\(\.\.\., include_deleted=True\)"):
+            read("a")
+    with pytest.raises(RayCmfError, match="'c' is deleted"):
+        sweep.diff("b", "c")
+    assert Sweep(root, include_deleted=True).config("a") == {"layers": 2, "lr": 0.1, "opt": "adam"}
+
     code, _ = _cli(capsys, "undelete", "a", "--store", root)
     assert code == 0 and list(Sweep(root).trials()["trial_id"]) == ["a", "b", "d"]
     assert main(["delete", "--store", root]) == 2

@@ -764,6 +764,34 @@ def test_a_trials_final_value_is_its_last_series_last_value_whatever_the_series_
         assert (row["v_final"], row["v_best"], row["steps"]) == (15.0, 0.0, 6)
 
 
+@pytest.mark.parametrize("longer_first", [True, False])
+def test_a_trials_final_value_is_at_its_furthest_step_whichever_series_was_committed_last(
+    tmp_path: Path, longer_first: bool
+) -> None:
+    """Two ``Cmf`` objects of one execution, each a series from step 0: one logs steps 0-3 (``x`` 0-3), the
+    other 0-2 (``x`` 10-12). ``x_final`` was 12 or 3 by which was committed last: series that start at the
+    same step were ordered as committed. It is the value at the furthest step, 3, either way."""
+    longer = [{"step": s, "x": float(s)} for s in range(4)]
+    shorter = [{"step": s, "x": float(10 + s)} for s in range(3)]
+    series = {"aaaa": longer, "bbbb": shorter} if longer_first else {"bbbb": shorter, "aaaa": longer}
+    store = write_trials(tmp_path / "store", [Trial("run", {}, series)], metrics_name="m")
+    [row] = Sweep(store, metrics_name="m").trials().to_dict(orient="records")
+    assert (row["x_final"], row["x_best"], row["steps"]) == (3.0, 0.0, 7)
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "COMPLETE"])
+def test_only_a_trial_with_several_series_names_them(tmp_path: Path, status: str) -> None:
+    """Beside a trial with two series, a trial with one had its series' random id in every row's ``series``;
+    as the README says, a trial with one has none (null), running or committed."""
+    rows = [{"step": s, "x": float(s)} for s in range(2)]
+    trials = [Trial("two", {}, {"aaaa": rows, "bbbb": rows}, status), Trial("one", {}, {"cccc": rows}, status)]
+    sweep = Sweep(write_trials(tmp_path / "store", trials, metrics_name="m"), metrics_name="m")
+    steps = sweep.steps(live=True)
+    series = {t: sorted(map(str, frame["series"].tolist())) for t, frame in steps.groupby("trial_id", observed=True)}
+    assert series["two"] == ["aaaa", "aaaa", "bbbb", "bbbb"], series
+    assert steps.loc[steps["trial_id"] == "one", "series"].isna().all(), series
+
+
 @pytest.mark.parametrize("status", ["RUNNING", "COMPLETE"])
 def test_a_trial_that_logged_no_step_is_read_at_its_row_numbers_beside_trials_that_did(
     tmp_path: Path, status: str
