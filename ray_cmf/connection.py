@@ -36,6 +36,17 @@ def without_password(location: str) -> str:
     return urlunsplit(url._replace(netloc=netloc))
 
 
+def database_of(location: str) -> str:
+    """Which database a location names, whoever connects: a SQLite file's path, or a server URL's kind, host,
+    port (its default filled in) and database, without user or password."""
+    if not is_url(location):
+        return location
+    url = urlsplit(location)
+    postgres = url.scheme in POSTGRES_SCHEMES
+    port = url.port or (5432 if postgres else 3306)
+    return f"{'postgresql' if postgres else url.scheme}://{url.hostname}:{port}/{url.path.lstrip('/')}"
+
+
 def connection_config(location: str, *, readonly: bool = False) -> mlpb.ConnectionConfig:
     """The ML-Metadata connection for a SQLite path or a server URL (``readonly`` applies to SQLite)."""
     config = mlpb.ConnectionConfig()

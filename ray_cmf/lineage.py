@@ -5,6 +5,7 @@ Only the store's single writer opens a Lineage for writing; readers open it read
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import logging
@@ -132,8 +133,9 @@ def _plain(value: Any) -> Any:
 
 def config_json(config: Mapping[str, Any]) -> str:
     """A config as the execution's ``config_json``: what ``Sweep`` reads back as ``config/<key>`` columns.
-    NaN and inf are kept as numbers (JSON's lenient ``NaN`` and ``Infinity``, which ``json.loads`` reads)."""
-    return json.dumps(config, default=_plain, sort_keys=True)
+    NaN and inf are kept as numbers (JSON's lenient ``NaN`` and ``Infinity``, which ``json.loads`` reads);
+    other text than ASCII as it is, not as ``\\u`` escapes (see :class:`Dialect`)."""
+    return json.dumps(config, default=_plain, sort_keys=True, ensure_ascii=False)
 
 
 def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,26 +156,56 @@ def not_recorded(props: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in props.items() if not records(k)}
 
 
-def _value(value: Any, int_bits: int = 64) -> mlpb.Value:
-    """A Python scalar as an MLMD Value (bool, int, double or string; anything else as JSON).
+@dataclass(frozen=True)
+class Dialect:
+    """What a database's ML-Metadata can hold: ints of ``int_bits`` (64 in SQLite, 32 in ML-Metadata's
+    PostgreSQL and MySQL schemas), and text with a backslash or not (ML-Metadata 1.17 writes such a text
+    to PostgreSQL as broken SQL, ``'E'...'``: there it is held as base64, see :func:`_text`)."""
 
-    An int wider than the database's int column (``int_bits``: 64 in SQLite, 32 in ML-Metadata's
-    PostgreSQL and MySQL schemas) is kept exactly, as its decimal string.
-    """
+    int_bits: int = 64
+    backslashes: bool = True
+
+    @classmethod
+    def of(cls, target: str) -> Dialect:
+        """The dialect of an MLMD target: a SQLite file, or a server's URL."""
+        if not is_url(target):
+            return cls()
+        return cls(int_bits=32, backslashes=not target.startswith(("postgresql:", "postgres:")))
+
+
+ENCODED_TEXT = "ray_cmf:b64:"  # a text property held as base64 (see _text); any text that begins so is too
+
+
+def _text(value: str, dialect: Dialect) -> str:
+    """A text as the database holds it: as it is, or base64 behind :data:`ENCODED_TEXT` where it has a
+    backslash the database cannot take, or begins as an encoded text does (so that reading is unambiguous)."""
+    if value.startswith(ENCODED_TEXT) or (not dialect.backslashes and "\\" in value):
+        return ENCODED_TEXT + base64.b64encode(value.encode()).decode("ascii")
+    return value
+
+
+def _decoded(raw: str) -> str:
+    """A text property as it was written (see :func:`_text`)."""
+    return base64.b64decode(raw[len(ENCODED_TEXT) :]).decode() if raw.startswith(ENCODED_TEXT) else raw
+
+
+def _value(value: Any, dialect: Dialect) -> mlpb.Value:
+    """A Python scalar as an MLMD Value (bool, int, double or string; anything else as JSON), as the
+    database's ``dialect`` holds it: an int wider than its int column is kept exactly, as its decimal
+    string, and a text it cannot take is encoded (see :func:`_text`)."""
     if _scalar(value):
         value = value.item()
     if isinstance(value, bool):
         return mlpb.Value(bool_value=value)
     if isinstance(value, int):
-        bound = 2 ** (int_bits - 1)
+        bound = 2 ** (dialect.int_bits - 1)
         return mlpb.Value(int_value=value) if -bound <= value < bound else mlpb.Value(string_value=str(value))
     if isinstance(value, float | int):
         if not math.isfinite(value):  # MLMD's SQL writer renders nan/inf as bare words and fails
             return mlpb.Value(string_value=NONFINITE_TEXT[str(float(value))])
         return mlpb.Value(double_value=float(value))
-    if isinstance(value, str):
-        return mlpb.Value(string_value=value)
-    return mlpb.Value(string_value=json.dumps(value, default=_plain))
+    text = value if isinstance(value, str) else json.dumps(value, default=_plain, ensure_ascii=False)
+    return mlpb.Value(string_value=_text(text, dialect))
 
 
 def python_value(value: mlpb.Value, *, text: bool = False) -> Any:
@@ -183,7 +215,10 @@ def python_value(value: mlpb.Value, *, text: bool = False) -> Any:
     if kind is None:
         return None
     raw = getattr(value, kind)
-    return float_of(raw) if kind == "string_value" and not text else raw
+    if kind != "string_value":
+        return raw
+    raw = _decoded(raw)
+    return raw if text else float_of(raw)
 
 
 def properties(node: Artifact | Execution | Context, *, text: bool = False) -> dict[str, Any]:
@@ -236,11 +271,11 @@ class _Restarting:
         return restarting
 
 
-def _set(target: Any, props: Mapping[str, Any] | None, int_bits: int = 64) -> None:
+def _set(target: Any, props: Mapping[str, Any] | None, dialect: Dialect) -> None:
     for key, value in (props or {}).items():
         if value is None:
             continue
-        target[key].CopyFrom(_value(value, int_bits))
+        target[key].CopyFrom(_value(value, dialect))
 
 
 class Lineage:
@@ -261,7 +296,7 @@ class Lineage:
                 path.parent.mkdir(parents=True, exist_ok=True)
         connected = self._connect(readonly)
         self.store: metadata_store.MetadataStore = _Restarting(connected) if is_url(self.target) else connected
-        self._int_bits = 32 if is_url(self.target) else 64  # ML-Metadata's server schemas hold 32-bit ints
+        self._dialect = Dialect.of(self.target)
         self._type_ids: dict[tuple[str, str], int] = {}
 
     def _connect(self, readonly: bool) -> metadata_store.MetadataStore:
@@ -313,7 +348,7 @@ class Lineage:
         if existing is not None:
             return existing
         ctx = mlpb.Context(type_id=type_id, name=name)
-        _set(ctx.custom_properties, props, self._int_bits)
+        _set(ctx.custom_properties, props, self._dialect)
 
         def create() -> Context:
             [ctx.id] = self.store.put_contexts([ctx])
@@ -396,7 +431,7 @@ class Lineage:
             return existing
         execution = mlpb.Execution(type_id=type_id, name=recorded, last_known_state=mlpb.Execution.RUNNING)
         own = {NAME_PROPERTY: name} if recorded != name else {}
-        _set(execution.custom_properties, {**(props or {}), **own}, self._int_bits)
+        _set(execution.custom_properties, {**(props or {}), **own}, self._dialect)
 
         def create() -> Execution:
             execution.id, _, _ = self.store.put_execution(execution, [], [stage], reuse_context_if_already_exist=True)
@@ -421,9 +456,9 @@ class Lineage:
             return execution  # nothing to change: no write
         if config and props:
             recorded = execution.custom_properties.get(CONFIG_JSON)
-            before = json.loads(recorded.string_value) if recorded is not None else {}
+            before = json.loads(python_value(recorded, text=True)) if recorded is not None else {}
             props = {**not_recorded(props), CONFIG_JSON: config_json({**before, **props})}
-        _set(execution.custom_properties, props, self._int_bits)
+        _set(execution.custom_properties, props, self._dialect)
         for key in dropped:
             del execution.custom_properties[key]
         if state is not None:
@@ -444,7 +479,7 @@ class Lineage:
         patches = []
         for execution_id in execution_ids:
             patch = mlpb.Execution(id=execution_id, type_id=types[execution_id])
-            _set(patch.custom_properties, props, self._int_bits)
+            _set(patch.custom_properties, props, self._dialect)
             patches.append(patch)
         self.store.put_executions(patches, field_mask_paths=paths)
 
@@ -474,7 +509,7 @@ class Lineage:
         ``instance`` names which of the execution's series of one name this is (a Train rank's, say): it is
         the event's path, so content shared by several executions keeps each one's role.
         """
-        if self._int_bits < 64:  # a size or row count may pass 2**31: a double holds it exactly (to 2**53)
+        if self._dialect.int_bits < 64:  # a size or row count may pass 2**31: a double holds it exactly (to 2**53)
             typed = {k: float(v) if type(v) is int else v for k, v in typed.items()}
         type_id = self.type_id("artifact", type_name, {k: type(v) for k, v in typed.items()})
         execution = self.get_execution(execution_id)
@@ -484,8 +519,8 @@ class Lineage:
             return artifact  # the same content committed again by the same execution: already recorded
         if artifact is None:  # the same content logged again (e.g. one dataset, many trials) is linked, not copied
             artifact = mlpb.Artifact(type_id=type_id, name=name, uri=uri, state=mlpb.Artifact.LIVE)
-            _set(artifact.properties, typed)
-            _set(artifact.custom_properties, custom, self._int_bits)
+            _set(artifact.properties, typed, self._dialect)
+            _set(artifact.custom_properties, custom, self._dialect)
         try:
             _, [artifact.id], _ = self.store.put_execution(
                 execution, [(artifact, _event(event, instance))], contexts, reuse_context_if_already_exist=True

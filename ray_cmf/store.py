@@ -19,7 +19,7 @@ from typing import Any
 
 from ray_cmf._atomic import write_bytes, write_text
 from ray_cmf._names import check_name
-from ray_cmf.connection import is_url, without_password
+from ray_cmf.connection import database_of, is_url, without_password
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
     ATTEMPT_PROPERTY,
@@ -139,6 +139,17 @@ class Store:
         if self.mlmd != str(self.root / MLMD_FILE):
             self._write_config(mlmd=without_password(self.mlmd))
 
+    def _check_mlmd(self) -> None:
+        """Refuse to write a store's runs into another MLMD than the one that holds its lineage (its config
+        file's, else its own SQLite file where one exists): the store would name the other database, and every
+        tool that finds it from the store directory would lose the earlier runs."""
+        kept = self._config().get("mlmd") or ((self.root / MLMD_FILE).is_file() and str(self.root / MLMD_FILE))
+        if kept and database_of(kept) != database_of(self.mlmd):
+            raise StoreError(
+                f"The store {self.root} keeps its lineage in {kept}, not in {without_password(self.mlmd)}: pass "
+                "that database, or another store directory for this one"
+            )
+
     @property
     def remote(self) -> Remote | None:
         """The remote the store's files are pushed to (from its config file), if one was set."""
@@ -173,6 +184,7 @@ class Store:
 
     # -- lazily opened parts -------------------------------------------------------------------------
     def _ensure_root(self) -> None:
+        """The store directory, made and writable, about to be written with its own MLMD (see _check_mlmd)."""
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"Store path {self.root} exists and is not a directory; pass another store path")
         try:
@@ -180,12 +192,12 @@ class Store:
             probe = self.root / f".write-probe-{uuid.uuid4().hex}"
             probe.touch()
             probe.unlink()
-            self._record_config()
         except OSError as exc:
             raise StoreError(
                 f"Store directory {self.root} is not writable: {exc}. Name a writable store (store=... or "
                 f"${ENV_STORE}); reading this one (ray-cmf trials / verify, Sweep) still works"
             ) from exc
+        self._check_mlmd()
 
     @property
     def lineage(self) -> Lineage:
@@ -194,6 +206,7 @@ class Store:
             if self._lineage is None:
                 self._ensure_root()
                 self._lineage = Lineage(self.mlmd)
+                self._record_config()  # once it opened: a database that never answered is not the store's
             return self._lineage
 
     @property
@@ -202,6 +215,7 @@ class Store:
         with self._lock:
             if self._dvc is None:
                 self._ensure_root()
+                self._record_config()  # a store set up for a team (its remote) names the team's MLMD
                 self._dvc = DvcRepo(self.root, scm=self.scm)
             return self._dvc
 

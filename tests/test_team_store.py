@@ -78,13 +78,41 @@ def test_cmf_on_a_server_creates_the_database_and_keeps_no_password(db: Postgres
     artifact = cmf.commit_metrics("steps")
     assert artifact is not None and cmf.read_metrics("steps")["loss"].tolist() == [1.0 / (s + 1) for s in range(10)]
     environment = Sweep(Store(tmp_path / "store", mlmd=url), metrics_name="steps").environment("run-1")
-    assert environment["seed/wide"] == str(2**40) and environment["seed/small"] == 7
+    assert environment["seed/wide"] == 2**40 and environment["seed/small"] == 7  # held as text, read as the int
     cmf.close()
     assert db.has_database("cmf_one")  # created by ML-Metadata
     config = json.loads((tmp_path / "store" / STORE_CONFIG).read_text())
     assert config["mlmd"] == f"{db.scheme}://team@127.0.0.1:{db.port}/cmf_one"
     leaked = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and b"team-secret" in p.read_bytes()]
     assert leaked == []
+
+
+TRICKY_TEXTS = ("café", "C:\\data\\run", 'say "hi"', "line\nbreak", "tab\there", "ray_cmf:b64:x", "λ≥1 ✓")
+
+
+def test_text_with_backslashes_and_unicode_reads_back_from_a_server(db: Postgres | MariaDB, tmp_path: Path) -> None:
+    """ML-Metadata 1.17 writes a PostgreSQL string with a backslash as broken SQL (``'E'...'``): a config of
+    "café" (``\\u00e9`` in its JSON), a tag ``a\\b`` or an error whose text holds a backslash failed to write,
+    and the failed run stayed CRASHED without its error. Every text reads back as it was, on either server."""
+    url = db.url("team", "team-secret", "cmf_text")
+    store = tmp_path / "store"
+    config = {f"k{i}": text for i, text in enumerate(TRICKY_TEXTS)} | {"ключ": "значение", "nested": {"p": "a\\b"}}
+    with Cmf(filepath=url, pipeline_name="pg", store=store) as cmf:
+        cmf.create_execution("train", config, execution_name="run-1")
+        cmf.set_tags(path="a\\b", word="é")
+        cmf.log_execution_metrics("final", {"where": "C:\\out", "ok": "ok ✓"})
+        _log(cmf, "steps", 2)
+        cmf.commit_metrics("steps")
+    with pytest.raises(RuntimeError), Cmf(filepath=url, pipeline_name="pg", store=store) as cmf:
+        cmf.create_execution("train", execution_name="run-2")
+        _log(cmf, "steps", 2)
+        raise RuntimeError("no file C:\\data\\x")
+    sweep = Sweep(Store(store, mlmd=url), metrics_name="steps")
+    assert sweep.config("run-1") == {**{k: v for k, v in config.items() if k != "nested"}, "nested.p": "a\\b"}
+    table = sweep.trials().set_index("trial_id")
+    assert table.loc["run-1", "tag/path"] == "a\\b" and table.loc["run-1", "tag/word"] == "é"
+    assert sweep.execution_metrics("run-1") == {"final/where": "C:\\out", "final/ok": "ok ✓"}
+    assert table.loc["run-2", "status"] == "FAILED" and "C:\\data\\x" in table.loc["run-2", "error"]
 
 
 def test_a_file_over_two_gib_is_registered(db: Postgres | MariaDB, tmp_path: Path) -> None:
@@ -111,6 +139,26 @@ def test_the_store_directory_alone_finds_the_server_with_the_password_from_the_e
     [row] = json.loads(capsys.readouterr().out)
     assert row["trial_id"] == "run-1" and row["steps"] == 5
     assert main(["verify", "--store", str(store)]) == 0
+
+
+def test_a_store_keeps_the_database_it_holds_its_lineage_in(pg: Postgres, tmp_path: Path) -> None:
+    """A run that named another database for the store rewrote its ``ray_cmf.json`` without a word, and every
+    reader lost the earlier runs; a run whose server never answered left the store naming that server. The
+    store keeps its database: another is refused, and one that never opened is not written down."""
+    store = tmp_path / "store"
+    dead = f"postgresql://team@127.0.0.1:{free_port()}/cmf_keep"
+    with pytest.raises(StoreError, match="nothing answers"):
+        _one_run(dead, store, 1)
+    assert "mlmd" not in json.loads((store / STORE_CONFIG).read_text() if (store / STORE_CONFIG).exists() else "{}")
+    url = pg.url("team", "team-secret", "cmf_keep")
+    _one_run(url, store, 3)
+    with pytest.raises(StoreError, match=r"keeps its lineage in postgresql://team@127\.0\.0\.1:\d+/cmf_keep, not in"):
+        _one_run(pg.url("team", "team-secret", "cmf_other"), store, 1)
+    with pytest.raises(StoreError, match="keeps its lineage in"):
+        _one_run(str(tmp_path / "local.sqlite"), store, 1)
+    assert json.loads((store / STORE_CONFIG).read_text())["mlmd"] == f"postgresql://team@127.0.0.1:{pg.port}/cmf_keep"
+    _one_run(f"postgres://team:team-secret@127.0.0.1:{pg.port}/cmf_keep", store, 4)  # the same database
+    assert Sweep(Store(store, mlmd=url), metrics_name="steps").trials()["trial_id"].tolist() == ["run-1"]
 
 
 @pytest.mark.parametrize(
