@@ -1,6 +1,6 @@
 """How a table's cells read, so that no two different values read alike: a float gets few significant digits
-unless it needs more to be told apart from the values beside it, and a text that reads as a number beside
-numbers is quoted."""
+unless it needs more to be told apart from the values beside it, and a text that could read as another
+value (a number-like text beside numbers, an empty one, one with a space at an end) is quoted."""
 
 from __future__ import annotations
 
