@@ -404,6 +404,16 @@ def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[
                 assert len(text) <= max(len(repr(value)), len(f"{value:.6g}")), (value, text)
 
 
+def test_a_numpy_float_reads_as_the_same_python_float() -> None:
+    """NumPy 2 writes a float64's repr as ``np.float64(0.1)``: a cell's digits must come from the number."""
+    import numpy as np
+
+    from ray_cmf._cells import number_text
+
+    for value in (0.1, 123.456789, 1e-7, 2.5e300, 0.30000000000000004):
+        assert number_text(np.float64(value), 6) == number_text(value, 6), value
+
+
 def _stderr_on_a_terminal(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run ``ray-cmf`` with stderr on a pseudo-terminal (stdout piped); returns the run and what the terminal
     showed."""
