@@ -410,7 +410,7 @@ def test_a_numpy_float_reads_as_the_same_python_float() -> None:
 
     from ray_cmf._cells import number_text
 
-    for value in (0.1, 123.456789, 1e-7, 2.5e300, 0.30000000000000004):
+    for value in (0.1, 123.456789, 1e-7, 2.5e300, 0.30000000000000004, 0.1 + 1e-15):
         assert [number_text(np.float64(value), d) for d in (6, 17)] == [number_text(value, d) for d in (6, 17)]
 
 
