@@ -292,9 +292,10 @@ def test_a_tune_sweep_records_into_a_server(db: Postgres | MariaDB, ray_session:
             tune.report({"loss": config["lr"] / (it + 1)})
 
     logger = CmfRayLogger("pg_sweep", file_path=url, store=str(tmp_path / "store"), metric="loss", mode="min")
-    run_grid(trainable, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
+    run_grid(trainable, {"lr": [0.1, 0.2], "data": ["café\\raw"]}, tmp_path / "results", logger)
     trials = Sweep(Store(tmp_path / "store", mlmd=url), pipeline="pg_sweep").trials(["loss"])
     assert sorted(trials["loss_best"]) == [0.02, 0.04] and set(trials["status"]) == {"COMPLETE"}
+    assert set(trials["config/data"]) == {"café\\raw"}  # a trial of such a config was never registered
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and b"team-secret" in p.read_bytes()]
     assert leaked == []  # not in the store, nor in Tune's experiment state (tuner.pkl)
 
