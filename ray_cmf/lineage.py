@@ -6,6 +6,7 @@ Only the store's single writer opens a Lineage for writing; readers open it read
 from __future__ import annotations
 
 import base64
+import binascii
 import itertools
 import json
 import logging
@@ -24,7 +25,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, float_of
-from ray_cmf.connection import connection_config, explain, is_url
+from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,
     ENV_PREFIX,
@@ -170,7 +171,7 @@ class Dialect:
         """The dialect of an MLMD target: a SQLite file, or a server's URL."""
         if not is_url(target):
             return cls()
-        return cls(int_bits=32, backslashes=not target.startswith(("postgresql:", "postgres:")))
+        return cls(int_bits=32, backslashes=target.split("://", 1)[0] not in POSTGRES_SCHEMES)
 
 
 ENCODED_TEXT = "ray_cmf:b64:"  # a text property held as base64 (see _text); any text that begins so is too
@@ -185,8 +186,13 @@ def _text(value: str, dialect: Dialect) -> str:
 
 
 def _decoded(raw: str) -> str:
-    """A text property as it was written (see :func:`_text`)."""
-    return base64.b64decode(raw[len(ENCODED_TEXT) :]).decode() if raw.startswith(ENCODED_TEXT) else raw
+    """A text property as it was written (see :func:`_text`; one that only looks encoded, as it is)."""
+    if not raw.startswith(ENCODED_TEXT):
+        return raw
+    try:
+        return base64.b64decode(raw[len(ENCODED_TEXT) :], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return raw
 
 
 def _value(value: Any, dialect: Dialect) -> mlpb.Value:
