@@ -178,8 +178,9 @@ ENCODED_TEXT = "ray_cmf:b64:"  # a text property held as base64 (see _text); any
 
 
 def _text(value: str, dialect: Dialect) -> str:
-    """A text as the database holds it: as it is, or base64 behind :data:`ENCODED_TEXT` where it has a
-    backslash the database cannot take, or begins as an encoded text does (so that reading is unambiguous)."""
+    """A text (a property's value or name) as the database holds it: as it is, or base64 behind
+    :data:`ENCODED_TEXT` where it has a backslash the database cannot take, or begins as an encoded text does
+    (so that reading is unambiguous)."""
     if value.startswith(ENCODED_TEXT) or (not dialect.backslashes and "\\" in value):
         return ENCODED_TEXT + base64.b64encode(value.encode()).decode("ascii")
     return value
@@ -229,8 +230,8 @@ def python_value(value: mlpb.Value, *, text: bool = False) -> Any:
 
 def properties(node: Artifact | Execution | Context, *, text: bool = False) -> dict[str, Any]:
     """Typed and custom properties of an MLMD node as one plain dict (``text``: see :func:`python_value`)."""
-    out = {k: python_value(v, text=text) for k, v in node.custom_properties.items()}
-    out.update({k: python_value(v, text=text) for k, v in node.properties.items()})
+    out = {_decoded(k): python_value(v, text=text) for k, v in node.custom_properties.items()}
+    out.update({_decoded(k): python_value(v, text=text) for k, v in node.properties.items()})
     return out
 
 
@@ -281,7 +282,7 @@ def _set(target: Any, props: Mapping[str, Any] | None, dialect: Dialect) -> None
     for key, value in (props or {}).items():
         if value is None:
             continue
-        target[key].CopyFrom(_value(value, dialect))
+        target[_text(key, dialect)].CopyFrom(_value(value, dialect))  # a name is a text too
 
 
 class Lineage:
@@ -457,7 +458,8 @@ class Lineage:
         """Merge ``props`` into an execution's custom properties (``config``: into its config too), drop those
         named in ``remove`` and optionally set its state."""
         [execution] = self.store.get_executions_by_id([execution_id])
-        dropped = [key for key in remove if key in execution.custom_properties]
+        held = (_text(key, self._dialect) for key in remove)
+        dropped = [key for key in held if key in execution.custom_properties]
         if not props and state is None and not dropped:
             return execution  # nothing to change: no write
         if config and props:
@@ -478,7 +480,7 @@ class Lineage:
         """Set ``props`` and drop the properties ``remove`` of executions, touching no other field, in one
         transaction: a field mask makes it an update that cannot undo what another process wrote meanwhile
         (a state, a status)."""
-        paths = [f"custom_properties.{key}" for key in dict.fromkeys([*props, *remove])]
+        paths = [f"custom_properties.{_text(key, self._dialect)}" for key in dict.fromkeys([*props, *remove])]
         if not paths or not execution_ids:
             return
         types = {e.id: e.type_id for e in self.store.get_executions_by_id(list(execution_ids))}
@@ -653,7 +655,7 @@ def logged_values(artifact: Artifact, *, as_json: bool = True) -> dict[str, Any]
     raw = property_of(artifact, VALUES_JSON)
     if isinstance(raw, str):
         return flatten_config(json.loads(raw), as_json=as_json)
-    return {k: python_value(v) for k, v in artifact.custom_properties.items()}
+    return {_decoded(k): python_value(v) for k, v in artifact.custom_properties.items()}
 
 
 def collected(artifact: Artifact) -> bool:

@@ -97,10 +97,11 @@ def test_text_with_backslashes_and_unicode_reads_back_from_a_server(db: Postgres
     url = db.url("team", "team-secret", "cmf_text")
     store = tmp_path / "store"
     config = {f"k{i}": text for i, text in enumerate(TRICKY_TEXTS)} | {"ключ": "значение", "nested": {"p": "a\\b"}}
+    config |= {"w\\k": 1, "ray_cmf:b64:k": 2}  # keys are texts too
     with Cmf(filepath=url, pipeline_name="pg", store=store) as cmf:
         cmf.create_execution("train", config, execution_name="run-1")
         cmf.set_tags(path="a\\b", word="é")
-        cmf.log_execution_metrics("final", {"where": "C:\\out", "ok": "ok ✓"})
+        cmf.log_execution_metrics("final", {"where": "C:\\out", "ok": "ok ✓", "k\\ey": 3})
         _log(cmf, "steps", 2)
         cmf.commit_metrics("steps")
     with pytest.raises(RuntimeError), Cmf(filepath=url, pipeline_name="pg", store=store) as cmf:
@@ -111,7 +112,10 @@ def test_text_with_backslashes_and_unicode_reads_back_from_a_server(db: Postgres
     assert sweep.config("run-1") == {**{k: v for k, v in config.items() if k != "nested"}, "nested.p": "a\\b"}
     table = sweep.trials().set_index("trial_id")
     assert table.loc["run-1", "tag/path"] == "a\\b" and table.loc["run-1", "tag/word"] == "é"
-    assert sweep.execution_metrics("run-1") == {"final/where": "C:\\out", "final/ok": "ok ✓"}
+    assert table.loc["run-1", "config/w\\k"] == 1 and table.loc["run-1", "config/ray_cmf:b64:k"] == 2
+    assert sweep.execution_metrics("run-1") == {"final/where": "C:\\out", "final/ok": "ok ✓", "final/k\\ey": 3}
+    sweep.tag("run-1", remove=["path"])
+    assert "tag/path" not in sweep.refresh().trials().columns
     assert table.loc["run-2", "status"] == "FAILED" and "C:\\data\\x" in table.loc["run-2", "error"]
 
 
