@@ -66,16 +66,22 @@ def _digits(values: Iterable[Any], least: int) -> dict[float, int]:
 
 def quoted_cells(values: Sequence[Sequence[Any]]) -> list[list[bool]]:
     """Which cells of a table hold a text to show quoted: one that reads as a number or a bool in a column
-    that holds numbers or bools too (the text "0.1" beside the number 0.1), and one that is empty or begins
-    or ends with a space, which would read as no value or as another text."""
+    that holds numbers or bools too (the text "0.1" beside the number 0.1), and one that could read as no
+    value or as another text (see :func:`needs_quotes`)."""
     mixed = [any(isinstance(v, Number) for v in column) for column in zip(*values, strict=True)]
     return [
         [
-            isinstance(v, str) and (v != v.strip() or not v or (plain and _reads_as_value(v)))
+            isinstance(v, str) and (needs_quotes(v) or (plain and _reads_as_value(v)))
             for v, plain in zip(line, mixed, strict=True)
         ]
         for line in values
     ]
+
+
+def needs_quotes(text: str) -> bool:
+    """Whether a text shown as it is could read as no value or as another text: an empty one, one that begins
+    or ends with a space, one with a tab, a line break or another character that does not print."""
+    return not text or text != text.strip() or not text.isprintable()
 
 
 def _reads_as_value(text: str) -> bool:

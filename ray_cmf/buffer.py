@@ -305,8 +305,8 @@ class MetricBuffer:
         """Handle a new column, a null, a numeric widening or a type error."""
         if self._owner is None:
             self._owner = threading.get_ident()
-        if not isinstance(key, str) or not key:
-            raise InvalidNameError("metric name", key, "metric names (the keys of a row) must be non-empty strings")
+        if not isinstance(key, str) or not key.strip():
+            raise InvalidNameError("metric name", key, "metric names (the keys of a row) must be non-blank strings")
         column = self._columns.get(key)
         if value is None:
             if column is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
-from ray_cmf._cells import MOST, cell_digits, number_text, quoted_cells
+from ray_cmf._cells import MOST, cell_digits, needs_quotes, number_text, quoted_cells
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
@@ -73,6 +73,12 @@ def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], digits: in
     for line, quoted in zip(texts, quoted_cells(raw), strict=True):
         line[:] = [json.dumps(t, ensure_ascii=False) if q else t for t, q in zip(line, quoted, strict=True)]
     return texts
+
+
+def _text(value: Any) -> str:
+    """A tag's or note's text as a line shows it: quoted where it could read as another (see needs_quotes)."""
+    text = str(value)
+    return json.dumps(text, ensure_ascii=False) if needs_quotes(text) else text
 
 
 def _cell(value: Any, digits: int) -> str:
@@ -342,10 +348,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     config = "  ".join(f"{k}={_python(v)!r}" for k, v in payload["config"].items())
     console.print(f"config: {config}", markup=False, highlight=False, soft_wrap=True)
     if payload["tags"]:
-        tags = "  ".join(f"{k}={v}" for k, v in payload["tags"].items())
+        tags = "  ".join(f"{k}={_text(v)}" for k, v in payload["tags"].items())
         console.print(f"tags: {tags}", markup=False, highlight=False, soft_wrap=True)
     if payload["note"]:
-        console.print("note:", payload["note"], soft_wrap=True)
+        console.print(f"note: {_text(payload['note'])}", markup=False, highlight=False, soft_wrap=True)
     if payload["error"]:
         console.print(f"error: {payload['error']}", markup=False, highlight=False, soft_wrap=True)
     environment = [{"field": k, "value": v} for k, v in payload["environment"].items()]
@@ -353,7 +359,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if payload["execution_metrics"]:
         rows = [{"metric": k, "value": v} for k, v in payload["execution_metrics"].items()]
         _emit(args, rows, "execution metrics", digits=MOST)
-    _emit(args, files, "lineage: files", digits=MOST)
+    no_file = [{k: None if v == "" else v for k, v in f.items()} for f in files]  # an execution metric's
+    _emit(args, no_file, "lineage: files", digits=MOST)
     _emit(args, payload["last_rows"], f"last {args.rows} rows", digits=MOST)
     return EXIT_OK
 

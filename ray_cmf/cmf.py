@@ -338,6 +338,9 @@ class Cmf:
     def log_execution_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
         """Record execution-level metrics (e.g. final accuracy) as a Metrics artifact."""
         check_name("metrics_name", metrics_name)
+        for key in custom_properties or {}:
+            if not isinstance(key, str) or not key.strip():
+                raise InvalidNameError("metric name", key, f"the keys of {metrics_name!r} must be non-blank strings")
         return self._writer.call(
             StoreWriter.log_execution_metrics,
             binding=self._current(),

@@ -28,12 +28,13 @@ def is_url(location: str) -> bool:
 
 
 def without_password(location: str) -> str:
-    """A location fit to write down: a URL's password removed."""
-    url = urlsplit(location)
-    if not url.password:
+    """A location fit to write down: a URL's password removed, and its query (``?password=...``) too."""
+    if not is_url(location):
         return location
-    netloc = f"{url.username}@{url.hostname}" + (f":{url.port}" if url.port else "")
-    return urlunsplit(url._replace(netloc=netloc))
+    url = urlsplit(location)._replace(query="", fragment="")
+    if url.password:
+        url = url._replace(netloc=f"{url.username}@{url.hostname}" + (f":{url.port}" if url.port else ""))
+    return urlunsplit(url)
 
 
 def database_of(location: str) -> str:
@@ -60,6 +61,12 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
         return config
     url = urlsplit(location)
     database = url.path.lstrip("/")
+    if url.query or url.fragment:
+        variable = "MYSQL_PWD" if url.scheme == "mysql" else "PGPASSWORD"
+        raise StoreError(
+            f"MLMD URL {without_password(location)!r} takes no query (?...): ray_cmf reads its user, password, host, "
+            f"port and database; give the password in the URL or in {variable}"
+        )
     if not url.hostname or not database or "/" in database:
         raise StoreError(
             f"MLMD URL {without_password(location)!r} must look like "

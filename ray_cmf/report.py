@@ -10,6 +10,7 @@ says so.
 from __future__ import annotations
 
 import html
+import json
 import logging
 import math
 import string
@@ -148,9 +149,14 @@ def _shorts(values: list[list[Any]]) -> list[list[str]]:
         ["" if v is None else _short(v, d) for v, d in zip(line, digits, strict=True)]
         for line, digits in zip(values, cell_digits(values, _DIGITS), strict=True)
     ]
-    for line, quoted in zip(texts, quoted_cells(values), strict=True):
-        line[:] = [f"&quot;{t}&quot;" if q else t for t, q in zip(line, quoted, strict=True)]
+    for line, raw, quoted in zip(texts, values, quoted_cells(values), strict=True):
+        line[:] = [html.escape(_quoted(v)) if q else t for t, v, q in zip(line, raw, quoted, strict=True)]
     return texts
+
+
+def _quoted(text: str) -> str:
+    """A text as a quoted literal: its tabs and line breaks written as \\t and \\n (at most 40 characters)."""
+    return json.dumps(text, ensure_ascii=False)[:40]
 
 
 @dataclass

@@ -496,3 +496,15 @@ def test_a_store_with_its_own_database_refuses_another(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=r"keeps its lineage in .*mlmd\.sqlite, not in .*other\.sqlite"):
         Cmf(filepath=str(tmp_path / "other.sqlite"), pipeline_name="p", store=store).create_execution("x")
     assert Sweep(store, metrics_name="s").trials()["trial_id"].tolist() == ["run"]
+
+
+def test_execution_metrics_refuse_a_blank_key(tmp_path: Path) -> None:
+    """``log_execution_metrics("fin", {"": 1})`` was kept as a column ``metrics/fin/``; ``log_metric`` refuses
+    such a name, and so does this, naming it."""
+    with Cmf(pipeline_name="p", store=tmp_path / "store") as cmf:
+        cmf.create_execution("train", execution_name="run")
+        for blank in ("", "  "):
+            with pytest.raises(InvalidNameError, match=rf"Invalid metric name '{blank}': the keys of 'fin'"):
+                cmf.log_execution_metrics("fin", {"acc": 0.5, blank: 1})
+        cmf.log_execution_metrics("fin", {"acc": 0.5})
+    assert Sweep(tmp_path / "store").execution_metrics("run") == {"fin/acc": 0.5}

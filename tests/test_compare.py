@@ -359,7 +359,7 @@ def test_text_tables_never_show_two_different_values_as_one(tmp_path: Path, caps
     assert [c.strip() for c in cells["config/lr"]] == ["0.1", '"0.1"'], out
 
 
-_texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "abc ", "", "1e-07"])
+_texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "abc ", "", "1e-07", "ab\tcd", "ab cd", "a\nb", "a\r\nb"])
 
 
 @given(
@@ -372,6 +372,7 @@ _texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "abc ", "", "1e-07"]
 @example([[0.1, 0.10000001, 1], [1.0000000000000002, 1.0, 1]])
 @example([[0.1, "0.1", True], ["True", 1e-07, "1e-07"]])
 @example([["abc"], ["abc "], [""], [None]])
+@example([["ab\tcd"], ["ab"], ["a\nb"], ["a\r\nb"]])  # a tab cut the text short, \r\n read as \n
 def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[Any]]) -> None:
     """In a text table, two different values never read alike in one column (a float and a close one, the text
     "0.1" and the number 0.1, the text "True" and True, "a" and "a ", "" and nothing), nor two different numbers
@@ -389,6 +390,7 @@ def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[
 
     for column in zip(*cells, strict=True):
         told_apart(list(column))
+        assert all(t.isprintable() for _, t in column), column  # a tab or a line break is written, not laid out
     for row in cells:
         told_apart([(v, t) for v, t in row if isinstance(v, int | float) and not isinstance(v, bool)])
     for row, shown in zip(values, texts, strict=True):

@@ -438,6 +438,21 @@ def test_deleted_trials_leave_every_view_until_undeleted(tmp_path: Path, capsys:
     assert "name the trials (ids) or pick them with --where" in capsys.readouterr().err
 
 
+def test_show_quotes_a_tag_or_note_that_would_read_as_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``show`` printed ``tags: te=  tg=a `` for an empty tag and one ending in a space, and a note of "a "
+    as ``note: a``: they read as no value and as "a"."""
+    store = _sweep(tmp_path / "store")
+    sweep = Sweep(store)
+    sweep.tag("a", te="", tg="a ", ok="plain")
+    sweep.note("a", "two\nlines ")
+    assert main(["show", "a", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert 'te=""' in out and 'tg="a "' in out and "ok=plain" in out, out
+    assert 'note: "two\\nlines "' in out, out
+
+
 def test_delete_asks_on_a_terminal(tmp_path: Path) -> None:
     import pty
 

@@ -249,11 +249,11 @@ def test_the_report_never_shows_two_different_values_as_one(tmp_path: Path) -> N
     significant digits): two trials that differ looked alike. A value now gets the digits that tell it apart
     from the other values of its column and row."""
     store = tmp_path / "store"
-    for name, lr in (("a", 0.1), ("b", 0.10000001), ("c", 0.123456), ("s", "0.1")):
+    for name, lr in (("a", 0.1), ("b", 0.10000001), ("c", 0.123456), ("s", "0.1"), ("t", "a\tb"), ("u", "a b")):
         with Cmf(pipeline_name="p", store=store) as cmf:
             cmf.create_execution("train", {"lr": lr, "wd": 1 / 3}, execution_name=name)
             for step in range(3):
-                cmf.log_metric("steps", {"step": step, "loss": float(lr) + 1 / (step + 1)})
+                cmf.log_metric("steps", {"step": step, "loss": (lr if isinstance(lr, float) else 2.0) + 1 / (step + 1)})
             cmf.commit_metrics("steps")
     page = Sweep(store, metrics_name="steps").report(tmp_path / "r.html").read_text()
     rows = {
@@ -263,6 +263,7 @@ def test_the_report_never_shows_two_different_values_as_one(tmp_path: Path) -> N
     assert rows["a"][2:5] == ["0.1", "0.3333", "0.43333333"], rows  # wd: as short as before, nothing needs more
     assert rows["b"][2:5] == ["0.10000001", "0.3333", "0.43333334"], rows
     assert rows["s"][2] == "&quot;0.1&quot;", rows  # the text "0.1" is no number 0.1
+    assert rows["t"][2] == "&quot;a\\tb&quot;" and rows["u"][2] == "a b", rows  # a tab read as a space
     hovers = {t["meta"]: t["hovertemplate"] for t in _data(page)["sections"][0]["traces"]}
     assert "lr=0.1, " in hovers["a"] and "lr=0.10000001, " in hovers["b"], hovers
     grouped = Sweep(store, metrics_name="steps").report(tmp_path / "g.html", group_by="config/lr").read_text()

@@ -154,6 +154,9 @@ def test_a_store_keeps_the_database_it_holds_its_lineage_in(pg: Postgres, tmp_pa
     with pytest.raises(StoreError, match="nothing answers"):
         _one_run(dead, store, 1)
     assert "mlmd" not in json.loads((store / STORE_CONFIG).read_text() if (store / STORE_CONFIG).exists() else "{}")
+    with pytest.raises(StoreError, match=r"takes no query \(\?\.\.\.\)") as refused:  # it was written down
+        _one_run(f"postgresql://team@127.0.0.1:{pg.port}/cmf_keep?password=team-secret", store, 1)
+    assert "team-secret" not in str(refused.value) and not (store / STORE_CONFIG).exists()
     url = pg.url("team", "team-secret", "cmf_keep")
     _one_run(url, store, 3)
     with pytest.raises(StoreError, match=r"keeps its lineage in postgresql://team@127\.0\.0\.1:\d+/cmf_keep, not in"):
