@@ -8,10 +8,11 @@ crash-safe spill, and a commit turns the spill into a versioned Parquet file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -142,6 +143,7 @@ class StoreWriter:
         self._default = store
         self._stores: dict[Store, Store] = {}
         self._bindings: dict[tuple[str, str], tuple[Binding, str | None]] = {}  # with the token of its start
+        self._unbound: dict[tuple[str, str], str] = {}  # why the last registration of a trial or run failed
         self._series: dict[tuple[Store, str], _Series] = {}
         self._ended: set[tuple[Store, int]] = set()  # executions whose trial or run has ended
         self._node_sampled: set[tuple[str, str]] = set()  # trials whose process their node's sampler samples
@@ -196,38 +198,40 @@ class StoreWriter:
         sweep left in the stage is not reopened. ``trial``: the Tune trial a Train run runs in: the run is that
         trial's own, and every version of its series is an output of the trial too. ``token``: what names
         this start of it (Ray Train's run id): a process that asks for the binding with the token of another
-        start (the same run name used again) waits for its own (see :meth:`binding`).
+        start (the same run name used again) waits for its own (see :meth:`binding`). A registration that
+        fails is remembered, so that the processes waiting for it learn why.
         """
-        within = trial.execution_id if trial is not None else None
-        binding, execution = self.execution(
-            pipeline=pipeline,
-            stage=stage,
-            type_name=type_name,
-            name=name,
-            props=props,
-            store=store,
-            owner=owner_of(sweep=sweep, trial=within),
-        )
-        live = binding.store
-        attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
-        binding = replace(binding, attempt=attempt, trial_execution_id=within)
-        live.update_execution(execution.id, props, "RUNNING")
-        with self._lock:
-            first = (kind, name) not in self._bindings
-            self._bindings[(kind, name)] = (binding, token)
-            self._ended.discard((live, execution.id))
-            if node_sampled:
-                self._node_sampled.add((kind, name))
-            elif start:
-                self._node_sampled.discard((kind, name))
-        if data_dir is not None and first:
-            try:
-                live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
-            except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
-                log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
-        if environment is not None:  # the callback's and the workers' records complete each other
-            live.log_environment(execution.id, environment)
-        return binding
+        with self._registering(kind, name):
+            within = trial.execution_id if trial is not None else None
+            binding, execution = self.execution(
+                pipeline=pipeline,
+                stage=stage,
+                type_name=type_name,
+                name=name,
+                props=props,
+                store=store,
+                owner=owner_of(sweep=sweep, trial=within),
+            )
+            live = binding.store
+            attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
+            binding = replace(binding, attempt=attempt, trial_execution_id=within)
+            live.update_execution(execution.id, props, "RUNNING")
+            with self._lock:
+                first = (kind, name) not in self._bindings
+                self._bindings[(kind, name)] = (binding, token)
+                self._ended.discard((live, execution.id))
+                if node_sampled:
+                    self._node_sampled.add((kind, name))
+                elif start:
+                    self._node_sampled.discard((kind, name))
+            if data_dir is not None and first:
+                try:
+                    live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+                except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
+                    log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
+            if environment is not None:  # the callback's and the workers' records complete each other
+                live.log_environment(execution.id, environment)
+            return binding
 
     def sweep_runs(self, *, sweep: str | None, running: bool) -> None:
         """A CmfRayLogger's sweep starts (before its first trial) or ends."""
@@ -240,11 +244,30 @@ class StoreWriter:
         with self._lock:
             return bool(self._sweeps)
 
+    @contextlib.contextmanager
+    def _registering(self, kind: str, name: str) -> Iterator[None]:
+        """Remember why a registration failed (see :meth:`binding`); a later one that succeeds forgets it."""
+        try:
+            yield
+        except Exception as exc:
+            with self._lock:
+                self._unbound[(kind, name)] = f"{type(exc).__name__}: {exc}"
+            raise
+        with self._lock:
+            self._unbound.pop((kind, name), None)
+
     def binding(self, *, kind: str, name: str, token: str | None = None) -> Binding | None:
         """The binding of a trial or run, or None when none was made yet; with a ``token``, None until a
-        start of that token binds it (an earlier run of the name must not be taken for this one)."""
+        start of that token binds it (an earlier run of the name must not be taken for this one).
+
+        Raises:
+            RayCmfError: Its registration failed (the store refused it): waiting would never end well.
+        """
         with self._lock:
             binding, bound_by = self._bindings.get((kind, name), (None, None))
+            failed = self._unbound.get((kind, name))
+        if failed is not None:
+            raise RayCmfError(f"ray_cmf could not register {kind} {name!r} in the store: {failed}")
         return binding if token is None or token == bound_by else None
 
     def join(

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ray_cmf import Cmf, InvalidNameError, Store, Sweep
+from ray_cmf import Cmf, InvalidNameError, RayCmfError, Store, Sweep
 from ray_cmf import client as client_module
 from ray_cmf.binding import SeriesKey
 from ray_cmf.client import WriterClient
@@ -243,3 +243,28 @@ def test_a_trials_cmf_continues_its_series_when_the_trial_starts_again(store_dir
     for reserved in (RESULTS_METRICS_NAME, SYSTEM_METRICS_NAME):
         with pytest.raises(InvalidNameError, match=reserved):
             cmf.log_metric(reserved, {"x": 1.0})
+
+
+def test_a_trial_whose_registration_failed_learns_why_at_once(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that refused a trial's registration (a team store's SQL error, say) left the trial waiting 60 s,
+    then failing with "not registered with ray_cmf ... add CmfRayLogger", which it had. The writer remembers
+    why, and the waiting trial fails at once with it; a registration that then succeeds is the trial's."""
+    writer = StoreWriter(Store(store_dir))
+    client = WriterClient(writer)
+    client.call(StoreWriter.sweep_runs, sweep="s1", running=True)
+    real = StoreWriter.execution
+
+    def refused(self: StoreWriter, **kwargs: object) -> object:
+        raise RuntimeError("the server refused it")
+
+    monkeypatch.setattr(StoreWriter, "execution", refused)
+    arguments = {"kind": "trial", "name": "t1", "pipeline": "p", "stage": "s", "type_name": RUN_EXECUTION_TYPE}
+    with pytest.raises(RuntimeError, match="refused"):
+        client.call(StoreWriter.bind, **arguments)
+    with pytest.raises(
+        RayCmfError, match=r"could not register trial 't1' in the store: RuntimeError: the server refused"
+    ):
+        client.wait_for_trial(StoreWriter.binding, "t1", timeout=60.0)
+    monkeypatch.setattr(StoreWriter, "execution", real)
+    bound = client.call(StoreWriter.bind, **arguments)
+    assert client.wait_for_trial(StoreWriter.binding, "t1", timeout=1.0) == bound
