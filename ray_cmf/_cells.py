@@ -4,8 +4,9 @@ value (a number-like text beside numbers, an empty one, one with a space at an e
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from numbers import Number
 from typing import Any
 
@@ -21,6 +22,29 @@ def number_text(value: float | int, digits: int) -> str:
     significant = len(mantissa.replace(".", "").strip("0")) or 1
     places = math.floor(math.log10(abs(value))) + 1  # a round number's digits before the point: 100, not 1e+02
     return f"{value:.{min(digits, max(significant, places))}g}"
+
+
+def cell_texts(
+    values: Sequence[Sequence[Any]],
+    least: int,
+    text: Callable[[Any, int], str],
+    quote: Callable[[str], str],
+    logged: Sequence[Sequence[Any]] | None = None,
+) -> list[list[str]]:
+    """The texts of a table's cells: ``text(value, digits)``, with the digits :func:`cell_digits` gives it,
+    or ``quote(value)`` for a text that could read as another value (:func:`quoted_cells`, judged on the
+    values as ``logged`` where ``values`` are not those)."""
+    logged = values if logged is None else logged
+    rows = zip(values, logged, cell_digits(values, least), quoted_cells(logged), strict=True)
+    return [
+        [quote(raw) if q else text(v, d) for v, raw, d, q in zip(line, as_logged, places, quoted, strict=True)]
+        for line, as_logged, places, quoted in rows
+    ]
+
+
+def quoted(text: str) -> str:
+    """A text as a literal in quotes, its tabs and line breaks written as ``\\t`` and ``\\n``."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def cell_digits(values: Sequence[Sequence[Any]], least: int) -> list[list[int]]:

@@ -17,6 +17,13 @@ _UNSAFE = re.compile(r"[/\\\x00]|\.\.|^\.$|^[A-Za-z]:")  # separators, NUL, ".."
 NAME_MAX_BYTES = 128
 
 
+def check_metric_key(key: object, why: str) -> None:
+    """Refuse a metric name (a row's or an execution metric's key) that is no string or is blank: it would
+    read as a column of no name, ``_best`` and ``_final``. ``why`` ends the error: what must be non-blank."""
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidNameError("metric name", key, f"{why} must be non-blank strings")
+
+
 def check_name(what: str, name: object) -> str:
     """Return ``name`` if it is safe as one path component inside the store, else raise InvalidNameError.
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from ray_cmf._names import check_metric_key
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
@@ -305,8 +306,7 @@ class MetricBuffer:
         """Handle a new column, a null, a numeric widening or a type error."""
         if self._owner is None:
             self._owner = threading.get_ident()
-        if not isinstance(key, str) or not key.strip():
-            raise InvalidNameError("metric name", key, "metric names (the keys of a row) must be non-blank strings")
+        check_metric_key(key, "metric names (the keys of a row)")
         column = self._columns.get(key)
         if value is None:
             if column is not None:

@@ -10,7 +10,6 @@ Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``-
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
-from ray_cmf._cells import MOST, cell_digits, needs_quotes, number_text, quoted_cells
+from ray_cmf._cells import MOST, cell_texts, needs_quotes, number_text, quoted
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
@@ -28,7 +27,7 @@ from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.frames import ERROR_COLUMN, sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
-from ray_cmf.results import TUNE_BOOKKEEPING, counts
+from ray_cmf.results import TUNE_BOOKKEEPING, summary_kinds
 from ray_cmf.store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -66,19 +65,13 @@ def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], digits: in
     :mod:`ray_cmf._cells`)."""
     raw = [[row.get(c) for c in columns] for row in rows]
     values = [[jsonable(v) for v in line] for line in raw]  # NaN, inf as text; numpy's as Python's
-    texts = [
-        [_cell(v, d) for v, d in zip(line, places, strict=True)]
-        for line, places in zip(values, cell_digits(values, digits), strict=True)
-    ]
-    for line, quoted in zip(texts, quoted_cells(raw), strict=True):
-        line[:] = [json.dumps(t, ensure_ascii=False) if q else t for t, q in zip(line, quoted, strict=True)]
-    return texts
+    return cell_texts(values, digits, _cell, quoted, logged=raw)
 
 
 def _text(value: Any) -> str:
     """A tag's or note's text as a line shows it: quoted where it could read as another (see needs_quotes)."""
     text = str(value)
-    return json.dumps(text, ensure_ascii=False) if needs_quotes(text) else text
+    return quoted(text) if needs_quotes(text) else text
 
 
 def _cell(value: Any, digits: int) -> str:
@@ -186,7 +179,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
         if metrics:
             if metric in metrics:
                 keep.append(column)
-        elif every or (metric not in TUNE_BOOKKEEPING and not (counts(metric) and kind == "best")):
+        elif every or (metric not in TUNE_BOOKKEEPING and kind in summary_kinds(metric)):
             keep.append(column)
     return [*keep, "steps"]
 

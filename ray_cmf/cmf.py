@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ray_cmf._names import check_name
+from ray_cmf._names import check_metric_key, check_name
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import TRAIN_RANK, MetricBuffer
 from ray_cmf.client import WriterClient, WriterSink
@@ -339,8 +339,7 @@ class Cmf:
         """Record execution-level metrics (e.g. final accuracy) as a Metrics artifact."""
         check_name("metrics_name", metrics_name)
         for key in custom_properties or {}:
-            if not isinstance(key, str) or not key.strip():
-                raise InvalidNameError("metric name", key, f"the keys of {metrics_name!r} must be non-blank strings")
+            check_metric_key(key, f"the keys of {metrics_name!r}")
         return self._writer.call(
             StoreWriter.log_execution_metrics,
             binding=self._current(),

@@ -852,11 +852,11 @@ class Sweep:
         trial table gives every trial each key of the sweep (None where it has none), and each value as
         recorded, where the table holds a list (or any value other than a number, bool or text) as its JSON
         text."""
-        return dict(sorted(_config(self._properties(trial_id), as_json=False).items()))
+        return _own_config(self._properties(trial_id))
 
     def configs(self) -> dict[str, dict[str, Any]]:
         """Every trial's own config, by trial id, as :meth:`config` gives each, read in one pass."""
-        return {self.key(e): dict(sorted(_config(properties(e), as_json=False).items())) for e, _ in self.executions()}
+        return {self.key(e): _own_config(properties(e)) for e, _ in self.executions()}
 
     def execution_metrics(self, trial_id: str) -> dict[str, Any]:
         """What a trial logged with ``log_execution_metrics``: ``{"<metrics_name>/<key>": value}`` (of a name
@@ -1068,6 +1068,11 @@ def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]
     from ray_cmf.lineage import flatten_config
 
     return flatten_config(json.loads(raw), as_json=as_json)
+
+
+def _own_config(props: Mapping[str, Any]) -> dict[str, Any]:
+    """An execution's config as :meth:`Sweep.config` gives it: its own keys, sorted, each value as recorded."""
+    return dict(sorted(_config(props, as_json=False).items()))
 
 
 def _side_by_side(values: Sequence[Mapping[str, Any]], columns: pd.Index) -> pd.DataFrame:

@@ -10,7 +10,6 @@ says so.
 from __future__ import annotations
 
 import html
-import json
 import logging
 import math
 import string
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ray_cmf._atomic import write_text
-from ray_cmf._cells import cell_digits, number_text, quoted_cells
+from ray_cmf._cells import cell_texts, number_text, quoted
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._names import check_mode
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
@@ -54,7 +53,7 @@ from ray_cmf.frames import (
     sort_trials,
     summarize,
 )
-from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING, counts
+from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING, summary_kinds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -145,18 +144,12 @@ def _shorts(values: list[list[Any]]) -> list[list[str]]:
     """The texts of a table's cells (None blank), each float with the digits that tell it apart from the other
     numbers of its row and column, and a text that reads as one of those numbers quoted (see
     :mod:`ray_cmf._cells`)."""
-    texts = [
-        ["" if v is None else _short(v, d) for v, d in zip(line, digits, strict=True)]
-        for line, digits in zip(values, cell_digits(values, _DIGITS), strict=True)
-    ]
-    for line, raw, quoted in zip(texts, values, quoted_cells(values), strict=True):
-        line[:] = [html.escape(_quoted(v)) if q else t for t, v, q in zip(line, raw, quoted, strict=True)]
-    return texts
+    return cell_texts(values, _DIGITS, lambda v, d: "" if v is None else _short(v, d), _quoted)
 
 
 def _quoted(text: str) -> str:
-    """A text as a quoted literal: its tabs and line breaks written as \\t and \\n (at most 40 characters)."""
-    return json.dumps(text, ensure_ascii=False)[:40]
+    """A text as a quoted literal in a cell (see :func:`~ray_cmf._cells.quoted`), at most 40 characters."""
+    return html.escape(quoted(text)[:40])
 
 
 @dataclass
@@ -684,10 +677,9 @@ def _group_of(trials: pd.DataFrame, keys: Sequence[str]) -> dict[str, str]:
 
 
 def _summaries(metrics: Sequence[str], present: set[str]) -> list[str]:
-    """Each metric's ``_best`` and ``_final`` columns among ``present``: a count's final only, since its
-    "best" (the fewest epochs, or non-finite values, so far) means nothing."""
-    kinds = {m: ("final",) if counts(m) else ("best", "final") for m in metrics}
-    return [f"{m}_{k}" for m in metrics for k in kinds[m] if f"{m}_{k}" in present]
+    """Each metric's ``_best`` and ``_final`` columns among ``present`` (a count's final only: see
+    :func:`~ray_cmf.results.summary_kinds`)."""
+    return [f"{m}_{k}" for m in metrics for k in summary_kinds(m) if f"{m}_{k}" in present]
 
 
 def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], mode: str) -> str:

@@ -51,6 +51,11 @@ def counts(metric: str) -> bool:
     return metric in COUNTERS or metric.endswith("_nonfinite")
 
 
+def summary_kinds(metric: str) -> tuple[str, ...]:
+    """The summaries of a metric that tables show: its best and final values, a count's final only."""
+    return ("final",) if counts(metric) else ("best", "final")
+
+
 def result_row(result: Mapping[str, Any], *, tune: bool = True) -> dict[str, Any]:
     """The loggable part of a Tune result (``tune``) or a Train report: numbers, bools and None (nested dicts
     flattened with ``/``).
