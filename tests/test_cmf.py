@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -503,8 +504,10 @@ def test_execution_metrics_refuse_a_blank_key(tmp_path: Path) -> None:
     such a name, and so does this, naming it."""
     with Cmf(pipeline_name="p", store=tmp_path / "store") as cmf:
         cmf.create_execution("train", execution_name="run")
-        for blank in ("", "  "):
-            with pytest.raises(InvalidNameError, match=rf"Invalid metric name '{blank}': the keys of 'fin'"):
+        for blank in ("", "  ", "\x85"):  # NEL: blank too
+            with pytest.raises(
+                InvalidNameError, match=rf"Invalid metric name {re.escape(repr(blank))}: the keys of 'fin'"
+            ):
                 cmf.log_execution_metrics("fin", {"acc": 0.5, blank: 1})
         cmf.log_execution_metrics("fin", {"acc": 0.5})
     assert Sweep(tmp_path / "store").execution_metrics("run") == {"fin/acc": 0.5}

@@ -266,7 +266,11 @@ _EXECUTION_VALUES = st.one_of(
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(values=st.dictionaries(st.text(min_size=1, max_size=5).filter(lambda k: "." not in k), _EXECUTION_VALUES))
+@given(  # a blank key ("\x85", " ") is refused, naming it: see test_execution_metrics_refuse_a_blank_key
+    values=st.dictionaries(
+        st.text(min_size=1, max_size=5).filter(lambda k: "." not in k and k.strip()), _EXECUTION_VALUES
+    )
+)
 @example(values={"nan": math.nan, "text": "NaN", "none": None, "big": 2**70, "metrics_name": "mine", "größe": -0.0})
 def test_execution_metrics_read_back_as_logged(
     tmp_path_factory: pytest.TempPathFactory, values: dict[str, Any]
