@@ -439,6 +439,13 @@ class Cmf:
             except Exception as exc:  # the store is gone at exit, say: the execution stays RUNNING
                 log.warning("ray_cmf: could not mark execution %s ended: %s", binding.name, exc)
 
+    def __del__(self) -> None:
+        """A Cmf the program lets go of (a function's local, a name rebound for the next run) ends its
+        execution as :meth:`close` does: otherwise it would stay RUNNING, and read as CRASHED once the
+        process is gone."""
+        if getattr(self, "_running", None) is not None:
+            self.close()
+
     def __enter__(self) -> Cmf:
         return self
 

@@ -153,3 +153,57 @@ def test_a_recorded_error_keeps_its_exception_within_its_bound(head: str, frames
 def test_the_type_of_an_exception_with_a_long_message_is_kept() -> None:
     text = error_text(RuntimeError("HEAD " + "ø" * 5000 + " TAIL"))
     assert text.startswith("RuntimeError: HEAD ø") and text.endswith("ø TAIL") and len(text) <= ERROR_CHARS
+
+
+LOOP = textwrap.dedent(
+    """
+    import gc, sys
+    from ray_cmf import Cmf
+    from ray_cmf.lineage import Lineage, state_name
+    store = sys.argv[1]
+
+    def run(name, commit):
+        cmf = Cmf(pipeline_name="loop", store=store)
+        cmf.create_execution("run", execution_name=name)
+        for step in range(5):
+            cmf.log_metric("train", {"step": step, "loss": 1.0 / (step + 1)})
+        if commit:
+            cmf.commit_metrics("train")
+
+    run("in-a-function", commit=True)
+    run("in-a-function-uncommitted", commit=False)
+    gc.collect()
+    for ended in Lineage(store + "/mlmd.sqlite", readonly=True).store.get_executions():
+        print(state_name(ended), flush=True)  # while the process still runs
+    for name in ("rebound-committed", "rebound-uncommitted"):
+        cmf = Cmf(pipeline_name="loop", store=store)  # the previous Cmf is freed here
+        cmf.create_execution("run", execution_name=name)
+        for step in range(5):
+            cmf.log_metric("train", {"step": step, "loss": 1.0 / (step + 1)})
+        if name.endswith("-committed"):
+            cmf.commit_metrics("train")
+    """
+)
+
+
+def test_a_cmf_the_script_lets_go_of_ends_its_execution_complete_with_every_row(tmp_path: Path) -> None:
+    """A script that makes a Cmf per run (in a function, or rebinding one name in a loop) let go of each
+    as it made the next: their executions stayed RUNNING, then read as CRASHED once the script ended."""
+    from ray_cmf import Sweep
+    from ray_cmf.lineage import Lineage, state_name
+
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", LOOP, str(store)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["COMPLETE", "COMPLETE"]
+    executions = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert {e.name: state_name(e) for e in executions} == {
+        "in-a-function": "COMPLETE",
+        "in-a-function-uncommitted": "COMPLETE",
+        "rebound-committed": "COMPLETE",
+        "rebound-uncommitted": "COMPLETE",
+    }
+    trials = Sweep(str(store), "loop", metrics_name="train").trials()
+    assert list(trials["status"]) == ["COMPLETE"] * 4
+    assert list(trials["steps"]) == [5] * 4
+    assert recover(Store(store)) == []
