@@ -34,7 +34,7 @@ class Closeable(Protocol):
     def close(self) -> None: ...
 
 
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_LIVE: dict[int, weakref.ref[Any]] = {}  # what track() was given, in order, while it lives
 _installed = {"atexit": False, "sigterm": False}
 _ending: dict[str, str | None] = {"state": "COMPLETE", "error": None}  # how the process ends (see outcome())
 
@@ -57,7 +57,9 @@ def track(closeable: Closeable) -> None:
     thread install one): in a script or a driver, as soon as it logs there. A Tune trainable or a Train
     loop runs on a thread of its own and hands its rows over as that thread ends instead.
     """
-    _LIVE.add(closeable)
+    key = id(closeable)
+    _LIVE.pop(key, None)  # tracked again: it closes as if tracked now
+    _LIVE[key] = weakref.ref(closeable, lambda _: _LIVE.pop(key, None))
     if not _installed["atexit"]:
         _installed["atexit"] = True
         atexit.register(close_all)
@@ -68,9 +70,13 @@ def track(closeable: Closeable) -> None:
 
 
 def close_all() -> None:
-    """Close every live tracked object; one that fails is warned about and the others still close."""
-    for closeable in list(_LIVE):
-        _close_quietly(closeable.close, closeable)
+    """Close every live tracked object, the last tracked first (as ``atexit`` runs its functions): what
+    was built on a buffer (a Cmf, a StepLogger) closes before the buffer does. One that fails is warned
+    about, and the others still close."""
+    for ref in reversed(list(_LIVE.values())):
+        closeable = ref()
+        if closeable is not None:
+            _close_quietly(closeable.close, closeable)
 
 
 def ended_by(kind: type[BaseException] | None) -> str:

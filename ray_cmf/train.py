@@ -12,6 +12,7 @@ import logging
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
-from ray_cmf.exits import on_thread_end
+from ray_cmf.exits import on_thread_end, outcome, track
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.lineage import Artifact, config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
@@ -248,16 +249,19 @@ class StepLogger:
         self._watch: StallWatch | None = None  # rank 0's: its rows leave once the loop stalls
         self._run: Reply | None = None  # rank 0's registration, until its first step records where it resumes
         self._pending: tuple[SyncHandle[Any], int, float] | None = None  # a sync in flight: handle, step, time
+        self._drained: dict[str, float] | None = None  # a row completed early (a checkpoint), for the next step
         self._finished = False
         self._artifact: Artifact | None = None  # what finish() committed
         self._sampler: SystemSampler | None = None
+        self._ending: _RunEnd | None = None  # outside Ray Train: what ends the run with the process
         if self.rank == 0 or self._context is not None:
             named = _store_name(store)
             self._writer = connect(named)
         if self.rank == 0:
             run = self._bind(pipeline_name, pipeline_stage, named)
             self._run = run
-            self._key = lambda: SeriesKey(run.result(), self.metrics_name, attempts=True)
+            name = self.metrics_name  # not self: the buffer's threads hold this, and must not keep self alive
+            self._key = lambda: SeriesKey(run.result(), name, attempts=True)
             self._sink = self._writer.sink(self._key)
             self._buffer = MetricBuffer(sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds)
             self._watch = StallWatch(self._buffer)
@@ -266,6 +270,9 @@ class StepLogger:
                 extra = {"rank": self.rank, PID_COLUMN: os.getpid()}  # the same columns as a node sampler's rows
                 self._sampler = sample_into(self._writer, self._system_key, system_metrics, extra)
             on_thread_end(self._hand_over)
+        elif self._buffer is not None:  # no Ray Train callback ends the run: the process's end, or letting go, does
+            self._ending = _RunEnd(self)
+            track(self._ending)
 
     def _system_key(self) -> SeriesKey:
         """This worker's ``system_metrics`` series (one per rank), once rank 0 has registered the run."""
@@ -276,9 +283,10 @@ class StepLogger:
             )
         return SeriesKey(run, SYSTEM_METRICS_NAME, f"rank{self.rank}")
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, ending: tuple[str, str | None] | None = None) -> None:
         """As the loop's thread ends (returned or raised): this worker's rows reach the writer before Ray can
-        stop it; without ``finish``, rank 0 asks the writer to commit them (``at_end``): Train tells no one else."""
+        stop it; without ``finish``, rank 0 asks the writer to commit them (``at_end``): Train tells no one else.
+        ``ending``: the state the run ends in and its error, where no Ray Train callback sets them."""
         if self._sampler is not None:
             self._sampler.stop()
         if self._buffer is not None and self._pending is not None:
@@ -288,7 +296,22 @@ class StepLogger:
         if self._buffer is not None:
             self._buffer.close()
             if not self._finished:
-                self._writer.call(StoreWriter.end, binding=self._key().binding)
+                state, error = ending or (None, None)
+                props = {ERROR_PROPERTY: error} if state == "FAILED" and error else None
+                self._writer.call(StoreWriter.end, binding=self._key().binding, props=props, state=state)
+
+    def _end_run(self) -> None:
+        """Outside Ray Train, as the process ends or the program lets go of this StepLogger without ``finish``:
+        the last sync's row is logged, the rows committed (``at_end``), and the run ends as the process does
+        (``COMPLETE``, ``FAILED`` with the uncaught exception, ``CANCELED``). Runs once."""
+        if getattr(self, "_ending", None) is None:
+            return
+        self._ending = None
+        if not self._finished:
+            self._hand_over(outcome())
+
+    def __del__(self) -> None:
+        self._end_run()
 
     def log_seeds(self, **seeds: int) -> None:
         """Rank 0: record the run's seeds (``seed_<name>`` properties; ints) and torch's initial seed."""
@@ -328,7 +351,7 @@ class StepLogger:
             type_name=RUN_EXECUTION_TYPE,
             props=props,
             store=store,
-            environment=capture(code=False),
+            environment=capture(code=self._context is None),  # in Ray Train, the driver's callback records it
             start=True,
             trial=trial,
             token=self._token,
@@ -359,14 +382,19 @@ class StepLogger:
             self._last_sync_time = time.time()
         elif samples is not None:
             self._samples += samples  # host-side count: no tensor op per step
-        row = self._complete() if self._pending is not None else None
+        row = self._complete() if self._pending is not None else self._drained
+        self._drained = None
         if self.steps_done % self.sync_every == 0:
             self._launch()
         return row
 
     def sync(self) -> dict[str, float]:
-        """Sync the interval so far now and log its row (blocking); returns the row."""
+        """Sync the interval so far now and log its row (blocking); returns the row (of the sync this step
+        started, if it did: its interval is the one so far)."""
+        if self._pending is not None and self._pending[1] == self.steps_done:
+            return self._complete()
         self._drain()
+        self._drained = None  # older than the row returned here: no step returns it after this one
         self._launch()
         return self._complete()
 
@@ -379,9 +407,10 @@ class StepLogger:
         self._pending = (self.metrics.sync(self.group, async_op=True), self.steps_done, time.time())
 
     def _drain(self) -> None:
-        """Complete a sync in flight, if any (before anything that needs every row logged)."""
+        """Complete a sync in flight, if any (before anything that needs every row logged); the next ``step()``
+        returns its row, as it would have."""
         if self._pending is not None:
-            self._complete()
+            self._drained = self._complete()
 
     def _wait(self) -> tuple[dict[str, float], int, float]:
         """Wait for the sync in flight: its row, step and launch time.
@@ -496,6 +525,19 @@ class StepLogger:
             ray.train.report({FINAL_FLAG: True, "step": self.steps_done})
         self._artifact = artifact
         return artifact
+
+
+class _RunEnd:
+    """Ends a StepLogger's run at the process's end (see :func:`~ray_cmf.exits.track`), without keeping the
+    StepLogger alive: one the program lets go of ends as it is freed."""
+
+    def __init__(self, logger: StepLogger) -> None:
+        self._logger = weakref.ref(logger)
+
+    def close(self) -> None:
+        logger = self._logger()
+        if logger is not None:
+            logger._end_run()
 
 
 @dataclass

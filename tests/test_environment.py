@@ -93,6 +93,34 @@ def test_execution_records_the_commit_dirty_flag_and_no_secrets(repo: Path, tmp_
     assert leaked == []  # neither the remote's password nor the environment variable reached the store
 
 
+STEP_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(metrics, sync_every=2, store=sys.argv[1], pipeline_name="p", run_name=sys.argv[2])
+    for step in range(4):
+        metrics["loss"].update(torch.tensor(float(step)))
+        steps.step()
+    steps.finish()
+    """
+)
+
+
+def test_a_step_logger_without_ray_records_the_code_version(repo: Path, tmp_path: Path) -> None:
+    """A StepLogger in a plain script recorded no ``env/git_*``: inside Ray Train the driver's callback
+    records the code version, and outside it nothing did (found by a new user)."""
+    (repo / "loop.py").write_text(STEP_SCRIPT)
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "the loop")
+    store = tmp_path / "store"
+    subprocess.run([sys.executable, "loop.py", str(store), "steps"], check=True, cwd=repo, timeout=120)
+    props = _execution_props(store)["steps"]
+    assert props["env_git_commit"] == _git(repo, "rev-parse", "HEAD")
+    assert props["env_git_dirty"] is False and props["env_git_remote"] == "https://example.com/team/model.git"
+
+
 def test_a_script_that_git_does_not_track_makes_the_code_version_dirty(repo: Path, tmp_path: Path) -> None:
     """A new script, never added to git, ran in a clean checkout: ``git_dirty`` said False, as if the commit
     held the code that ran. It is now dirty, and its diff md5 tells one version of the script from another."""

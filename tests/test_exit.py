@@ -207,3 +207,57 @@ def test_a_cmf_the_script_lets_go_of_ends_its_execution_complete_with_every_row(
     assert list(trials["status"]) == ["COMPLETE"] * 4
     assert list(trials["steps"]) == [5] * 4
     assert recover(Store(store)) == []
+
+
+STEPS = textwrap.dedent(
+    """
+    import gc, sys, torch
+    from ray_cmf.lineage import Lineage, state_name
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+    store, how = sys.argv[1], sys.argv[2]
+
+    def run(name):
+        metrics = MetricCollection({"loss": Mean()})
+        steps = StepLogger(metrics, sync_every=3, store=store, pipeline_name="p", run_name=name, system_metrics=None)
+        for step in range(1, 10):
+            metrics["loss"].update(torch.tensor(float(step)))
+            steps.step()  # the sync of step 9 is started, and no later step completes it
+        return steps
+
+    if how == "let-go":
+        run(how)
+        gc.collect()
+        [ended] = Lineage(store + "/mlmd.sqlite", readonly=True).store.get_executions()
+        print(state_name(ended), flush=True)  # while the process still runs
+    else:
+        kept = run(how)
+        if how == "raise":
+            raise RuntimeError("loop blew up")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("how", "returncode", "state"), [("normal", 0, "COMPLETE"), ("raise", 1, "FAILED"), ("let-go", 0, "COMPLETE")]
+)
+def test_a_step_logger_without_ray_that_never_finishes_ends_its_run_with_every_row(
+    tmp_path: Path, how: str, returncode: int, state: str
+) -> None:
+    """A loop without Ray that ends without ``finish()``: its run stayed RUNNING (CRASHED once the script
+    ended) with nothing committed, and the row of the sync its last step started was lost for good, where
+    inside Ray Train the same loop commits all three rows (found by a new user)."""
+    from ray_cmf.lineage import Lineage, state_name
+
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", STEPS, str(store), how], capture_output=True, text=True, timeout=120)
+    assert done.returncode == returncode, done.stderr[-3000:]
+    assert done.stdout.split() == ([state] if how == "let-go" else [])
+    [execution] = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert state_name(execution) == state
+    assert properties(execution).get("error") == ("RuntimeError: loop blew up" if how == "raise" else None)
+    assert recover(Store(store)) == []
+    from ray_cmf import Sweep
+
+    rows = Sweep(str(store), "p", metrics_name="train_steps").steps(["loss"])
+    assert rows["step"].tolist() == [3, 6, 9] and rows["loss"].tolist() == [2.0, 5.0, 8.0]

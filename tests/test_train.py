@@ -512,6 +512,41 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
             StepLogger(MetricCollection({own: Mean()}), store=str(tmp_path / "store"), run_name="clash")
 
 
+@pytest.mark.parametrize("checkpoint_at", [3, 4])
+def test_a_checkpoint_on_a_sync_step_still_returns_that_intervals_row(tmp_path: Path, checkpoint_at: int) -> None:
+    """``state_dict()`` right after a sync step completes the sync to checkpoint it: the row was logged, but
+    the next ``step()`` returned None, so a loop that prints or stops early on the returned rows skipped
+    every interval it checkpointed (found by a new user). ``sync()`` returns the newest row, and no step
+    returns an older one after it; on a sync step it completes that step's sync, where it logged a second row
+    of the step, of an empty interval."""
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(
+        metrics,
+        sync_every=3,
+        store=str(tmp_path / "store"),
+        pipeline_name="train_test",
+        run_name="ckpt",
+        system_metrics=None,
+    )
+    returned = []
+    for step in range(1, 10):
+        metrics["loss"].update(torch.tensor(float(step)))
+        row = steps.step()
+        returned += [(row["step"], row["loss"])] if row is not None else []
+        if step == checkpoint_at:
+            steps.state_dict()
+        if step in (6, 7):  # at 6, the sync its step started is the interval so far: no second row of step 6
+            row = steps.sync()
+            returned.append((row["step"], row["loss"]))
+    steps.finish()
+    assert returned == [(3, 2.0), (6, 5.0), (7, 7.0)]
+    rows = _series(tmp_path, "train_steps").steps(["loss"])
+    assert rows["step"].tolist() == [3, 6, 7, 9] and rows["loss"].tolist() == [2.0, 5.0, 7.0, 8.5]
+
+
 def test_a_runs_nonfinite_counts_add_up_so_its_final_count_is_the_runs(tmp_path: Path) -> None:
     """A loss that was NaN at step 3, inf at 7 and -inf at 12 of 20 (synced every 5): each row counted its own
     interval's, so the run's ``loss_nonfinite_final`` (what ``trials`` shows of a count) was 0, a clean run to
