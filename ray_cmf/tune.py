@@ -13,14 +13,17 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import ray
 from ray import tune
 
 from ray_cmf._hooks import never_raises
@@ -89,10 +92,16 @@ def trial_cmf(
     if not ray_driver():  # a trial's process now runs another trial (Tune reuses actors): hand over
         for ended in list(_TRIAL_CMFS):
             _TRIAL_CMFS.pop(ended).close()
+    if _in_trainable_setup():
+        raise RayCmfError(
+            f"The Cmf of trial {trial_id!r} was asked for in a tune.Trainable's setup(), which runs before Tune "
+            "starts the trial and CmfRayLogger registers it: ask for it in step() (or later) instead"
+        )
     writer = connect()
     in_trial = threading.current_thread() is not threading.main_thread()  # Tune's thread for the trainable
     here = capture(code=False, software=False) if in_trial else None
-    joined = writer.wait_for_trial(StoreWriter.join, trial_id, timeout, environment=here)
+    token = ray.get_runtime_context().get_actor_id() if in_trial else None  # this start's, not a failed one's
+    joined = writer.wait_for_trial(StoreWriter.join, trial_id, timeout, environment=here, token=token)
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
     if in_trial:
         interval = None if joined.node_sampled else system_metrics
@@ -204,7 +213,10 @@ def get_cmf(
     """
     trial_id = tune.get_context().get_trial_id()
     if trial_id is None:
-        raise RayCmfError("get_cmf() runs inside a Tune trial (a trainable); outside one, use ray_cmf.Cmf(...)")
+        raise RayCmfError(
+            "get_cmf() runs inside a Tune function trainable; in a tune.Trainable subclass, call "
+            "ray_cmf.tune.trial_cmf(self.trial_id) in step(); outside Tune, use ray_cmf.Cmf(...)"
+        )
     return trial_cmf(
         trial_id,
         timeout=timeout,
@@ -212,6 +224,21 @@ def get_cmf(
         flush_rows=flush_rows,
         flush_seconds=flush_seconds,
     )
+
+
+def _in_trainable_setup() -> bool:
+    """Whether this runs inside a ``tune.Trainable``'s constructor (its ``setup``)."""
+    code = tune.Trainable.__init__.__code__
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame is not None
+
+
+def _actor_id(trial: Any) -> str | None:
+    """What names a start of a trial: the id of the actor Tune started it in (a retry gets another)."""
+    actor = trial.temporary_state.ray_actor
+    return actor._actor_id.hex() if actor is not None else None
 
 
 class TrialCmfs(Mapping[str, Cmf]):
@@ -478,6 +505,7 @@ class CmfRayLogger(tune.Callback):
                 start=start,
                 node_sampled=self.system_metrics is not None,
                 sweep=self._sweep,
+                token=_actor_id(trial) if start else None,
             )
         if state.buffer is None:
             binding = state.binding

@@ -197,8 +197,9 @@ class StoreWriter:
         ``sweep``: the id of the sweep a trial is of (kept by a restore): a trial of the same id that another
         sweep left in the stage is not reopened. ``trial``: the Tune trial a Train run runs in: the run is that
         trial's own, and every version of its series is an output of the trial too. ``token``: what names
-        this start of it (Ray Train's run id): a process that asks for the binding with the token of another
-        start (the same run name used again) waits for its own (see :meth:`binding`). A registration that
+        this start of it (Ray Train's run id, a Tune trial's actor id): a process that asks for the binding
+        with the token of another start (the same run name used again, a failed attempt) waits for its own
+        (see :meth:`binding`). A registration that
         fails is remembered, so that the processes waiting for it learn why.
         """
         with self._registering(kind, name):
@@ -258,7 +259,8 @@ class StoreWriter:
 
     def binding(self, *, kind: str, name: str, token: str | None = None) -> Binding | None:
         """The binding of a trial or run, or None when none was made yet; with a ``token``, None until a
-        start of that token binds it (an earlier run of the name must not be taken for this one).
+        start of that token binds it (an earlier run of the name, or a trial's failed attempt, must not be
+        taken for this one), or a start that named none.
 
         Raises:
             RayCmfError: Its registration failed (the store refused it): waiting would never end well.
@@ -268,7 +270,7 @@ class StoreWriter:
             failed = self._unbound.get((kind, name))
         if failed is not None:
             raise RayCmfError(f"ray_cmf could not register {kind} {name!r} in the store: {failed}")
-        return binding if token is None or token == bound_by else None
+        return binding if token is None or bound_by is None or token == bound_by else None
 
     def join(
         self, *, kind: str, name: str, environment: Environment | None = None, token: str | None = None

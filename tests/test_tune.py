@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -1079,6 +1080,100 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     assert properties(execution)["best_loss"] == 0.5  # what ranks it: the read's best, not the failed attempt's
     steps = sweep.steps(["loss", "attempt"])
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 3)]
+
+
+def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_comes_late(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A retried trial's process may call ``get_cmf()`` before the driver's callback has registered the retry
+    (the writer may take the join before the registration Tune's hook sent): it joined the failed attempt's
+    registration, so the retry's rows were stamped attempt 1, and the failed attempt's step 4 read as the
+    trial's last (found by a new user, in 1 of 11 sweeps). The registration comes late here every time."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import get_cmf
+
+    marker = tmp_path / "failed-once"
+
+    def trainable(config: dict[str, Any]) -> None:
+        first = not marker.exists()
+        marker.touch()
+        cmf = get_cmf()
+        for step in range(1, 5 if first else 4):
+            cmf.log_metric("inner", {"step": step, "loss": step * (0.1 if first else 1.0)})
+            cmf.flush()
+        if first:
+            raise RuntimeError("fails once")
+        cmf.commit_metrics("inner")
+
+    class LateToRegisterTheRetry(CmfRayLogger):
+        def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            if trial.trial_id in self._trials:  # the retry: registered late, as a busy writer does
+                threading.Timer(2.0, super().on_trial_start, (iteration, trials, trial), info).start()
+            else:
+                super().on_trial_start(iteration, trials, trial, **info)
+
+    logger = LateToRegisterTheRetry("retried", store=str(tmp_path / "store"), system_metrics=None)
+    tune.Tuner(
+        trainable,
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path / "results"),
+            callbacks=[logger],
+            failure_config=tune.FailureConfig(max_failures=1),
+            verbose=0,
+        ),
+    ).fit()
+    sweep = Sweep(tmp_path / "store", metrics_name="inner")
+    steps = sweep.steps(["loss", "attempt"])
+    assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, float(s), 2] for s in range(1, 4)]
+    [trial] = sweep.trials(["loss"]).to_dict(orient="records")
+    assert (trial["status"], trial["steps"], trial["loss_final"]) == ("COMPLETE", 3, 3.0)
+
+
+def test_a_trainable_class_logs_through_trial_cmf_in_step_and_is_told_where_not_to(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A ``tune.Trainable`` subclass: ``get_cmf()`` said it "runs inside a Tune trial", which it was, and
+    ``trial_cmf(self.trial_id)`` in ``setup()`` waited 60 s, then said the trial was not registered and to
+    add the CmfRayLogger that was there (``setup`` runs before Tune starts the trial). Each now says at
+    once what to do, and ``trial_cmf`` in ``step()`` records every row (found by a new user)."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import get_cmf, trial_cmf
+
+    class Steps(tune.Trainable):
+        def setup(self, config: dict[str, Any]) -> None:
+            self.i = 0
+            if config["ask"] == "in setup":
+                trial_cmf(self.trial_id)
+
+        def step(self) -> dict[str, Any]:
+            self.i += 1
+            cmf = get_cmf() if self.config["ask"] == "get_cmf" else trial_cmf(self.trial_id)
+            cmf.log_metric("inner", {"step": self.i, "loss": 1.0 / self.i})  # never committed: the trial's end does
+            return {"loss": 1.0 / self.i, "done": self.i >= 3}
+
+        def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+            return {"i": self.i}
+
+        def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            self.i = checkpoint["i"]
+
+    logger = CmfRayLogger("classes", store=str(tmp_path / "store"), system_metrics=None)
+    tune.Tuner(
+        Steps,
+        param_space={"ask": tune.grid_search(["in step", "in setup", "get_cmf"])},
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0),
+    ).fit()
+    sweep = Sweep(tmp_path / "store", metrics_name="inner")
+    table = sweep.trials(["loss"]).set_index("config/ask")
+    assert (table.loc["in step", "status"], table.loc["in step", "steps"]) == ("COMPLETE", 3)
+    assert sweep.steps(["loss"])[["step", "loss"]].values.tolist() == [[1, 1.0], [2, 0.5], [3, 1 / 3]]
+    assert table.loc["in setup", "status"] == "FAILED"
+    assert "asked for in a tune.Trainable's setup()" in table.loc["in setup", "error"]
+    assert "ray_cmf.tune.trial_cmf(self.trial_id) in step()" in table.loc["get_cmf", "error"]
 
 
 def test_a_long_errors_table_cell_is_its_exception_line() -> None:
