@@ -89,9 +89,9 @@ from ray_cmf.lineage import (
     collected,
     properties,
     property_of,
-    shown_executions,
     state_name,
     trial_keys,
+    trials_and_runs,
     tune_id_of_key,
 )
 from ray_cmf.query import Query, parse
@@ -262,6 +262,7 @@ class Sweep:
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
         self._keys: dict[int, str] = {}  # execution id -> trial id in the tables (see ``key``)
+        self._runs: dict[int, list[Execution]] = {}  # a trial's execution id -> the Train runs inside it
         self._artifacts: list[Artifact] | None = None
         self._execution_metrics: dict[int, dict[str, Any]] | None = None  # see ``_logged_metrics``
         self._resumed: dict[str, dict[int, int]] | None = None  # see ``_starts``
@@ -286,7 +287,7 @@ class Sweep:
     def of_series(self, metrics_name: str) -> Sweep:
         """The same trials' series of another name (their Train runs' ``train_steps``, say)."""
         other = Sweep(self.store, self.pipeline, self.stage, metrics_name, include_deleted=self.include_deleted)
-        other._executions, other._keys = self._executions, self._keys
+        other._executions, other._keys, other._runs = self._executions, self._keys, self._runs
         return other
 
     def everyone(self) -> Sweep:
@@ -355,7 +356,7 @@ class Sweep:
         return self._executions
 
     def _find_executions(self) -> list[tuple[Execution, str]]:
-        found = shown_executions(self.lineage, self.stages)
+        found, self._runs = trials_and_runs(self.lineage, self.stages)
         self._keys = trial_keys(found)  # over the deleted too: a trial keeps its key in every view
         if not self.include_deleted:
             found = [(e, s) for e, s in found if property_of(e, DELETED_PROPERTY) is None]
@@ -655,7 +656,7 @@ class Sweep:
         props = {k: float_of(v) for k, v in texts.items()}
         deleted = {DELETED_COLUMN: props.get(DELETED_PROPERTY)} if self.include_deleted else {}
         config = _config(props)
-        environment = recorded_environment(props)
+        environment = self._environment_of(execution, props)
         replaced_by, restarted_from = self._replacements()
         restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
         return {
@@ -844,8 +845,18 @@ class Sweep:
 
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""
-        props = self._properties(trial_id)
-        return dict(sorted(recorded_environment(props).items()))
+        execution = self._execution(trial_id)
+        return dict(sorted(self._environment_of(execution, properties(execution)).items()))
+
+    def _environment_of(self, execution: Execution, props: Mapping[str, Any]) -> dict[str, Any]:
+        """An execution's ``env/...`` and ``seed/...`` values (``props``: its properties), completed by those
+        of the Train runs inside it: a trial that runs a TorchTrainer records neither its workers' hardware
+        nor the seeds its loop logs; its runs do."""
+        self.executions()  # the runs are found with the trials
+        recorded: dict[str, Any] = {}
+        for run in self._runs.get(execution.id, []):
+            recorded |= recorded_environment(properties(run))
+        return recorded | recorded_environment(props)
 
     def config(self, trial_id: str) -> dict[str, Any]:
         """The config a trial recorded, its nested keys flattened with ``.``: only its own keys, where the

@@ -692,15 +692,30 @@ def trial_id_of(execution: Execution) -> str:
 def shown_executions(lineage: Lineage, stages: Iterable[Context]) -> list[tuple[Execution, str]]:
     """The executions of ``stages`` that a table of trials shows, with their stage, oldest first: all but the
     Train runs inside a Tune trial of their stage (each shows as its trial)."""
+    return trials_and_runs(lineage, stages)[0]
+
+
+def trials_and_runs(
+    lineage: Lineage, stages: Iterable[Context]
+) -> tuple[list[tuple[Execution, str]], dict[int, list[Execution]]]:
+    """:func:`shown_executions`, and the Train runs inside each Tune trial among them, by the trial's
+    execution id, oldest first (what the trial ran on, and its seeds, are theirs)."""
     found = [
         (execution, str(properties(ctx).get("stage", ctx.name)))
         for ctx in stages
         for execution in lineage.store.get_executions_by_context(ctx.id)
     ]
     trial_type = lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
-    trials = {(stage, trial_id_of(e)) for e, stage in found if e.type_id == trial_type}
-    shown = [(e, stage) for e, stage in found if (stage, property_of(e, TRIAL_PROPERTY)) not in trials]
-    return sorted(shown, key=lambda pair: pair[0].id)
+    trials = {(stage, trial_id_of(e)): e.id for e, stage in found if e.type_id == trial_type}
+    shown: list[tuple[Execution, str]] = []
+    runs: dict[int, list[Execution]] = {}
+    for execution, stage in sorted(found, key=lambda pair: pair[0].id):
+        trial = trials.get((stage, property_of(execution, TRIAL_PROPERTY)))
+        if trial is None:
+            shown.append((execution, stage))
+        else:
+            runs.setdefault(trial, []).append(execution)
+    return shown, runs
 
 
 def trial_keys(executions: Sequence[tuple[Execution, str]]) -> dict[int, str]:

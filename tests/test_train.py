@@ -714,6 +714,13 @@ def test_torch_trainer_inside_a_tune_trial_is_linked(ray_session: None, tmp_path
     [stage] = [c for c in lineage.store.get_contexts() if c.name == "sweep_train/outer"]
     assert artifact.id in {a.id for a in lineage.store.get_artifacts_by_context(stage.id)}
     assert run.id in {e.id for e in lineage.store.get_executions_by_context(stage.id)}
+    # what the trial ran on and its seeds are its run's: they read as the trial's (they read nowhere)
+    sweep = Sweep(tmp_path / "store", pipeline="sweep_train")
+    [row] = sweep.trials().to_dict(orient="records")
+    environment = sweep.environment(row["trial_id"])
+    assert row["seed/loader"] == environment["seed/loader"] == 1234
+    assert environment["env/cpu_count"] == os.cpu_count()
+    assert environment["env/node_id"] == properties(run)["env_node_id"]
 
 
 def _two_trials(trainable: Any, logger: Any, tmp_path: Path) -> tuple[Sweep, dict[str, float]]:
