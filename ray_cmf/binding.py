@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ray_cmf._names import check_name
+from ray_cmf.constants import SYSTEM_METRICS_NAME
 
 if TYPE_CHECKING:
     from ray_cmf.store import Store
@@ -44,6 +45,16 @@ class SeriesKey:
     metrics_name: str
     instance: str = ""
     attempts: bool = False
+
+    @classmethod
+    def system(cls, binding: Binding, instance: str = "") -> SeriesKey:
+        """The ``system_metrics`` series of a process of ``binding`` (of ``instance``: a Train rank's). A later
+        start of the trial or run (a retry, a restore, a restart: ``attempt`` > 1) samples into one of its own
+        (``attempt<N>``, or ``<instance>-<N>``), so that its samples, numbered from 1 again, neither replace
+        nor repeat an earlier start's."""
+        if binding.attempt > 1:
+            instance = f"{instance}-{binding.attempt}" if instance else f"attempt{binding.attempt}"
+        return cls(binding, SYSTEM_METRICS_NAME, instance)
 
     @property
     def spill_name(self) -> str:

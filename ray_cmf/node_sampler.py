@@ -106,7 +106,8 @@ def _system_key(binding: Any, instance: str) -> SeriesKey:
         if found is None:
             raise RayCmfError(f"The {binding.kind} {binding.name!r} was never bound: its system metrics are lost")
         binding = found
-    return SeriesKey(binding if isinstance(binding, Binding) else ray.get(binding), SYSTEM_METRICS_NAME, instance)
+    bound = binding if isinstance(binding, Binding) else ray.get(binding)
+    return SeriesKey(bound, SYSTEM_METRICS_NAME, instance) if instance else SeriesKey.system(bound)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def watch(actor: Any, trial: str, binding: Any, interval: float) -> Watch | None
     process = actor_process(actor)
     if process is None:
         return None
-    return watch_process(*process, trial, binding, interval)
+    return watch_process(*process, f"{trial}@{actor._actor_id.hex()}", binding, interval)  # one per start
 
 
 def watch_process(

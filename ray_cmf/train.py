@@ -44,7 +44,6 @@ from ray_cmf.constants import (
     RUN_EXECUTION_TYPE,
     STEP_FLUSH_SECONDS,
     STEPS_METRICS_NAME,
-    SYSTEM_METRICS_NAME,
     THROUGHPUT,
     TRIAL_PROPERTY,
     WORKER_GROUP_COLUMN,
@@ -281,7 +280,7 @@ class StepLogger:
             raise RayCmfError(
                 f"Train run {self.run_name!r} was not registered by rank 0 in {self._registration_timeout:g} s"
             )
-        return SeriesKey(run, SYSTEM_METRICS_NAME, f"rank{self.rank}")
+        return SeriesKey.system(run, f"rank{self.rank}")
 
     def _hand_over(self, ending: tuple[str, str | None] | None = None) -> None:
         """As the loop's thread ends (returned or raised): this worker's rows reach the writer before Ray can

@@ -46,7 +46,6 @@ from ray_cmf.constants import (
     RESTARTED_FROM_PROPERTY,
     RESULTS_METRICS_NAME,
     STOPPED_PROPERTY,
-    SYSTEM_METRICS_NAME,
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.environment import Environment, capture
@@ -105,7 +104,7 @@ def trial_cmf(
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
     if in_trial:
         interval = None if joined.node_sampled else system_metrics
-        sampler = sample_into(writer, SeriesKey(joined.binding, SYSTEM_METRICS_NAME), interval)
+        sampler = sample_into(writer, SeriesKey.system(joined.binding), interval)
         hand_over = _HandOver(trial_id, cmf, sampler)
         _before_tune_stops(hand_over)
         on_thread_end(hand_over)
@@ -554,6 +553,9 @@ class CmfRayLogger(tune.Callback):
             earlier, state.buffer = state.buffer, None
             self._rt.futures.append(self._rt.executor.submit(earlier.close))  # handed over off the event loop
         self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
+        if state.watch is not None:  # a retry: the failed start's sampler hands over its last rows
+            self._rt.sampling.submit(self._unwatch, state.watch)
+        state.watch = None
         actor = trial.temporary_state.ray_actor
         if self.system_metrics is not None and actor is not None:
             state.watch = self._rt.sampling.submit(self._watch, actor, trial.trial_id, state.binding)

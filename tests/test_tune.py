@@ -726,6 +726,46 @@ def test_every_trial_gets_system_metrics_without_code_in_its_trainable(ray_sessi
     assert (long["steps"] >= 6).all()  # 1.8 s at a row every 0.25 s
 
 
+def test_a_retried_trial_keeps_each_starts_system_metrics_apart(ray_session: None, tmp_path: Path) -> None:
+    """Tune retries a trial that failed 0.6 s in: the failed start's samples were lost (its sampler was never
+    stopped, and the retry's took its place), and where both starts' samples were kept they read as one
+    series that numbered its steps from 1 twice (found by a new user). Each start is its own series now."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger, Sweep
+
+    marker, pids = tmp_path / "failed-once", tmp_path / "pids"
+
+    def trainable(config: dict[str, Any]) -> None:
+        with pids.open("a") as out:
+            out.write(f"{os.getpid()}\n")
+        if not marker.exists():
+            marker.touch()
+            time.sleep(0.6)
+            raise RuntimeError("fails once")
+        time.sleep(0.6)
+        tune.report({"loss": 1.0})
+
+    store = tmp_path / "store"
+    tune.Tuner(
+        trainable,
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path / "results"),
+            callbacks=[CmfRayLogger("retried", store=str(store))],
+            failure_config=tune.FailureConfig(max_failures=1),
+            verbose=0,
+        ),
+    ).fit()
+    rows = Sweep(store, metrics_name="system_metrics").steps()
+    first, retry = [int(pid) for pid in pids.read_text().split()]
+    assert set(rows["pid"]) == {first, retry}
+    for pid in (first, retry):  # each start: its own series, its samples numbered from 1, at least two of them
+        mine = rows[rows["pid"] == pid]
+        assert mine["series"].nunique() == 1 and len(mine) >= 2
+        assert mine["step"].tolist() == list(range(1, len(mine) + 1))
+    assert rows[rows["pid"] == first]["series"].iloc[0] != rows[rows["pid"] == retry]["series"].iloc[0]
+
+
 def _instant(config: dict[str, Any]) -> None:
     from ray import tune
 
