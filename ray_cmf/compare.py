@@ -833,15 +833,15 @@ class Sweep:
 
     def best(self, metric: str, mode: str | None = None, n: int = 1, *, live: bool = False) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``; default: the sweep's, see :meth:`modes`),
-        best first; trials without a finite value of it come last, and a trial ``restart_errored`` replaced
-        (status ``REPLACED``) is none. ``live``: running trials' uncommitted rows count (see :meth:`trials`)."""
+        best first (of tied trials, the earlier first, as ``top_rank`` and :meth:`trials` order them); trials
+        without a finite value of it come last, and a trial ``restart_errored`` replaced (status ``REPLACED``)
+        is none. ``live``: running trials' uncommitted rows count (see :meth:`trials`)."""
         mode = self.mode_for(metric, mode)
         if n < 1:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
         table = self.trials([metric], mode={metric: mode}, live=live)
         table = table[table["status"] != REPLACED]  # its results were discarded: another trial took its place
-        column = f"{metric}_best"
-        return table.sort_values(column, ascending=mode == "min", na_position="last").head(n).reset_index(drop=True)
+        return sort_trials(table, f"{metric}_best", {metric: mode}).head(n).reset_index(drop=True)  # as trials sorts
 
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""

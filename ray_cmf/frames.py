@@ -219,7 +219,7 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode`` (its finite
     values: ±inf never ranks best, and comes after them; a trial ``restart_errored`` replaced is never
     ranked, and comes after every other), any other ascending (numbers before text, whatever mix a config
-    key holds); blanks last."""
+    key holds); tied trials by trial id; blanks last."""
     if column not in table.columns:
         if not len(table):  # nothing was picked: a summary column of no trial is nothing to sort by, not an error
             return table
@@ -230,6 +230,9 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     descending = ranked and mode_of(mode, metric) == "max"
     values = table[column].tolist()
     present = [i for i, v in enumerate(values) if not blank(v)]
+    if TRIAL_COLUMN in table.columns:  # of tied trials, the earlier first (as top_rank has it)
+        ids = table[TRIAL_COLUMN].astype(str).tolist()
+        present.sort(key=lambda i: ids[i])
     present.sort(key=lambda i: _order(values[i]), reverse=descending)
     absent = [i for i, v in enumerate(values) if blank(v)]
     if ranked:  # a diverged trial's -inf (or +inf) is no best: after the finite values, before the blanks

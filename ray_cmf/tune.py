@@ -697,9 +697,8 @@ class CmfRayLogger(tune.Callback):
 
     def _mark_top_n(self, trials: list[Any]) -> None:
         bests = {t.trial_id: self._trials[t.trial_id].best(self.mode) for t in trials if t.trial_id in self._trials}
-        ranked = sorted(
-            ((best, trial_id) for trial_id, best in bests.items() if best is not None), reverse=self.mode == "max"
-        )
+        sign = -1 if self.mode == "max" else 1  # ties go to the earlier trial, as in Sweep.best and trials
+        ranked = sorted((sign * best, trial_id) for trial_id, best in bests.items() if best is not None)
         top = {trial_id: rank for rank, (_, trial_id) in enumerate(ranked[: self.top_n], start=1)}
         for trial in trials:
             if trial.trial_id not in self._trials:

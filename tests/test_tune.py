@@ -766,6 +766,29 @@ def test_a_retried_trial_keeps_each_starts_system_metrics_apart(ray_session: Non
     assert rows[rows["pid"] == first]["series"].iloc[0] != rows[rows["pid"] == retry]["series"].iloc[0]
 
 
+def test_tied_trials_rank_alike_in_top_rank_best_and_the_table(ray_session: None, tmp_path: Path) -> None:
+    """Three trials tie for the best accuracy (mode max, top 2): ``top_rank`` took the highest trial ids,
+    and ``Sweep.best`` sorted its own way, so the recorded top 2, ``best(n=2)`` and the table's first two
+    named different trials (found by a new user). Ties go to the earlier trial in each."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    def trainable(config: dict[str, Any]) -> None:
+        tune.report({"acc": config["acc"]})
+
+    logger = CmfRayLogger("ties", metric="acc", mode="max", top_n=2, store=str(tmp_path / "store"))
+    run_grid(trainable, {"acc": [0.5, 0.9, 0.9, 0.9]}, tmp_path / "results", logger)
+    sweep = Sweep(tmp_path / "store")
+    table = sweep.trials(["acc"])
+    ranked = table[table["top_rank"] > 0].sort_values("top_rank")["trial_id"].tolist()
+    earliest = sorted(table[table["acc_best"] == 0.9]["trial_id"])[:2]
+    assert ranked == earliest
+    assert sweep.best("acc", n=2)["trial_id"].tolist() == earliest
+    assert sweep.trials(["acc"], sort="acc_best")["trial_id"].tolist()[:2] == earliest
+
+
 def _instant(config: dict[str, Any]) -> None:
     from ray import tune
 
