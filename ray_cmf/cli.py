@@ -416,10 +416,8 @@ STDOUT = "-"  # export -o -: the steps to the standard output
 
 
 def _export_format(args: argparse.Namespace) -> str:
-    """``--format``, or the output's extension."""
-    fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
-    if fmt not in EXPORT_FORMATS and args.output == STDOUT:
-        raise RayCmfError("-o - writes to the standard output: pass --format csv or parquet")
+    """``--format``, or the output's extension; CSV on the standard output (text, for a pipe)."""
+    fmt = args.format or ("csv" if args.output == STDOUT else Path(args.output).suffix.lstrip(".").lower())
     if fmt not in EXPORT_FORMATS:
         raise RayCmfError(f"--format is needed: the output {args.output!r} ends in neither .csv nor .parquet")
     return str(fmt)
@@ -764,7 +762,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", cmd_export, "every trial's steps as one CSV or Parquet file")
     _add_sweep_options(p)
     p.add_argument("--format", choices=EXPORT_FORMATS, help="default: from the output's extension (.csv, .parquet)")
-    p.add_argument("-o", "--output", required=True, help="a .csv or .parquet file, or - for the standard output")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="a .csv or .parquet file, or - for the standard output (CSV unless --format)",
+    )
     p = command("verify", cmd_verify, "re-hash every file against MLMD and DVC; exit 1 on any mismatch")
     p.add_argument("--remote", action="store_true", help="also check that the store's remote holds every file")
     p = command("push", cmd_push, "dvc push the store's files to its remote")

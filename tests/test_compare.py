@@ -184,8 +184,8 @@ def test_export_to_stdout_pipes_the_steps(sweep: dict[str, Any], tmp_path: Path)
     parquet = subprocess.run([*args, "--format", "parquet"], capture_output=True, cwd=tmp_path)
     assert parquet.returncode == 0 and len(pd.read_parquet(io.BytesIO(parquet.stdout))) == len(frame)
     assert not (tmp_path / "-").exists()
-    bare = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path)
-    assert bare.returncode == 2 and "-o - writes to the standard output: pass --format csv or parquet" in bare.stderr
+    bare = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path)  # it asked for --format: CSV now
+    assert bare.returncode == 0 and bare.stdout == csv.stdout
 
 
 def test_verify_detects_tampered_and_deleted_files(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
