@@ -155,7 +155,8 @@ def software_versions() -> dict[str, Any]:
     }
     torch = sys.modules.get("torch")  # never import torch only to describe it
     if torch is not None:
-        props["cuda"] = torch.version.cuda or ""
+        if torch.version.cuda:  # the CUDA torch was built with; a CPU build has none
+            props["cuda"] = torch.version.cuda
         if torch.cuda.is_available():
             props["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     return {ENV_PREFIX + k: v for k, v in props.items()}

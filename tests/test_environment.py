@@ -135,6 +135,18 @@ def test_a_script_that_git_does_not_track_makes_the_code_version_dirty(repo: Pat
     assert len(untracked["env_git_diff_md5"]) == 32 and untracked["env_git_diff_md5"] != edited["env_git_diff_md5"]
 
 
+def test_a_torch_without_cuda_records_no_cuda_version() -> None:
+    """The CPU build of torch recorded ``env_cuda=""``, which ``show`` printed, where the README says CUDA is
+    recorded where there is one (found by a new user)."""
+    import torch
+
+    from ray_cmf.environment import software_versions
+
+    props = software_versions()
+    assert props.get("env_cuda") == (torch.version.cuda or None)
+    assert ("env_nccl" in props) == torch.cuda.is_available()
+
+
 def test_outside_a_git_repository_no_code_version_is_recorded(tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     plain.mkdir()
