@@ -119,13 +119,14 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
         return None  # the only one (or none, which Sweep reports)
     if trials:  # by Tune id: a key that one pipeline gives as <stage>/<id> may be a bare id in another
         ids = {tune_id_of_key(t) for t in trials}
-        holding = [
-            p.name
-            for p in pipelines
-            if ids <= {trial_id_of(e) for e, _ in shown_executions(lineage, lineage.stages(p))}
-        ]
+        held = {p.name: {trial_id_of(e) for e, _ in shown_executions(lineage, lineage.stages(p))} for p in pipelines}
+        holding = [name for name, mine in held.items() if ids <= mine]
         if len(holding) == 1:
             return holding[0]
+        where = {t: [name for name, mine in held.items() if tune_id_of_key(t) in mine] for t in trials}
+        if not holding and all(where.values()):
+            apart = "; ".join(f"{t} in {', '.join(names)}" for t, names in where.items())
+            raise RayCmfError(f"The trials are in different pipelines ({apart}): name trials of one pipeline")
         if not holding:
             raise RayCmfError(f"No pipeline of the store holds {list(trials)}; its pipelines:\n{_listing(lineage)}")
         raise RayCmfError(f"Pipelines {holding} all hold trial(s) {sorted(ids)}; pass --pipeline NAME")

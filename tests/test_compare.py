@@ -519,3 +519,19 @@ def test_every_trial_gets_a_key_of_its_own_and_a_lone_id_is_its_key(trials: list
         assert keys[i] == trial_id if held[trial_id] == 1 else keys[i].startswith(f"{stage}/{trial_id}")
         if "/" not in trial_id:
             assert tune_id_of_key(keys[i]) == trial_id
+
+
+def test_diff_of_trials_in_two_pipelines_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``diff`` of two runs of two pipelines said that no pipeline holds them, and listed the two pipelines,
+    each holding one (found by a new user)."""
+    from ray_cmf import Cmf
+
+    store = tmp_path / "store"
+    for pipeline, run in (("main", "run_main"), ("other", "run_fail")):
+        with Cmf(pipeline_name=pipeline, store=str(store)) as cmf:
+            cmf.create_execution("train", execution_name=run)
+            cmf.log_metric("m", {"step": 0, "loss": 1.0})
+    code, _, err = _cli(capsys, "diff", "--store", str(store), "run_main", "run_fail")
+    assert code == 2 and "The trials are in different pipelines (run_main in main; run_fail in other)" in err
+    code, _, err = _cli(capsys, "diff", "--store", str(store), "run_main", "nope")
+    assert code == 2 and "No pipeline of the store holds ['run_main', 'nope']" in err
