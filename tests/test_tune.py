@@ -747,15 +747,7 @@ def test_a_retried_trial_keeps_each_starts_system_metrics_apart(ray_session: Non
         tune.report({"loss": 1.0})
 
     store = tmp_path / "store"
-    tune.Tuner(
-        trainable,
-        run_config=tune.RunConfig(
-            storage_path=str(tmp_path / "results"),
-            callbacks=[CmfRayLogger("retried", store=str(store))],
-            failure_config=tune.FailureConfig(max_failures=1),
-            verbose=0,
-        ),
-    ).fit()
+    _retried_once(trainable, {}, CmfRayLogger("retried", store=str(store)), tmp_path)
     rows = Sweep(store, metrics_name="system_metrics").steps()
     first, retry = [int(pid) for pid in pids.read_text().split()]
     assert set(rows["pid"]) == {first, retry}
@@ -1104,6 +1096,22 @@ def test_modes_declare_which_way_other_results_are_best(ray_session: None, tmp_p
         CmfRayLogger("modes", metric="loss", mode="min", modes={"loss": "max"})
 
 
+def _retried_once(trainable: Any, config: dict[str, Any], logger: Any, tmp_path: Path) -> None:
+    """Run one trial of ``trainable`` that Tune retries once if it fails (``FailureConfig(max_failures=1)``)."""
+    from ray import tune
+
+    tune.Tuner(
+        trainable,
+        param_space=config,
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path / "results"),
+            callbacks=[logger],
+            failure_config=tune.FailureConfig(max_failures=1),
+            verbose=0,
+        ),
+    ).fit()
+
+
 def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: None, tmp_path: Path) -> None:
     """Tune retries a trial that fails (``FailureConfig(max_failures=1)``) from scratch: the retry reports
     steps 1 and 2 again, and ends there. Its rows were written as the first attempt's, so steps 1 and 2 read
@@ -1124,17 +1132,9 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
         if first:
             raise RuntimeError("fails once")
 
-    logger = CmfRayLogger("retried", metric="loss", store=str(tmp_path / "store"))
-    tune.Tuner(
-        trainable,
-        param_space={"lr": 0.5},
-        run_config=tune.RunConfig(
-            storage_path=str(tmp_path / "results"),
-            callbacks=[logger],
-            failure_config=tune.FailureConfig(max_failures=1),
-            verbose=0,
-        ),
-    ).fit()
+    _retried_once(
+        trainable, {"lr": 0.5}, CmfRayLogger("retried", metric="loss", store=str(tmp_path / "store")), tmp_path
+    )
     sweep = Sweep(tmp_path / "store")
     [trial] = sweep.trials(["loss"]).to_dict(orient="records")
     assert (trial["status"], trial["error"], trial["steps"]) == ("COMPLETE", None, 2)
@@ -1152,7 +1152,6 @@ def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_co
     (the writer may take the join before the registration Tune's hook sent): it joined the failed attempt's
     registration, so the retry's rows were stamped attempt 1, and the failed attempt's step 4 read as the
     trial's last (found by a new user, in 1 of 11 sweeps). The registration comes late here every time."""
-    from ray import tune
 
     from ray_cmf import CmfRayLogger
     from ray_cmf.tune import get_cmf
@@ -1178,15 +1177,7 @@ def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_co
                 super().on_trial_start(iteration, trials, trial, **info)
 
     logger = LateToRegisterTheRetry("retried", store=str(tmp_path / "store"), system_metrics=None)
-    tune.Tuner(
-        trainable,
-        run_config=tune.RunConfig(
-            storage_path=str(tmp_path / "results"),
-            callbacks=[logger],
-            failure_config=tune.FailureConfig(max_failures=1),
-            verbose=0,
-        ),
-    ).fit()
+    _retried_once(trainable, {}, logger, tmp_path)
     sweep = Sweep(tmp_path / "store", metrics_name="inner")
     steps = sweep.steps(["loss", "attempt"])
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, float(s), 2] for s in range(1, 4)]
