@@ -100,14 +100,17 @@ def _width(low: float, high: float) -> float:
 def _bulk_of_most(bulks: np.ndarray) -> tuple[float, float]:
     """The bulk of a plot of several curves, given each curve's bulk (rows of low, high): from the lowest low
     to the highest high of the curves whose bulks lie within :data:`_REACH` widths (the median low to the
-    median high, or the median curve's bulk if wider) of the median, so that curves far from most of the
-    others, as diverging ones are, are marked beyond and stretch no axis. For an even count the median is
+    median high, the median curve's bulk, or how far from the median curve most curves lie: the widest) of
+    the median, so that curves far from most of the others, as diverging ones are, are marked beyond and
+    stretch no axis, while flat curves at different levels are all drawn. For an even count the median is
     the inner of the two middle values. Where no curve is near (two curves, each wide on one side), the
     bulk of them all."""
     lows, highs = np.sort(bulks[:, 0]), np.sort(bulks[:, 1])
     middle = (len(bulks) - 1) / 2
     low, high = sorted((lows[math.ceil(middle)], highs[math.floor(middle)]))
-    reach = _REACH * max(_width(low, high), float(np.median(bulks[:, 1] - bulks[:, 0])))
+    centres = bulks.mean(axis=1)
+    apart = float(np.median(np.abs(centres - np.median(centres))))  # how far apart most curves lie
+    reach = _REACH * max(_width(low, high), float(np.median(bulks[:, 1] - bulks[:, 0])), apart)
     near = (bulks[:, 0] >= low - reach) & (bulks[:, 1] <= high + reach)
     kept = bulks[near] if near.any() else bulks
     return float(kept[:, 0].min()), float(kept[:, 1].max())
@@ -154,10 +157,11 @@ class Span:
         return {"Infinity": self.high + pad, "NaN": self.high + pad, "-Infinity": self.low - pad}
 
     def marks(self, y: np.ndarray, most: int) -> np.ndarray:
-        """Indices of a curve's values outside the span worth marking: where each run of them of one kind
-        (NaN, inf, -inf, finite values above or below) starts (at most ``most`` runs), and the last one."""
+        """Indices of a curve's values outside the span worth marking: all of them, up to ``most``; beyond,
+        where each run of them of one kind (NaN, inf, -inf, finite values above or below) starts (at most
+        ``most`` runs), and the last one."""
         odd = np.flatnonzero(~self.holds(y))
-        if not len(odd):
+        if len(odd) <= most:
             return odd
         v = y[odd]
         kind = np.where(np.isnan(v), 0, np.where(v > self.high, 1, -1) * np.where(np.isinf(v), 2, 1))

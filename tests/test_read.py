@@ -572,7 +572,7 @@ def test_a_diverged_trial_leaves_the_other_curves_readable_in_a_png(
     assert np.isfinite(lines["a"].get_ydata()).sum() == np.isfinite(lines["b"].get_ydata()).sum() == 50
     marks = [line for line in ax.lines if line.get_label().startswith("_") and line.get_linestyle() == "None"]
     [mark] = marks
-    assert mark.get_color() == lines["d"].get_color() and len(mark.get_ydata()) == 3  # left; went inf; ended
+    assert mark.get_color() == lines["d"].get_color() and len(mark.get_ydata()) == 5  # each value off the plot
     assert all(10.0 < y < high for y in mark.get_ydata())
 
 
@@ -593,7 +593,7 @@ def test_a_png_marks_the_nan_values_as_the_report_does(tmp_path: Path, monkeypat
         [ax] = drawn[0].axes
         colours = {line.get_label(): line.get_color() for line in ax.lines if not line.get_label().startswith("_")}
         marks = [line for line in ax.lines if line.get_linestyle() == "None" and line.get_marker() == "x"]
-        assert [(m.get_color(), list(m.get_xdata())) for m in marks] == [(colours["nan"], [1.0, 3.0])], store
+        assert [(m.get_color(), list(m.get_xdata())) for m in marks] == [(colours["nan"], [1.0, 2.0, 3.0])], store
         assert ax.get_title().endswith(f"({len(kept)} trials)")  # the gap is no NaN, and has no mark
 
 

@@ -419,7 +419,7 @@ def test_a_diverged_trial_leaves_the_other_curves_readable(tmp_path: Path) -> No
     assert lines["d"] == [1.0, 10.0]  # the diverged trial up to where it left the plot
     marked = {t["meta"]: (t["text"], t["y"]) for t in section["traces"] if t["name"].endswith("(off the plot)")}
     texts, ys = marked["d"]
-    assert texts[0] == 1e5 and texts[-1] == "Infinity"  # where it left the plot, and where it ended
+    assert texts == [1e5, 1e20, 3e38, "Infinity", "Infinity"]  # each value off the plot: its peak on hover too
     assert min(ys) > 10.0 and max(ys) < 20.0  # at the edge, just above the highest value drawn
 
 
@@ -446,6 +446,25 @@ def test_a_slowly_diverging_trial_leaves_the_other_curves_readable(tmp_path: Pat
     steps = sweep.steps(["loss"], exact=True)
     span = Span.of(floats_of(steps["loss"]), curves=[floats_of(f["loss"]) for _, f in steps.groupby("trial_id")])
     assert span.high < 100.0 and span.holds(np.array([2.3, 10.0])).all()
+
+
+def test_flat_curves_at_different_levels_are_all_drawn(tmp_path: Path) -> None:
+    """Five trials whose memory stays flat at 1000 to 1400 MB: the axis fitted the median curve's 0.04 MB
+    of width, and four healthy trials were marked "off the plot", as if they had diverged, in the report and
+    in ``plot`` (found by a new user). How far apart the curves lie counts as the bulk's width too."""
+    from tests._stores import Trial, write_trials
+
+    levels = [1000.0, 1100.0, 1200.0, 1300.0, 1400.0]
+    trials = [
+        Trial(f"t{i}", {"i": i}, {"": [{"training_iteration": s + 1, "mem_mb": v + 0.01 * s} for s in range(5)]})
+        for i, v in enumerate(levels)
+    ]
+    sweep = Sweep(write_trials(tmp_path / "store", trials))
+    data = _data(sweep.report(tmp_path / "r.html").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "mem_mb"]
+    assert not [t for t in section["traces"] if t["name"].endswith("(off the plot)")]
+    lines = {t["meta"]: t["y"] for t in section["traces"]}
+    assert all(len(lines[f"t{i}"]) == 5 for i in range(5))
 
 
 @given(st.lists(st.lists(floats, max_size=30), min_size=1, max_size=6))
