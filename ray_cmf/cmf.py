@@ -41,7 +41,7 @@ from ray_cmf.constants import (
 from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
-from ray_cmf.exits import ended_by, error_text, outcome, track
+from ray_cmf.exits import ended_by, outcome, track
 from ray_cmf.frames import exact_frame
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties, not_recorded
 from ray_cmf.store import Store
@@ -157,7 +157,8 @@ class Cmf:
         create_new_execution: bool = True,
         execution_name: str | None = None,
     ) -> Execution:
-        """Create (or, with ``create_new_execution=False``, reuse by type) an execution and make it current.
+        """Create an execution and make it current; with ``create_new_execution=False``, reuse the one named
+        ``execution_name`` (default: ``execution_type``, as cmflib names it), or create it under that name.
 
         Series logged before belong to the previous execution: their rows are handed to the store (commit
         them first to make a version; what was never committed is kept for :func:`ray_cmf.recover`), and
@@ -450,4 +451,4 @@ class Cmf:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
-        self._end(ended_by(kind), error_text(error) if error is not None else None)
+        self._end(*ended_by(error))

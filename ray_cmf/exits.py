@@ -22,7 +22,7 @@ import threading
 import traceback
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from ray_cmf.constants import HOLDER_HOST, HOLDER_PID
 from ray_cmf.errors import recorded_error
@@ -64,6 +64,7 @@ def track(closeable: Closeable) -> None:
         _installed["atexit"] = True
         atexit.register(close_all)
         sys.excepthook = functools.partial(_note_uncaught, sys.excepthook)
+        sys.exit = _noting_exit(sys.exit)
     if not _installed["sigterm"] and threading.current_thread() is threading.main_thread():
         _installed["sigterm"] = True
         signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
@@ -79,17 +80,28 @@ def close_all() -> None:
             _close_quietly(closeable.close, closeable)
 
 
-def ended_by(kind: type[BaseException] | None) -> str:
-    """The state of an execution that ended with an exception of this ``kind`` (None: none)."""
-    if kind is None:
-        return "COMPLETE"
-    return "CANCELED" if issubclass(kind, KeyboardInterrupt) else "FAILED"
+def ended_by(error: BaseException | None) -> tuple[str, str | None]:
+    """The state of an execution that ended with ``error`` (None: none), and the error it records: a
+    ``SystemExit`` of code 0 or None is a success, of any other code a failure."""
+    if error is None or (isinstance(error, SystemExit) and error.code in (0, None)):
+        return "COMPLETE", None
+    return "CANCELED" if isinstance(error, KeyboardInterrupt) else "FAILED", error_text(error)
 
 
 def _note_uncaught(previous: Any, kind: type[BaseException], error: BaseException, trace: Any) -> None:
     """Remember that an uncaught exception ends the process (then report it as before)."""
-    _ending["state"], _ending["error"] = ended_by(kind), error_text(error)
+    _ending["state"], _ending["error"] = ended_by(error)
     previous(kind, error, trace)
+
+
+def _noting_exit(previous: Callable[..., NoReturn]) -> Callable[..., NoReturn]:
+    """``sys.exit`` that remembers how its code ends the process (Python shows no hook a ``SystemExit``)."""
+
+    def exit(code: Any = None) -> NoReturn:
+        _ending["state"], _ending["error"] = ended_by(SystemExit(code))
+        previous(code)
+
+    return exit
 
 
 def _on_sigterm(previous: Any, signum: int, frame: Any) -> None:

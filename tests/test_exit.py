@@ -261,3 +261,46 @@ def test_a_step_logger_without_ray_that_never_finishes_ends_its_run_with_every_r
 
     rows = Sweep(str(store), "p", metrics_name="train_steps").steps(["loss"])
     assert rows["step"].tolist() == [3, 6, 9] and rows["loss"].tolist() == [2.0, 5.0, 8.0]
+
+
+EXITS = textwrap.dedent(
+    """
+    import sys
+    from ray_cmf import Cmf
+    store, how, code = sys.argv[1], sys.argv[2], sys.argv[3]
+    code = None if code == "none" else int(code) if code.lstrip("-").isdigit() else code
+    if how == "with":
+        with Cmf(pipeline_name="exits", store=store) as cmf:
+            cmf.create_execution("run", execution_name="r")
+            cmf.log_metric("m", {"step": 0})
+            sys.exit(code)
+    cmf = Cmf(pipeline_name="exits", store=store)
+    cmf.create_execution("run", execution_name="r")
+    cmf.log_metric("m", {"step": 0})
+    sys.exit(code)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["with", "script"])
+@pytest.mark.parametrize(
+    ("code", "returncode", "state", "error"),
+    [
+        ("0", 0, "COMPLETE", None),
+        ("none", 0, "COMPLETE", None),
+        ("1", 1, "FAILED", "SystemExit: 1"),
+        ("fatal: bad config", 1, "FAILED", "SystemExit: fatal: bad config"),
+    ],
+)
+def test_sys_exit_ends_the_execution_as_its_code_says(
+    tmp_path: Path, how: str, code: str, returncode: int, state: str, error: str | None
+) -> None:
+    """``sys.exit(0)`` inside ``with Cmf(...)`` read FAILED (``SystemExit: 0``), and ``sys.exit(1)`` outside one
+    read COMPLETE (found by a new user): a zero (or no) code is a success, any other a failure, either way."""
+    from ray_cmf.lineage import Lineage, state_name
+
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", EXITS, str(store), how, code], capture_output=True, text=True)
+    assert done.returncode == returncode, done.stderr[-3000:]
+    [execution] = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert (state_name(execution), properties(execution).get("error")) == (state, error)
