@@ -338,6 +338,8 @@ def _holds(op: str, a: Any, b: Any) -> bool:
     if a is _NULL or b is _NULL:
         missing = all(side is _NULL or side is _MISSING or side is _NULL_NAN for side in (a, b))
         return missing if op == "==" else (not missing if op == "!=" else False)
+    if a is _NULL_NAN and b is _NULL_NAN:  # two summaries that may each be missing compare as missing ones
+        return op == "!="
     a, b = (_NAN if side is _NULL_NAN else side for side in (a, b))
     if a is _MISSING or b is _MISSING:
         return op == "!="
