@@ -95,7 +95,7 @@ def quoted_cells(values: Sequence[Sequence[Any]]) -> list[list[bool]]:
     mixed = [any(isinstance(v, Number) for v in column) for column in zip(*values, strict=True)]
     return [
         [
-            isinstance(v, str) and (needs_quotes(v) or (plain and _reads_as_value(v)))
+            isinstance(v, str) and (needs_quotes(v) or (plain and reads_as_value(v)))
             for v, plain in zip(line, mixed, strict=True)
         ]
         for line in values
@@ -108,7 +108,7 @@ def needs_quotes(text: str) -> bool:
     return not text or text != text.strip() or not text.isprintable()
 
 
-def _reads_as_value(text: str) -> bool:
+def reads_as_value(text: str) -> bool:
     """Whether a text reads as a number or a bool does."""
     if text in ("True", "False", "true", "false"):
         return True

@@ -782,6 +782,22 @@ def test_a_nan_config_value_is_a_group_of_its_own_apart_from_trials_without_the_
     assert code == 0 and {r["group"]: r["config/eps"] for r in out} == {"eps=nan": "NaN", "eps=": None, "eps=0.1": 0.1}
 
 
+def test_an_empty_text_and_a_text_that_reads_as_a_number_are_groups_of_their_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--group-by`` took a config (or tag) of "" and trials without the key for one group, labelled
+    ``team=`` and shown as "" (found by a new user); the text "1" and the number 1 were one group too."""
+    from tests._stores import Trial, write_trials
+
+    rows = [{"training_iteration": 1, "loss": 1.0}]
+    configs = [{"team": ""}, {}, {}, {"team": "vision"}, {"team": 1}, {"team": "1"}]
+    store = write_trials(tmp_path / "store", [Trial(f"t{i}", c, {"": rows}) for i, c in enumerate(configs)])
+    groups = Sweep(store).trials(group_by="config/team").set_index("group")
+    assert groups["trials"].to_dict() == {'team=""': 1, "team=": 2, "team=vision": 1, "team=1": 1, 'team="1"': 1}
+    assert groups.loc['team=""', "config/team"] == "" and groups.loc["team=", "config/team"] is None
+    assert groups.loc['team="1"', "config/team"] == "1" and groups.loc["team=1", "config/team"] == 1
+
+
 def test_the_grouped_report_draws_means_with_a_band_and_smooths_on_the_page(tmp_path: Path, browser: Any) -> None:
     from tests._browser import open_report, screenshot
 
