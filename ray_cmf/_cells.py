@@ -18,9 +18,10 @@ def number_text(value: float | int, digits: int) -> str:
     exact text has: 0.1 reads 0.1 at any), an int whole."""
     if not isinstance(value, float) or not math.isfinite(value) or value == 0:
         return f"{value:g}" if isinstance(value, float) else str(value)
-    mantissa = repr(abs(float(value))).partition("e")[0]  # NumPy's float64 reprs as np.float64(...)
+    mantissa, exponent, _ = repr(abs(float(value))).partition("e")  # NumPy's float64 reprs as np.float64(...)
     significant = len(mantissa.replace(".", "").strip("0")) or 1
-    places = math.floor(math.log10(abs(value))) + 1  # a round number's digits before the point: 100, not 1e+02
+    # a round number's digits before the point (100, not 1e+02), where its shortest text has them too
+    places = 0 if exponent else math.floor(math.log10(abs(value))) + 1
     return f"{value:.{min(digits, max(significant, places))}g}"
 
 

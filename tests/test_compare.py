@@ -410,6 +410,18 @@ def test_a_table_cell_tells_its_value_from_its_column_and_row(values: list[list[
                 assert len(text) <= max(len(repr(value)), len(f"{value:.6g}")), (value, text)
 
 
+@given(st.floats(allow_nan=False, allow_infinity=False))
+@example(1e23)
+@example(1e25)
+def test_a_number_shown_exactly_is_its_shortest_exact_text(value: float) -> None:
+    """``show`` printed 1e23 as 9.9999999999999992e+22 and 1e25 as 1.0000000000000001e+25, where ``--json``,
+    ``trials`` and ``export`` wrote 1e+23 (found by a new user): exact is the shortest text that reads back."""
+    from ray_cmf._cells import MOST, number_text
+
+    text = number_text(value, MOST)
+    assert float(text) == value and len(text) <= max(len(repr(value)), len(f"{value:g}"))
+
+
 def test_a_numpy_float_reads_as_the_same_python_float() -> None:
     """NumPy 2 writes a float64's repr as ``np.float64(0.1)``: a cell's digits must come from the number."""
     import numpy as np
