@@ -248,24 +248,29 @@ def _python(value: Any) -> Any:
     return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
 
 
-def _ranked_first(sweep: Any, table: Any) -> tuple[Any, str | None]:
-    """The trial table best first by the metric the sweep's CmfRayLogger ranked by, else the first that a
-    logger declared a mode for, where trials have it (never by StepLogger's throughput, a speed), and the
-    column it is sorted by (None: none of them)."""
+def _ranked_first(sweep: Any, table: Any, suffix: str = "") -> tuple[Any, str | None]:
+    """The trial table (or, with ``suffix="_mean"``, the group table) best first by the metric the sweep's
+    CmfRayLogger ranked by, else the first that a logger declared a mode for, where trials have it (never by
+    StepLogger's throughput, a speed), and the column it is sorted by (None: none of them)."""
     modes = sweep.modes()
-    ranked = [f"{metric}_best" for metric in modes if f"{metric}_best" in table.columns and metric != THROUGHPUT]
+    ranked = [f"{m}_best{suffix}" for m in modes if f"{m}_best{suffix}" in table.columns and m != THROUGHPUT]
     return (sort_trials(table, ranked[0], modes), ranked[0]) if ranked else (table, None)
 
 
 def _grouped_trials(args: argparse.Namespace, sweep: Any) -> int:
-    """``trials --group-by``: a row per group, each summary as its mean and standard deviation."""
+    """``trials --group-by``: a row per group, each summary as its mean and standard deviation; best first as
+    the trial table is, where no ``--sort`` or ``--metric`` says otherwise."""
     sort = args.sort or (f"{args.metric[0]}_best" if args.metric else None)
     table = sweep.trials(args.metric or None, mode=args.mode, where=args.where, sort=sort, group_by=args.group_by)
+    order = f"sorted by {sort}" if sort else "in the order of their first trials"
+    if sort is None:
+        table, ranked = _ranked_first(sweep, table, "_mean")
+        order = f"best first by {ranked}" if ranked else order
     if args.limit:
         table = table.head(args.limit)
     kept = set(_summary_columns(_as_trials(table), args.metric, every=args.all_columns))
     columns = [c for c in table.columns if not c.endswith(("_mean", "_std")) or c.rsplit("_", 1)[0] in kept]
-    _emit(args, _frame_rows(table[columns]), f"groups of {sweep.pipeline} ({sweep.metrics_name})")
+    _emit(args, _frame_rows(table[columns]), f"groups of {sweep.pipeline} ({sweep.metrics_name}), {order}")
     return EXIT_OK
 
 
@@ -675,7 +680,13 @@ WHERE_HELP = (
 )
 
 
-def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool = False, where: bool = True) -> None:
+def _add_sweep_options(
+    parser: argparse.ArgumentParser,
+    *,
+    metric_required: bool = False,
+    where: bool = True,
+    metric_help: str = "metric column (repeatable; default: all)",
+) -> None:
     parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
     parser.add_argument("--include-deleted", action="store_true", help="also the trials marked deleted")
     if where:
@@ -686,7 +697,7 @@ def _add_sweep_options(parser: argparse.ArgumentParser, *, metric_required: bool
         "--metric",
         action="append",
         required=metric_required,
-        help="metric column (repeatable)" + ("" if metric_required else "; default: all"),
+        help=metric_help,
     )
     parser.add_argument(
         "--mode",
@@ -730,7 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status", action="append", help="only trials with this status (repeatable): COMPLETE, FAILED, ...")
     p.add_argument("--all-columns", action="store_true", help=ALL_COLUMNS_HELP)
     p = command("compare", cmd_compare, "the top trials by one metric")
-    _add_sweep_options(p, metric_required=True)
+    _add_sweep_options(p, metric_required=True, metric_help="metric column (repeatable): ranked by the first")
     p.add_argument("--top", type=_positive, default=5)
     p = command("show", cmd_show, "one trial: config, tags, note, environment, seeds, lineage, files, last rows")
     _add_sweep_options(p, where=False)
@@ -756,7 +767,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p = command("plot", cmd_plot, "learning curves as a PNG")
-    _add_sweep_options(p, metric_required=True)
+    _add_sweep_options(p, metric_required=True, metric_help="the metric to plot (one)")
     p.add_argument("-o", "--output", required=True, help="PNG path")
     p.add_argument("--color-by", help="config key that colours the curves")
     p.add_argument("--top", type=_positive, help="only the best N trials")

@@ -782,6 +782,27 @@ def test_a_nan_config_value_is_a_group_of_its_own_apart_from_trials_without_the_
     assert code == 0 and {r["group"]: r["config/eps"] for r in out} == {"eps=nan": "NaN", "eps=": None, "eps=0.1": 0.1}
 
 
+def test_groups_come_best_first_as_trials_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trials`` without ``--metric`` lists trials best first by the metric the sweep ranked by; with
+    ``--group-by`` the groups came in the order of their first trials, so ``--limit 1`` gave the first
+    optimizer tried, not the best (found by a new user)."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+    from tests._stores import Trial, write_trials
+
+    ranked = {RANKED_BY_PROPERTY: "acc", RANKED_MODE_PROPERTY: "max"}
+    accs = {"adam": 0.7, "sgd": 0.5, "rmsprop": 0.9}
+    trials = [
+        Trial(f"{opt}-{seed}", {"opt": opt, "seed": seed}, {"": [{"training_iteration": 1, "acc": acc}]}, props=ranked)
+        for opt, acc in accs.items()
+        for seed in range(2)
+    ]
+    store = write_trials(tmp_path / "store", trials)
+    code, rows = _cli(capsys, "trials", "--store", str(store.root), "--group-by", "config/opt")
+    assert code == 0 and [r["group"] for r in rows] == ["opt=rmsprop", "opt=adam", "opt=sgd"]
+    code, rows = _cli(capsys, "trials", "--store", str(store.root), "--group-by", "config/opt", "--limit", "1")
+    assert code == 0 and [r["group"] for r in rows] == ["opt=rmsprop"]
+
+
 def test_an_empty_text_and_a_text_that_reads_as_a_number_are_groups_of_their_own(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
