@@ -653,9 +653,11 @@ def content(
 def _curves_note(max_points: int, downsampled: bool, not_drawn: Sequence[str] = ()) -> str:
     """The caption of the curves: what they show of the data (a caption that matches it), and the metrics
     left without a curve."""
+    buckets = (max_points - 3) // 2
+    each = f"each of {buckets} equal step buckets" if buckets > 1 else "one bucket of all the steps"
     note = (
-        f"Curves longer than {max_points} points show the minimum and maximum of each of "
-        f"{(max_points - 3) // 2} equal step buckets, plus the first, the last and the best point."
+        f"Curves longer than {max_points} points show the minimum and maximum of {each}, plus the first, the "
+        "last and the best point."
         if downsampled
         else "Every logged point is drawn."
     )
