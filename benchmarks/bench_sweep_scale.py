@@ -66,7 +66,7 @@ def generate(root: Path, logs: Path | None, trials: int, steps: int, mlmd: str |
             type_name=TRIAL_EXECUTION_TYPE,
             props={**config_properties(config), "trial_id": trial_id, "status": "COMPLETE"},
         )
-        key = SeriesKey(binding, "tune_results")
+        key = SeriesKey(binding, "tune_results", attempts=True)  # as CmfRayLogger's: the writer stamps the attempt
         buffer = MetricBuffer(sink=writer.sink(key))
         for i in range(steps):
             buffer.append(
@@ -75,7 +75,6 @@ def generate(root: Path, logs: Path | None, trials: int, steps: int, mlmd: str |
                     "loss": float(data["loss"][i]),
                     "accuracy": float(data["accuracy"][i]),
                     "grad_norm": float(data["grad_norm"][i]),
-                    "attempt": 1,
                 }
             )
         buffer.close()
