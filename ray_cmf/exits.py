@@ -37,6 +37,9 @@ class Closeable(Protocol):
 _LIVE: dict[int, weakref.ref[Any]] = {}  # what track() was given, in order, while it lives
 _installed = {"atexit": False, "sigterm": False}
 _ending: dict[str, str | None] = {"state": "COMPLETE", "error": None}  # how the process ends (see outcome())
+# how the last sys.exit would end the process: applied at exit, forgotten once ray_cmf tracks anything after it
+# (the SystemExit was caught: argparse's, in a test or a notebook, say)
+_exit_called: dict[str, tuple[str, str | None] | None] = {"by": None}
 
 
 def outcome() -> tuple[str, str | None]:
@@ -57,6 +60,7 @@ def track(closeable: Closeable) -> None:
     thread install one): in a script or a driver, as soon as it logs there. A Tune trainable or a Train
     loop runs on a thread of its own and hands its rows over as that thread ends instead.
     """
+    _exit_called["by"] = None
     key = id(closeable)
     _LIVE.pop(key, None)  # tracked again: it closes as if tracked now
     _LIVE[key] = weakref.ref(closeable, lambda _: _LIVE.pop(key, None))
@@ -73,7 +77,9 @@ def track(closeable: Closeable) -> None:
 def close_all() -> None:
     """Close every live tracked object, the last tracked first (as ``atexit`` runs its functions): what
     was built on a buffer (a Cmf, a StepLogger) closes before the buffer does. One that fails is warned
-    about, and the others still close."""
+    about, and the others still close. A ``sys.exit`` that ends the process decides how they end."""
+    if _exit_called["by"] is not None:
+        _ending["state"], _ending["error"] = _exit_called["by"]
     for ref in reversed(list(_LIVE.values())):
         closeable = ref()
         if closeable is not None:
@@ -98,7 +104,7 @@ def _noting_exit(previous: Callable[..., NoReturn]) -> Callable[..., NoReturn]:
     """``sys.exit`` that remembers how its code ends the process (Python shows no hook a ``SystemExit``)."""
 
     def exit(code: Any = None) -> NoReturn:
-        _ending["state"], _ending["error"] = ended_by(SystemExit(code))
+        _exit_called["by"] = ended_by(SystemExit(code))
         previous(code)
 
     return exit

@@ -304,3 +304,21 @@ def test_sys_exit_ends_the_execution_as_its_code_says(
     assert done.returncode == returncode, done.stderr[-3000:]
     [execution] = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
     assert (state_name(execution), properties(execution).get("error")) == (state, error)
+
+
+def test_a_sys_exit_that_was_caught_ends_no_later_run(tmp_path: Path) -> None:
+    """A ``SystemExit`` that something caught (argparse's under ``pytest.raises``, a notebook's cell) made every
+    run that ended later in the process read FAILED (``SystemExit: 2``), as the whole suite found."""
+    from ray_cmf import Cmf
+    from ray_cmf.lineage import Lineage, state_name
+
+    before = Cmf(pipeline_name="caught", store=str(tmp_path / "store"))
+    before.create_execution("run", execution_name="before")  # installs the exit hooks
+    with pytest.raises(SystemExit):
+        sys.exit(2)
+    after = Cmf(pipeline_name="caught", store=str(tmp_path / "store"))
+    after.create_execution("run", execution_name="after")
+    after.close()
+    before.close()
+    executions = Lineage(tmp_path / "store" / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert {e.name: state_name(e) for e in executions} == {"before": "COMPLETE", "after": "COMPLETE"}
