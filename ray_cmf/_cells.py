@@ -48,6 +48,12 @@ def quoted(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def shown_text(text: str, *, beside_values: bool = False) -> str:
+    """A text as a line shows it: quoted where it could read as no value or as another text (see
+    :func:`needs_quotes`), or, ``beside_values`` (numbers or bools), as one of those."""
+    return quoted(text) if needs_quotes(text) or (beside_values and _reads_as_value(text)) else text
+
+
 def cell_digits(values: Sequence[Sequence[Any]], least: int) -> list[list[int]]:
     """The significant digits of each cell of a table of plain values: at least ``least``, and as many more
     as tell its value apart from every other number of its row and of its column, so that a table never
@@ -96,7 +102,7 @@ def quoted_cells(values: Sequence[Sequence[Any]]) -> list[list[bool]]:
     mixed = [any(isinstance(v, Number) for v in column) for column in zip(*values, strict=True)]
     return [
         [
-            isinstance(v, str) and (needs_quotes(v) or (plain and reads_as_value(v)))
+            isinstance(v, str) and (needs_quotes(v) or (plain and _reads_as_value(v)))
             for v, plain in zip(line, mixed, strict=True)
         ]
         for line in values
@@ -109,7 +115,7 @@ def needs_quotes(text: str) -> bool:
     return not text or text != text.strip() or not text.isprintable()
 
 
-def reads_as_value(text: str) -> bool:
+def _reads_as_value(text: str) -> bool:
     """Whether a text reads as a number or a bool does."""
     if text in ("True", "False", "true", "false"):
         return True

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
-from ray_cmf._cells import MOST, cell_texts, needs_quotes, number_text, quoted
+from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
@@ -66,12 +66,6 @@ def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], digits: in
     raw = [[row.get(c) for c in columns] for row in rows]
     values = [[jsonable(v) for v in line] for line in raw]  # NaN, inf as text; numpy's as Python's
     return cell_texts(values, digits, _cell, quoted, logged=raw)
-
-
-def _text(value: Any) -> str:
-    """A tag's or note's text as a line shows it: quoted where it could read as another (see needs_quotes)."""
-    text = str(value)
-    return quoted(text) if needs_quotes(text) else text
 
 
 def _cell(value: Any, digits: int) -> str:
@@ -347,10 +341,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     config = "  ".join(f"{k}={_python(v)!r}" for k, v in payload["config"].items())
     console.print(f"config: {config}", markup=False, highlight=False, soft_wrap=True)
     if payload["tags"]:
-        tags = "  ".join(f"{k}={_text(v)}" for k, v in payload["tags"].items())
+        tags = "  ".join(f"{k}={shown_text(str(v))}" for k, v in payload["tags"].items())
         console.print(f"tags: {tags}", markup=False, highlight=False, soft_wrap=True)
     if payload["note"]:
-        console.print(f"note: {_text(payload['note'])}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"note: {shown_text(str(payload['note']))}", markup=False, highlight=False, soft_wrap=True)
     if payload["error"]:
         console.print(f"error: {payload['error']}", markup=False, highlight=False, soft_wrap=True)
     environment = [{"field": k, "value": v} for k, v in payload["environment"].items()]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ray_cmf._cells import needs_quotes, quoted, reads_as_value
+from ray_cmf._cells import shown_text
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CHECKPOINTED_COLUMN,
@@ -360,22 +360,12 @@ def group_label(values: Sequence[object], keys: Sequence[str]) -> str:
 
 
 def _label_text(value: object) -> str:
+    """A key's value in a group's name: no two values of a key share one (the text "1" and the number 1, ""
+    and a missing value), so the name alone tells the groups apart."""
     value = _present(value)
     if value is None:
         return ""
-    if isinstance(value, str) and (needs_quotes(value) or reads_as_value(value)):
-        return quoted(value)
-    return str(value)
-
-
-def _group_of(value: object) -> tuple[object, ...]:
-    """What trials of one group share of a key: a value of one type (the text "1" is not the number 1, and ""
-    is not a missing value; a NaN is one value), as its label tells them apart."""
-    value = _present(value)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ("missing",) if value is None else ("nan",)
-    kinds = ((bool, np.bool_), (int, np.integer), (float, np.floating))
-    return (next((i for i, kind in enumerate(kinds) if isinstance(value, kind)), len(kinds)), _label_text(value))
+    return shown_text(value, beside_values=True) if isinstance(value, str) else str(value)
 
 
 def _present(value: object) -> object:
@@ -394,12 +384,10 @@ def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     import pandas as pd
 
     summaries = [c for c in table.columns if c.endswith(("_best", "_final")) or c == "steps"]
-    values = list(table[list(keys)].itertuples(index=False, name=None))
-    shared = pd.Series([tuple(_group_of(v) for v in row) for row in values], index=table.index)
+    labels = [group_label(row, keys) for row in table[list(keys)].itertuples(index=False, name=None)]
     rows = []
-    for _, members in table.groupby(shared, sort=False):
+    for label, members in table.groupby(pd.Series(labels, index=table.index), sort=False):
         first = members.iloc[0]
-        label = group_label([first[k] for k in keys], keys)
         statuses = members["status"].value_counts()
         row = {**{k: _present(first[k]) for k in keys}, "group": label, "trials": len(members)}
         row["trial_ids"] = list(members[TRIAL_COLUMN])

@@ -199,8 +199,8 @@ class StoreWriter:
         trial's own, and every version of its series is an output of the trial too. ``token``: what names
         this start of it (Ray Train's run id, a Tune trial's actor id): a process that asks for the binding
         with the token of another start (the same run name used again, a failed attempt) waits for its own
-        (see :meth:`binding`). A registration that
-        fails is remembered, so that the processes waiting for it learn why.
+        (see :meth:`binding`). A registration that fails is remembered, so that the processes waiting for it
+        learn why.
         """
         with self._registering(kind, name):
             within = trial.execution_id if trial is not None else None
