@@ -3,9 +3,11 @@
 Rows are numbered from 1 (``SequenceNumber``, as in cmflib). Each column is a typed ``array.array`` (or a
 list for strings), so one float costs 8 bytes instead of a boxed object in a dict of dicts.
 
-Every ``flush_rows`` rows or ``flush_seconds`` seconds the current chunk is sealed and handed, as one
-record batch, to a background thread that gives it to the buffer's sink: the store's writer, or a local
-spill (see :mod:`ray_cmf.series_format` for what is on disk). ``append`` never does I/O.
+Every ``flush_rows`` rows the current chunk is sealed and handed, as one record batch, to a background
+thread that gives it to the buffer's sink: the store's writer, or a local spill (see
+:mod:`ray_cmf.series_format` for what is on disk). ``append`` never does I/O and takes no lock. Rows that
+wait longer than ``flush_seconds`` are handed over by one clock thread per process, as a copy that leaves
+the chunk to the thread that appends: a pause in the logging (a long evaluation) never holds rows back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
@@ -49,6 +52,9 @@ _FILLED_BY_RAY_CMF = {  # columns that ray_cmf gives the rows itself: a metric o
 # What a user's own series (a Cmf's, a trial's Tune results) may not hold either: ray_cmf's Train rows fill it
 TRAIN_RANK = {RANK_COLUMN: "reads that column as a Train rank's (a trial is summarised by its lowest rank's rows)"}
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
+_CLOCK_TICKS = 4  # the flush clock looks at each buffer this many times per flush_seconds
+_CLOCK_MAX_WAIT_S = 1.0  # and at every buffer at least this often
+_TYPECODE_KINDS = {"d": "float", "q": "int", "b": "bool"}
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -92,6 +98,19 @@ class _Column:
         self.kind, self.pytype = "float", float
         self.values = array.array("d", self.values)
 
+    def part(self, start: int, stop: int) -> _Column | None:
+        """Chunk rows ``start`` to ``stop`` as a column of their own (None if all are null). Safe while the
+        owner appends: each read is one atomic step, and the kind comes from the values read, which a
+        widening replaces whole."""
+        values = self.values[start:stop]
+        nulls = [row - start for row in self.nulls.copy() if start <= row < stop]
+        if len(nulls) == stop - start:
+            return None
+        part = _Column.__new__(_Column)
+        part.kind = _TYPECODE_KINDS[values.typecode] if isinstance(values, array.array) else "str"
+        part.pytype, part.values, part.nulls = _KINDS[part.kind][0], values, nulls
+        return part
+
     def to_arrow(self) -> pa.Array:
         """The column as an Arrow array, built from its buffers (``pa.array`` would import pandas, which
         must not happen on a spill thread: it holds the GIL for a long import, and fails at exit)."""
@@ -131,6 +150,12 @@ def _classify(key: str, value: Any, row: int) -> tuple[str, Any]:
 def _magnitude(values: np.ndarray) -> int:
     """The largest absolute value of an int64 array, as a Python int (no overflow at -2**63)."""
     return max(abs(int(values.min())), abs(int(values.max()))) if len(values) else 0
+
+
+def _rows_of(columns: Mapping[str, _Column], start: int, stop: int) -> dict[str, _Column]:
+    """Chunk rows ``start`` to ``stop`` of ``columns``, leaving out those null throughout."""
+    parts = ((name, column.part(start, stop)) for name, column in list(columns.items()))
+    return {name: part for name, part in parts if part is not None}
 
 
 def _chunk_to_batch(columns: dict[str, _Column], first_row: int, n: int) -> pa.RecordBatch:
@@ -198,7 +223,7 @@ class MetricBuffer:
         spill_dir: Directory for the crash-safe segments. It is created on the first spill only.
         sink: Where sealed chunks go instead of ``spill_dir`` (e.g. the store's writer).
         flush_rows: Seal and spill the current chunk after this many rows.
-        flush_seconds: Also seal when this long has passed since the last spill (checked on append).
+        flush_seconds: Hand rows over once they have waited about this long, whether or not more rows come.
         manifest: Written beside the segments on the first spill, so that :func:`ray_cmf.recover`
             knows what a dangling spill belongs to.
         reserved: More column names to refuse, each with why, beside those ray_cmf fills itself.
@@ -241,13 +266,16 @@ class MetricBuffer:
         self._skipped = 0  # keys of the current row that stored nothing
         self._columns: dict[str, _Column] = {}
         self._n = 0  # rows in the current chunk
+        self._handed = 0  # rows at the chunk's head that another thread handed over as a copy
         self._first_row = 1 + (self._sink.rows if isinstance(self._sink, Spill) else 0)
         self._last_spill = time.monotonic()
+        self._lock = threading.Lock()  # one hand-over at a time; appends never take it
         self._spiller: _SpillThread | None = None
         self._spill_losses = 0  # rows of chunks that the sink refused, from spill threads already stopped
-        self._owner: int | None = None  # the thread that appends: the only one that may seal or flush
+        self._owner: int | None = None  # the thread that appends: the only one that may cut the chunk
         self._closed = False
         track(self)
+        _CLOCK.watch(self)
 
     @property
     def rows(self) -> int:
@@ -264,8 +292,8 @@ class MetricBuffer:
 
     @property
     def pending_rows(self) -> int:
-        """Rows held in memory, not yet sealed for spilling (always below ``flush_rows``)."""
-        return self._n
+        """Rows held in memory, not yet handed to the spill thread (always below ``flush_rows``)."""
+        return self._n - self._handed
 
     def append(self, row: Mapping[str, Any]) -> int:
         """Append one row of name -> scalar and return its SequenceNumber. O(1) amortized, no I/O."""
@@ -298,7 +326,8 @@ class MetricBuffer:
                 if len(column.values) == n:
                     column.append_null(n)
         self._n = n + 1
-        if self._n >= self.flush_rows or time.monotonic() - self._last_spill >= self.flush_seconds:
+        if n + 1 >= self.flush_rows:
+            self._owner = threading.get_ident()
             self._seal()
         return self._first_row - 1 + self._n
 
@@ -371,81 +400,93 @@ class MetricBuffer:
                 column.nulls.pop()
 
     def _cut(self) -> tuple[dict[str, _Column], int, int] | None:
-        """End the current chunk (None if it has no rows) and start a fresh one."""
+        """End the current chunk and start a fresh one; return its rows not handed over yet (None if none).
+        Only the appending thread cuts, under the lock."""
         self._last_spill = time.monotonic()
-        if not self._n:
+        n, handed = self._n, self._handed
+        if not n:
             return None
         for key, column in self._columns.items():
             if column.kind == "int":  # what a later int -> float widening must check
                 extent = _magnitude(np.frombuffer(column.values, dtype=np.int64))
                 self._sealed_ints[key] = max(self._sealed_ints.get(key, 0), extent)
-        chunk = (self._columns, self._first_row, self._n)
+        columns = _rows_of(self._columns, handed, n) if handed else self._columns
+        chunk = (columns, self._first_row + handed, n - handed) if n > handed else None
         self._columns = {}
         self._row_keys.clear()
-        self._first_row += self._n
-        self._n = 0
+        self._first_row += n
+        self._n = self._handed = 0
         return chunk
 
+    def _copy(self) -> tuple[dict[str, _Column], int, int] | None:
+        """The complete rows not handed over yet, as a copy that leaves the chunk to the appending thread
+        (any thread, under the lock): a row the owner is appending counts only once ``_n`` says so."""
+        self._last_spill = time.monotonic()
+        n, handed = self._n, self._handed
+        if n <= handed:
+            return None
+        self._handed = n
+        return _rows_of(self._columns, handed, n), self._first_row + handed, n - handed
+
     def _seal(self) -> None:
-        """Hand the current chunk to the spill thread and start a fresh one."""
-        chunk = self._cut()
-        if chunk is not None:
-            if self._spiller is None:
-                self._spiller = _SpillThread(self._sink, str(id(self)))
-                self._spiller.start()
-            self._spiller.queue.put(chunk)
+        """Hand the rows not handed over yet to the spill thread: the appending thread cuts the chunk,
+        any other copies its complete rows (a copy is always safe; a cut frees the chunk's memory)."""
+        with self._lock:
+            chunk = self._cut() if self._owner == threading.get_ident() else self._copy()
+            if chunk is not None:
+                self._spilling().queue.put(chunk)
 
-    def _check_owner(self, what: str) -> None:
-        """Only the thread that appends may seal: a row half-appended by it would be torn."""
-        if self._owner is not None and self._owner != threading.get_ident():
-            raise RayCmfError(
-                f"MetricBuffer.{what}() was called from a thread that does not append to it; call it from the "
-                "appending thread, or wait there for sealed() and hand its future to the other thread"
-            )
-
-    def seal(self, *, exclusive: bool = False) -> None:
-        """Hand the current rows to the spill thread now, without waiting for the write.
-
-        ``exclusive``: the caller holds a lock that every append to this buffer holds too, so it may seal
-        from any thread (see :class:`ray_cmf.stall.StallWatch`).
-        """
-        if not exclusive:
-            self._check_owner("seal")
-        self._seal()
-
-    def sealed(self) -> Future[None]:
-        """Seal the current rows now and return a future that completes once the sink holds every row sealed
-        so far (or fails with the sink's error): another thread may wait on it, then commit."""
-        self._check_owner("sealed")
-        self._seal()
+    def _spilling(self) -> _SpillThread:
+        """The spill thread, started on first use."""
         if self._spiller is None:
             self._spiller = _SpillThread(self._sink, str(id(self)))
             self._spiller.start()
+        return self._spiller
+
+    def _due(self, now: float) -> bool:
+        """Rows have waited ``flush_seconds`` since the last hand-over (the flush clock asks)."""
+        return self._n > self._handed and now - self._last_spill >= self.flush_seconds and not self._closed
+
+    def seal(self) -> None:
+        """Hand the rows logged so far to the spill thread now, without waiting for the write (from any
+        thread)."""
+        self._seal()
+
+    def sealed(self) -> Future[None]:
+        """Seal the rows logged so far and return a future that completes once the sink holds every row sealed
+        so far (or fails with the sink's error); from any thread, and another thread may wait on it."""
         done: Future[None] = Future()
-        self._spiller.queue.put(done)
+        with self._lock:
+            chunk = self._cut() if self._owner == threading.get_ident() else self._copy()
+            spiller = self._spilling()
+            if chunk is not None:
+                spiller.queue.put(chunk)
+            spiller.queue.put(done)
         return done
 
-    def flush(self, *, exclusive: bool = False) -> None:
-        """Seal the current rows and block until every sealed chunk is written (or acknowledged) by the sink
-        (``exclusive``: as for :meth:`seal`)."""
-        if not exclusive:
-            self._check_owner("flush")
-        self._seal()
-        self._handed_over()
-        self._sink.flush()
+    def flush(self) -> None:
+        """Seal the rows logged so far and block until the sink holds every sealed row (from any thread)."""
+        self.sealed().result()
+        self._report_refusals()
 
     def take(self) -> pa.RecordBatch | None:
         """The rows not sealed yet, as one batch that the caller delivers itself (e.g. on its commit request:
         one trip to the writer, not two), once the sink has been handed every chunk sealed before them."""
-        self._check_owner("take")
-        self._handed_over()
-        chunk = self._cut()
-        return _chunk_to_batch(*chunk) if chunk is not None else None
-
-    def _handed_over(self) -> None:
-        """Wait until the spill thread has handed every sealed chunk to the sink; raise what it refused."""
+        if self._owner is not None and self._owner != threading.get_ident():
+            raise RayCmfError(
+                "MetricBuffer.take() was called from a thread that does not append to it; call it from the "
+                "appending thread, or flush() from the other thread"
+            )
+        with self._lock:
+            chunk = self._cut()
         if self._spiller is not None:
             self._spiller.queue.join()
+        self._report_refusals()
+        return _chunk_to_batch(*chunk) if chunk is not None else None
+
+    def _report_refusals(self) -> None:
+        """Raise what the sink refused since the last report."""
+        if self._spiller is not None:
             error, self._spiller.error = self._spiller.error, None
             if error is not None:
                 raise RayCmfError(
@@ -468,6 +509,7 @@ class MetricBuffer:
         if self._closed:
             return
         self._closed = True
+        _CLOCK.forget(self)
         self._seal()
         if self._spiller is not None:
             self._spiller.queue.put(_SpillThread._STOP)
@@ -483,3 +525,51 @@ class MetricBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _FlushClock:
+    """One daemon thread per process that hands over the rows of every buffer whose rows have waited
+    ``flush_seconds``, so that no row depends on a later one to leave; the hot path keeps no clock."""
+
+    def __init__(self) -> None:
+        self._buffers: weakref.WeakSet[MetricBuffer] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, buffer: MetricBuffer) -> None:
+        """Look at ``buffer`` from now on (it may be due sooner than the buffers so far)."""
+        with self._lock:
+            self._buffers.add(buffer)
+            if self._thread is None or not self._thread.is_alive():  # not yet, or a forked child's
+                self._thread = threading.Thread(target=self._run, name="ray_cmf-flush-clock", daemon=True)
+                self._thread.start()
+        self._changed.set()
+
+    def forget(self, buffer: MetricBuffer) -> None:
+        """Stop looking at ``buffer`` (closed)."""
+        with self._lock:
+            self._buffers.discard(buffer)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                wait = self._tick()
+            except Exception as exc:  # a spill thread that cannot start (the interpreter is ending), say
+                log.warning("ray_cmf: the flush clock could not hand rows over: %r", exc)
+                wait = _CLOCK_MAX_WAIT_S
+            self._changed.wait(wait)
+            self._changed.clear()
+
+    def _tick(self) -> float:
+        """Hand over the rows of every buffer that is due; return how long to wait for the next look."""
+        with self._lock:
+            buffers = list(self._buffers)
+        now = time.monotonic()
+        for buffer in buffers:
+            if buffer._due(now):
+                buffer.seal()
+        return min([_CLOCK_MAX_WAIT_S, *(buffer.flush_seconds / _CLOCK_TICKS for buffer in buffers)])
+
+
+_CLOCK = _FlushClock()

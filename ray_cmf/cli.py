@@ -96,6 +96,14 @@ def _sweep(args: argparse.Namespace, *trials: str) -> Any:
     )
 
 
+def _existing(args: argparse.Namespace) -> Store:
+    """The store a command changes, which must exist: a mistyped ``--store`` would make a new, empty one (and
+    ``recover`` would find nothing to recover)."""
+    store = Store(args.store)
+    Lineage(store.mlmd, readonly=True)  # names the path where there is no database
+    return store
+
+
 def _picked(args: argparse.Namespace) -> Any:
     """The sweep a command reads, restricted to the trials ``--where`` holds for (all without it)."""
     sweep = _sweep(args)
@@ -301,7 +309,7 @@ def _shown_sweep(args: argparse.Namespace) -> Any:
 
 def cmd_show(args: argparse.Namespace) -> int:
     sweep = _shown_sweep(args)
-    table = sweep.trials()
+    table = sweep.trials(metrics=[])  # the trial's status, tags and note: no summary
     match = table[table["trial_id"] == args.trial]
     if match.empty:
         from ray_cmf.compare import unknown_trials
@@ -312,7 +320,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     row = match.iloc[0]
     [(execution, stage)] = [(e, s) for e, s in sweep.executions() if sweep.key(e) == args.trial]
     files = sweep.lineage.files_of([execution.id]).get(execution.id, [])
-    last = sweep.steps(trials=[args.trial]).tail(args.rows)
+    last = sweep.steps(args.metric, trials=[args.trial]).tail(args.rows)
     payload = {
         "trial_id": args.trial,
         "status": row["status"],
@@ -360,7 +368,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     sweep = _sweep(args, args.trial_a, args.trial_b)
-    diff = sweep.diff(args.trial_a, args.trial_b)
+    diff = sweep.diff(args.trial_a, args.trial_b, metrics=args.metric, mode=args.mode)
     if not args.all_columns:  # Tune's own timing differs between any two trials: shown when asked for
         diff = diff[[not _bookkeeping(str(field)) for field in diff.index]]
     if not args.json and ERROR_COLUMN in diff.index:  # its exception's line, as `trials` shows it
@@ -485,7 +493,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_recover(args: argparse.Namespace) -> int:
     from ray_cmf.recovery import commit_spills, mark_crashed
 
-    store = Store(args.store)
+    store = _existing(args)
     spills = commit_spills(store, force=args.force)  # then mark the crashed ones: recover()'s two halves
     crashed = [{"execution": e.name, "status": "CRASHED"} for e in mark_crashed(store)]
     rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in spills.committed]
@@ -640,7 +648,7 @@ def _duration(text: str) -> timedelta:
 def cmd_gc(args: argparse.Namespace) -> int:
     from ray_cmf.cleanup import collect
 
-    store = Store(args.store)
+    store = _existing(args)
     freed = collect(store, older_than=args.older_than, remote=args.remote, dry_run=args.dry_run, force=args.force)
     row = {
         "trials": len(freed.trials),
@@ -679,25 +687,25 @@ def _add_sweep_options(
     *,
     metric_required: bool = False,
     where: bool = True,
-    metric_help: str = "metric column (repeatable; default: all)",
+    metric_help: str | None = "metric column (repeatable; default: all)",
+    mode: bool = True,
 ) -> None:
+    """The options that pick a sweep and its trials; ``metric_help`` None: no ``--metric``; ``mode``: whether
+    ``--mode`` means something to the command."""
     parser.add_argument("--pipeline", help="pipeline name (needed when the store holds several)")
     parser.add_argument("--include-deleted", action="store_true", help="also the trials marked deleted")
     if where:
         parser.add_argument("--where", help=WHERE_HELP)
     parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
     parser.add_argument("--metrics-name", help="which series (default: tune_results, the Tune results)")
-    parser.add_argument(
-        "--metric",
-        action="append",
-        required=metric_required,
-        help=metric_help,
-    )
-    parser.add_argument(
-        "--mode",
-        choices=("min", "max"),
-        help="lower or higher is better (default: what the sweep's CmfRayLogger ranked by, else min)",
-    )
+    if metric_help is not None:
+        parser.add_argument("--metric", action="append", required=metric_required, help=metric_help)
+    if mode:
+        parser.add_argument(
+            "--mode",
+            choices=("min", "max"),
+            help="lower or higher is better (default: what the sweep's CmfRayLogger ranked by, else min)",
+        )
 
 
 def _add_global_options(parser: argparse.ArgumentParser, *, in_command: bool) -> None:
@@ -738,11 +746,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p, metric_required=True, metric_help="metric column (repeatable): ranked by the first")
     p.add_argument("--top", type=_positive, default=5)
     p = command("show", cmd_show, "one trial: config, tags, note, environment, seeds, lineage, files, last rows")
-    _add_sweep_options(p, where=False)
+    _add_sweep_options(p, where=False, metric_help="a metric of the last rows (repeatable; default: all)", mode=False)
     p.add_argument("trial")
     p.add_argument("--rows", type=int, default=5, help="how many last rows to show")
     p = command("diff", cmd_diff, "config, environment, seeds and results that differ between two trials")
-    _add_sweep_options(p, where=False)
+    _add_sweep_options(p, where=False, metric_help="a metric whose summaries to compare (repeatable; default: all)")
     p.add_argument("trial_a")
     p.add_argument("trial_b")
     p.add_argument("--all-columns", action="store_true", help=ALL_COLUMNS_HELP)
@@ -760,9 +768,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--series", action="append", help=SERIES_HELP)
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
-    p = command("plot", cmd_plot, "learning curves as a PNG")
+    p = command("plot", cmd_plot, "learning curves as a PNG, SVG or PDF")
     _add_sweep_options(p, metric_required=True, metric_help="the metric to plot (one)")
-    p.add_argument("-o", "--output", required=True, help="PNG path")
+    p.add_argument("-o", "--output", required=True, help="a .png, .svg or .pdf file")
     p.add_argument("--color-by", help="config key that colours the curves")
     p.add_argument("--top", type=_positive, help="only the best N trials")
     p = command("export", cmd_export, "every trial's steps as one CSV or Parquet file")
@@ -783,12 +791,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("recover", cmd_recover, "commit the spilled rows of runs that crashed before committing")
     p.add_argument("--force", action="store_true", help="also recover spills of processes still alive")
     p = command("tag", cmd_tag, "set or remove a trial's tags (key=value ...)")
-    _add_sweep_options(p, where=False)
+    _add_sweep_options(p, where=False, metric_help=None, mode=False)
     p.add_argument("trial")
     p.add_argument("tags", nargs="*", metavar="key=value")
     p.add_argument("--remove", action="append", metavar="KEY", help="remove this tag (repeatable)")
     p = command("note", cmd_note, 'set a trial\'s note ("" removes it)')
-    _add_sweep_options(p, where=False)
+    _add_sweep_options(p, where=False, metric_help=None, mode=False)
     p.add_argument("trial")
     p.add_argument("text")
     for name, help_text in (

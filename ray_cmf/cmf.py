@@ -67,7 +67,8 @@ class Cmf:
         graph: cmflib's Neo4j mirror; not supported, accepted for compatibility.
         store: Store directory or :class:`Store` (default: ``$RAY_CMF_STORE`` or ``./cmf_store``).
         flush_rows: Rows per spilled chunk of each metric series.
-        flush_seconds: Longest time between spills while rows keep arriving.
+        flush_seconds: Longest a row waits in memory before it is handed to the store, whether or not more
+            rows come.
 
     Example:
         >>> import tempfile

@@ -610,7 +610,8 @@ class Sweep:
         metrics = list(metrics) if metrics is not None else None
         queried = _queried_metrics(query, metrics)  # read for the query, not shown
         read = [*metrics, *queried] if metrics is not None else None
-        groups = self._mode_groups(set(recorded["trial_id"])) if own else [(mode, set(recorded["trial_id"]))]
+        trials = set(recorded["trial_id"])
+        groups = self._mode_groups(trials, read) if own else [(mode, trials)]
         summary = pd.concat([self._summary(read, group_mode, trials, live) for group_mode, trials in groups])
         table = settle_ints(recorded.join(summary, on="trial_id"))
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
@@ -627,10 +628,11 @@ class Sweep:
         summary = None if live else self._summary_from_footers(metrics, mode, trials)
         return summary if summary is not None else self._summary_from_scan(metrics, mode, trials, live)
 
-    def _mode_groups(self, trials: set[str]) -> list[tuple[dict[str, str], set[str]]]:
+    def _mode_groups(self, trials: set[str], read: list[str] | None) -> list[tuple[dict[str, str], set[str]]]:
         """``trials`` by the modes their own sweeps declared (see :meth:`modes`): one group where the sweeps
         viewed agree; where they do not (two sweeps of a pipeline ranking a metric both ways), each trial is
-        read by its own sweep's, so that its ``_best`` agrees with its ``top_rank``, and a warning says so."""
+        read by its own sweep's, so that its ``_best`` agrees with its ``top_rank``, and a warning says so
+        where one of the metrics ``read`` (None: all) is such a metric."""
         sweep = self.modes()
         groups: dict[tuple[tuple[str, str], ...], set[str]] = {}
         for trial, (ranked, declared) in self._declarations().items():
@@ -641,12 +643,14 @@ class Sweep:
             return [(sweep, trials)]
         each = [dict(key) for key in groups]
         both = sorted({m for one in each for m, v in one.items() if any(o.get(m, v) != v for o in each)})
-        log.warning(
-            "ray_cmf: the sweeps of %s rank %s both ways (min and max): each trial's best is by its own sweep's "
-            "mode, and an order by it mixes them; pass mode=... (--mode) to read all one way",
-            self.pipeline,
-            ", ".join(map(repr, both)),
-        )
+        both = [m for m in both if read is None or m in read]
+        if both:
+            log.warning(
+                "ray_cmf: the sweeps of %s rank %s both ways (min and max): each trial's best is by its own sweep's "
+                "mode, and an order by it mixes them; pass mode=... (--mode) to read all one way",
+                self.pipeline,
+                ", ".join(map(repr, both)),
+            )
         return [(dict(key), mine) for key, mine in groups.items()]
 
     def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
@@ -892,12 +896,15 @@ class Sweep:
         everyone = self.everyone()
         return {everyone.key(e) for e, _ in everyone.executions() if property_of(e, DELETED_PROPERTY) is not None}
 
-    def diff(self, trial_a: str, trial_b: str) -> pd.DataFrame:
+    def diff(
+        self, trial_a: str, trial_b: str, metrics: Iterable[str] | None = None, mode: str | None = None
+    ) -> pd.DataFrame:
         """Status, error, tags, note, place in the sweep's top N, config, environment, seed and metric values
-        (summaries and execution metrics) that differ between two trials (rows: field; columns: the trials)."""
+        (summaries and execution metrics) that differ between two trials (rows: field; columns: the trials);
+        ``metrics`` and ``mode``: which summaries, read how (as :meth:`trials` takes them)."""
         import pandas as pd
 
-        table = self.trials().set_index("trial_id")
+        table = self.trials(metrics, mode=mode).set_index("trial_id")
         for trial in (trial_a, trial_b):
             if trial not in table.index:
                 raise unknown_trials([trial], table.index, self.pipeline, self._deleted())
@@ -917,11 +924,20 @@ class Sweep:
     # -- curation: tags, notes, deletion ------------------------------------------------------------
     def tag(self, trial_id: str, remove: Iterable[str] = (), **tags: str | int | float | bool) -> None:
         """Set tags on a trial (``sweep.tag("t1", team="vision")``; values kept as text) and drop the tags
-        ``remove``. They show as ``tag/<key>`` columns and can be queried (``where='tag/team == "vision"'``)."""
+        ``remove``. They show as ``tag/<key>`` columns and can be queried (``where='tag/team == "vision"'``).
+        A trial this sweep leaves out as deleted, or a tag to remove that the trial does not have, is an error
+        that names it (nothing is changed)."""
+        columns = curated_columns(properties(self._execution(trial_id)))
+        held = sorted(column[len(TAG_COLUMN) :] for column in columns if column.startswith(TAG_COLUMN))
+        missing = [key for key in remove if key not in held]
+        if missing:
+            raise InvalidArgumentError(f"Trial {trial_id!r} has no tag {missing[0]!r} to remove; its tags: {held}")
         self._patch([trial_id], tag_properties(tags), untag_properties(remove))
 
     def note(self, trial_id: str, text: str) -> None:
-        """Set a trial's note (free text; an empty text removes it)."""
+        """Set a trial's note (free text; an empty text removes it); a trial this sweep leaves out as deleted is
+        an error that says so."""
+        self._execution(trial_id)
         self._patch([trial_id], *note_properties(text))
 
     def delete(self, trial_ids: str | Iterable[str]) -> list[str]:
@@ -978,7 +994,8 @@ class Sweep:
         top: int | None = None,
         mode: str | None = None,
     ) -> Path:
-        """Write a PNG of ``metric`` against step for every trial (or the ``top`` best), coloured by a config key."""
+        """Write ``metric`` against step for every trial (or the ``top`` best), coloured by a config key, as the
+        PNG, SVG or PDF that ``path``'s extension names."""
         import pandas as pd
 
         from ray_cmf.plots import curves
@@ -1000,7 +1017,7 @@ class Sweep:
         return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
 
     def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str | None = None) -> Path:
-        """Write a PNG of every numeric config value against the trials' best ``metric``."""
+        """Write every numeric config value against the trials' best ``metric`` (PNG, SVG or PDF, by ``path``)."""
         from ray_cmf.plots import params
 
         return params(

@@ -18,6 +18,7 @@ from ray_cmf._cells import shown_text
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CHECKPOINTED_COLUMN,
+    EXACT_FLOAT_INT,
     REPLACED,
     REPORT_COLUMN,
     REPORTS_METRICS_NAME,
@@ -361,10 +362,12 @@ def group_label(values: Sequence[object], keys: Sequence[str]) -> str:
 
 def _label_text(value: object) -> str:
     """A key's value in a group's name: no two values of a key share one (the text "1" and the number 1, ""
-    and a missing value), so the name alone tells the groups apart."""
+    and a missing value), so the name alone tells the groups apart; two equal numbers share it."""
     value = _present(value)
     if value is None:
         return ""
+    if type(value) is float and value.is_integer() and abs(value) <= EXACT_FLOAT_INT:
+        return str(int(value))  # the number an int of that value names: 1.0 and 1 are one group
     return shown_text(value, beside_values=True) if isinstance(value, str) else str(value)
 
 

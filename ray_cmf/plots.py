@@ -1,4 +1,5 @@
-"""PNG plots for trial comparison (matplotlib, Agg backend): learning curves and config-vs-metric panels."""
+"""Plots for trial comparison (matplotlib, Agg backend): learning curves and config-vs-metric panels, as PNG,
+SVG or PDF by the file's extension."""
 
 from __future__ import annotations
 
@@ -172,11 +173,18 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     return _save(fig, path)
 
 
+FORMATS = ("png", "svg", "pdf")
+
+
 def _save(fig: matplotlib.figure.Figure, path: Path) -> Path:
-    """Write the figure as a PNG, atomically (see :mod:`ray_cmf._atomic`), and release it."""
+    """Write the figure in the format its extension names, atomically (see :mod:`ray_cmf._atomic`), and
+    release it; another extension is refused (a ``.jpg`` held PNG bytes)."""
+    fmt = path.suffix.lstrip(".").lower()
     try:
+        if fmt not in FORMATS:
+            raise InvalidArgumentError(f"Cannot write a plot to {str(path)!r}: name a .png, .svg or .pdf file")
         with atomic_write(path) as pending:
-            fig.savefig(pending.tmp, dpi=120, format="png")
+            fig.savefig(pending.tmp, dpi=120, format=fmt)
     finally:
         plt.close(fig)
     return path

@@ -13,8 +13,6 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Mapping
-from typing import Any
 
 from ray_cmf.buffer import MetricBuffer
 
@@ -28,14 +26,13 @@ _WATCHED: weakref.WeakSet[StallWatch] = weakref.WeakSet()  # this process's watc
 class StallWatch:
     """Hands ``buffer``'s rows to its sink once the loop has not called :meth:`beat` for ``STALL_SECONDS``.
 
-    The loop thread appends through :meth:`append` (under the lock that makes a seal from the watching
-    thread safe), calls :meth:`beat` once per step, and :meth:`seal` before anything that may block for good.
-    The buffer's own ``flush_rows`` / ``flush_seconds`` batch the rows while the loop makes progress.
+    The loop thread appends to the buffer, calls :meth:`beat` once per step, and :meth:`seal` before anything
+    that may block for good. The buffer's own ``flush_rows`` / ``flush_seconds`` batch the rows while the loop
+    makes progress.
     """
 
     def __init__(self, buffer: MetricBuffer) -> None:
         self.buffer = buffer
-        self._lock = threading.Lock()
         self._last_beat = time.monotonic()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="ray_cmf-stall-watch", daemon=True)
@@ -46,22 +43,15 @@ class StallWatch:
         """The loop made progress."""
         self._last_beat = time.monotonic()
 
-    def append(self, row: Mapping[str, Any]) -> None:
-        """Append a row to the buffer."""
-        with self._lock:
-            self.buffer.append(row)
-
     def seal(self) -> None:
         """Hand the waiting rows to the sink now (the loop is about to wait for something that may never come)."""
-        with self._lock:
-            if self.buffer.pending_rows:
-                self.buffer.seal(exclusive=True)
+        if self.buffer.pending_rows:
+            self.buffer.seal()
 
     def flush(self) -> None:
         """Hand every row to the sink and wait until it holds them (see :meth:`MetricBuffer.flush`), from any
         thread: Ray stops a process whose loop thread waits in a collective for good."""
-        with self._lock:
-            self.buffer.flush(exclusive=True)
+        self.buffer.flush()
 
     def stop(self) -> None:
         """Stop watching; the loop thread owns the buffer alone again."""

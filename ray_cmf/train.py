@@ -178,11 +178,11 @@ class StepLogger:
             ``CmfTrainCallback`` samples the workers from their nodes, it leaves that to the callback.
         registration_timeout: How long rank 0 waits for ``trial_id``'s registration by the driver (and the
             other ranks for the run's), in seconds.
-        flush_rows, flush_seconds: Rank 0 sends its rows to the writer every ``flush_rows`` rows or
-            ``flush_seconds`` seconds while the loop makes progress, and at once when it stops stepping for
-            0.1 s or is about to wait for a sync that has not arrived: a rank that Ray Train stops while it
-            waits in a collective, because another rank failed, neither returns nor raises, and would lose
-            the rows it still held. ``flush_rows=1`` sends each row as it is logged.
+        flush_rows, flush_seconds: Rank 0 sends its rows to the writer every ``flush_rows`` rows, or once
+            a row has waited ``flush_seconds`` seconds, while the loop makes progress, and at once when it
+            stops stepping for 0.1 s or is about to wait for a sync that has not arrived: a rank that Ray Train
+            stops while it waits in a collective, because another rank failed, neither returns nor raises, and
+            would lose the rows it still held. ``flush_rows=1`` sends each row as it is logged.
         modes: ``{metric: "min" | "max"}``: whether lower or higher is better, recorded with the run so that
             reading it gives ``<metric>_best`` the right way round. A metric that knows it needs none
             (``Accuracy``: ``max``); one none declares reads as ``min``.
@@ -451,8 +451,8 @@ class StepLogger:
         row = {"step": step, **row, "wall_time": launched}
         if samples:
             row[THROUGHPUT] = samples / elapsed if elapsed > 0 else float("nan")
-        if self._watch is not None:
-            self._watch.append(row)
+        if self._buffer is not None:
+            self._buffer.append(row)
         self._syncs += 1
         every = self.report_every
         if report and every is not None and self._context is not None and self._syncs % every == 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -146,14 +147,36 @@ def test_spill_keeps_memory_bounded_and_writes_row_groups(tmp_path: Path) -> Non
     assert not (tmp_path / "spill").exists()
 
 
-def test_time_based_spill(tmp_path: Path) -> None:
+def _spilled(directory: Path, rows: int) -> list[dict[str, Any]]:
+    """The spilled rows, once there are ``rows`` of them (the flush clock hands them over in the background;
+    waits at most 30 s, then returns what is there)."""
+    deadline = time.monotonic() + 30
+    while True:
+        batches = list(read_segments(directory)) if directory.exists() else []
+        if sum(batch.num_rows for batch in batches) >= rows or time.monotonic() > deadline:
+            return [row for batch in batches for row in batch.to_pylist()]
+        time.sleep(0.01)
+
+
+def test_rows_that_waited_flush_seconds_are_spilled_without_another_row(tmp_path: Path) -> None:
+    """Rows logged before a pause (a long evaluation) waited for the next row, so a SIGKILL in the pause lost
+    them: the time was checked only as rows were appended."""
     buf = MetricBuffer(tmp_path / "spill", flush_rows=10_000, flush_seconds=0.05)
-    buf.append({"a": 1})
-    time.sleep(0.1)
-    buf.append({"a": 2})  # the time check on append seals both rows
+    for step in range(3):
+        buf.append({"step": step, "loss": step / 2})
+    assert _spilled(tmp_path / "spill", 3) == [
+        {"SequenceNumber": step + 1, "step": step, "loss": step / 2} for step in range(3)
+    ]
     assert buf.pending_rows == 0
-    buf.flush()
-    assert sum(b.num_rows for b in read_segments(tmp_path / "spill")) == 2
+    buf.append({"step": 3, "note": "é"})
+    assert _spilled(tmp_path / "spill", 4)[3:] == [{"SequenceNumber": 4, "step": 3, "note": "é"}]
+    done = buf.finish(tmp_path / "out.parquet")  # each row once, in order
+    assert pq.read_table(done.path).to_pydict() == {
+        "SequenceNumber": [1, 2, 3, 4],
+        "step": [0, 1, 2, 3],
+        "loss": [0.0, 0.5, 1.0, None],
+        "note": [None, None, None, "é"],
+    }
 
 
 def test_finish_is_atomic_and_hashes_while_writing(tmp_path: Path) -> None:
@@ -207,34 +230,86 @@ def test_a_refused_chunk_is_counted_and_later_chunks_still_spill(tmp_path: Path)
     assert pq.read_table(done.path).column("step").to_pylist() == list(range(20, 30))
 
 
-def test_a_buffer_is_sealed_only_by_the_thread_that_appends_to_it(tmp_path: Path) -> None:
-    """The Train callback appended on the controller thread while its commit thread sealed the same buffer:
-    a row half-appended could be torn. Another thread now waits on ``sealed()`` instead, under contention."""
+def _random_rows(seed: int, count: int) -> list[dict[str, Any]]:
+    """Rows as a sweep logs them: columns that come late, skip rows or hold None, ints that widen to floats,
+    text, flags, infinities, and rows the buffer refuses (a text into a number column)."""
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    for step in range(count):
+        row: dict[str, Any] = {"step": step}
+        if rng.random() < 0.7:
+            row["loss"] = float(rng.choice([rng.normal(), math.inf, -math.inf, 1e-300]))
+        if step > count // 4 and rng.random() < 0.5:
+            row["n"] = int(rng.integers(-(2**40), 2**40)) if rng.random() < 0.8 else float(rng.normal())
+        if rng.random() < 0.3:
+            row["名前"] = None if rng.random() < 0.3 else f"t{step}"
+        if rng.random() < 0.2:
+            row["ok"] = bool(rng.random() < 0.5)
+        if rng.random() < 0.05:
+            row["loss"] = "diverged"  # refused, and the row with it
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_another_thread_seals_and_flushes_while_rows_are_appended(tmp_path: Path, seed: int) -> None:
+    """Sealing or flushing from another thread (the flush clock, a stall watch, a commit thread) while the
+    appending thread logs: every accepted row comes back once, in order, with its values."""
     import threading
 
-    buffer = MetricBuffer(tmp_path / "spill", flush_rows=1_000_000)
-    handed: list[Any] = []
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=997, flush_seconds=0.001)
     stop = threading.Event()
+    errors: list[BaseException] = []
 
-    def waiter() -> None:
-        while not stop.is_set() or handed:
-            if handed:
-                handed.pop(0).result()
-        with pytest.raises(RayCmfError, match="does not append"):
-            buffer.flush()
+    def other() -> None:
+        try:
+            while not stop.is_set():
+                buffer.seal()
+                buffer.flush()
+        except BaseException as exc:
+            errors.append(exc)
 
-    other = threading.Thread(target=waiter)
-    other.start()
-    for step in range(30_000):
-        buffer.append({"step": step, "x": float(step)})
-        if step % 500 == 0:
-            handed.append(buffer.sealed())
-    stop.set()
-    other.join()
-    done = buffer.finish(tmp_path / "out.parquet")
-    table = pq.read_table(done.path)
-    assert table.column("step").to_pylist() == list(range(30_000))
-    assert table.column("SequenceNumber").to_pylist() == list(range(1, 30_001))
+    thread = threading.Thread(target=other)
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often: mid-row, mid-widening, mid-rollback
+    thread.start()
+    accepted = []
+    try:
+        for row in _random_rows(seed, 20_000):
+            try:
+                buffer.append(row)
+            except SchemaError:
+                continue
+            accepted.append(row)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switching)
+    assert not errors
+    table = pq.read_table(buffer.finish(tmp_path / "out.parquet").path)
+    assert table.column("SequenceNumber").to_pylist() == list(range(1, len(accepted) + 1))
+    for key in ("step", "loss", "n", "名前", "ok"):
+        assert table.column(key).to_pylist() == [row.get(key) for row in accepted], key
+
+
+def test_take_is_refused_to_a_thread_that_does_not_append(tmp_path: Path) -> None:
+    import threading
+
+    buffer = MetricBuffer(tmp_path / "spill")
+    buffer.append({"step": 1})
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            buffer.take()
+        except RayCmfError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and "does not append" in str(errors[0])
+    assert buffer.take() is not None
 
 
 @pytest.mark.parametrize("name", ["trial_id", "series", "attempt", "SequenceNumber"])

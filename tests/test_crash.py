@@ -166,3 +166,41 @@ def test_a_killed_run_not_yet_reaped_is_recovered(store_dir: Path) -> None:
         assert trial["status"] == "CRASHED" and trial["recovered"] is True
     finally:
         child.wait()
+
+
+PAUSING = textwrap.dedent(
+    """
+    import sys, time
+    from ray_cmf import Cmf
+    cmf = Cmf(pipeline_name="pause", store=sys.argv[1], flush_seconds=0.5)
+    for i in range(50):
+        cmf.log_metric("train", {"step": i, "loss": i / 4, "名前": "é" * (i % 3)})
+    print("evaluating", flush=True)
+    time.sleep(600)  # a long evaluation, killed before it ends
+    """
+)
+
+
+def test_rows_logged_before_a_long_pause_survive_a_sigkill(store_dir: Path) -> None:
+    """Rows logged before a pause in the logging waited for the next row to be handed over: a SIGKILL in a long
+    evaluation lost them all (0 recovered). They now leave once they have waited ``flush_seconds``."""
+    from ray_cmf.series_format import read_segments
+
+    child = subprocess.Popen([sys.executable, "-c", PAUSING, str(store_dir)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "evaluating\n"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the rows reach the spill while the child sleeps
+        spills = (store_dir / "spill").glob("*/")
+        if sum(batch.num_rows for spill in spills for batch in read_segments(spill)) >= 50:
+            break
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    [artifact] = recover(store_dir)
+    table = pq.read_table(Store(store_dir).resolve(properties(artifact)["url"])).to_pydict()
+    assert table == {
+        "SequenceNumber": list(range(1, 51)),
+        "step": list(range(50)),
+        "loss": [i / 4 for i in range(50)],
+        "名前": ["é" * (i % 3) for i in range(50)],
+    }

@@ -819,6 +819,21 @@ def test_an_empty_text_and_a_text_that_reads_as_a_number_are_groups_of_their_own
     assert groups.loc['team="1"', "config/team"] == "1" and groups.loc["team=1", "config/team"] == 1
 
 
+def test_one_number_is_one_group_whether_it_was_logged_as_an_int_or_a_float(tmp_path: Path) -> None:
+    """``lr`` of 1 in one trial and 1.0 in another made two groups, where ``diff`` and ``--where`` call them
+    the same value (found by a new user); a bool stays apart from the number, as ``diff`` has it."""
+    rows = [{"training_iteration": 1, "loss": 1.0}]
+    configs = [{"学习率": 1}, {"学习率": 1.0}, {"学习率": -0.0}, {"学习率": 0}, {"学习率": True}, {"学习率": 2.5}]
+    store = write_trials(tmp_path / "store", [Trial(f"t{i}", c, {"": rows}) for i, c in enumerate(configs)])
+    groups = Sweep(store).trials(group_by="config/学习率").set_index("group")
+    assert groups["trial_ids"].to_dict() == {
+        "学习率=1": ["t0", "t1"],
+        "学习率=0": ["t2", "t3"],
+        "学习率=True": ["t4"],
+        "学习率=2.5": ["t5"],
+    }
+
+
 def test_the_grouped_report_draws_means_with_a_band_and_smooths_on_the_page(tmp_path: Path, browser: Any) -> None:
     from tests._browser import open_report, screenshot
 
@@ -908,7 +923,9 @@ def test_what_a_new_user_ran_into_says_what_happened(tmp_path: Path, capsys: pyt
     assert "keeps no trial" in capsys.readouterr().err
 
     Sweep(root).delete("c")  # one id, not its characters
-    assert main(["tag", "c", "team=x", "--store", root]) == 0  # a deleted trial can be tagged; it says so
+    assert main(["tag", "c", "team=x", "--store", root]) == 2  # deleted trials leave every command
+    assert "'c' is deleted" in capsys.readouterr().err
+    assert main(["tag", "c", "team=x", "--store", root, "--include-deleted"]) == 0
     assert "tag/team" in capsys.readouterr().out
     assert main(["delete", "c", "--store", root, "--yes"]) == 2
     assert "['c'] are already deleted" in capsys.readouterr().err
@@ -935,6 +952,59 @@ def test_what_a_new_user_ran_into_says_what_happened(tmp_path: Path, capsys: pyt
         main(["plot", "--store", root, "--metric", "loss", "--color-by", "config/lr", "-o", str(tmp_path / "p.png")])
         == 0
     )
+
+
+def test_commands_refuse_what_they_cannot_do_as_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a new user: each of these exited 0, doing something else than asked."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+
+    typo = tmp_path / "typo" / "cmf_stor"  # recover after a crash, on a mistyped path: "none recovered"
+    for command in (["recover"], ["gc"]):
+        assert main([*command, "--store", str(typo)]) == 2
+        assert f"No MLMD database at {typo}" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()  # nor did it make a store there
+
+    store = _sweep(tmp_path / "store")
+    root = str(store.root)
+    Sweep(root).delete("c")
+    assert main(["note", "c", "why", "--store", root]) == 2
+    assert "'c' is deleted" in capsys.readouterr().err
+    assert main(["note", "c", "why", "--store", root, "--include-deleted"]) == 0
+    capsys.readouterr()
+    Sweep(root).tag("a", team="x")
+    assert main(["tag", "a", "prio=1", "--remove", "tem", "--store", root]) == 2  # a typo: nothing is changed
+    assert "has no tag 'tem' to remove; its tags: ['team']" in capsys.readouterr().err
+    assert Sweep(root).config("a") and Sweep(root).trials(metrics=[]).set_index("trial_id").loc["a", "tag/team"] == "x"
+    assert "tag/prio" not in Sweep(root).trials(metrics=[]).columns
+
+    assert main(["show", "a", "--metric", "los", "--store", root]) == 2  # was ignored: every column shown
+    assert "los" in capsys.readouterr().err
+    code, shown = _cli(capsys, "show", "a", "--metric", "loss", "--store", root)
+    assert code == 0 and {k for row in shown["last_rows"] for k in row} == {"trial_id", "step", "loss"}
+    rows = [[{"step": 1, "loss": v, "acc": v / 10}] for v in (1.0, 2.0)]
+    pair = str(write_trials(tmp_path / "pair", [Trial(t, {}, {"": r}) for t, r in zip("xy", rows, strict=True)]).root)
+    code, differs = _cli(capsys, "diff", "x", "y", "--metric", "acc", "--store", pair)  # was ignored
+    assert code == 0 and {row["field"] for row in differs} == {"acc_best", "acc_final"}
+
+    assert main(["plot", "--store", root, "--metric", "loss", "-o", str(tmp_path / "c.jpg")]) == 2  # held a PNG
+    assert ".png, .svg or .pdf" in capsys.readouterr().err and not (tmp_path / "c.jpg").exists()
+    assert main(["plot", "--store", root, "--metric", "loss", "-o", str(tmp_path / "c.svg")]) == 0
+    assert "<svg" in (tmp_path / "c.svg").read_text()
+
+    for stage, mode in (("sweep_min", "min"), ("sweep_max", "max")):  # two sweeps rank `score` both ways
+        ranked = {RANKED_BY_PROPERTY: "score", RANKED_MODE_PROPERTY: mode}
+        rows = [{"step": 1, "score": 1.0}, {"step": 2, "score": 2.0}]
+        write_trials(tmp_path / "two", [Trial(f"t_{mode}", {}, {"": rows}, props=ranked)], stage=stage)
+    two = str(tmp_path / "two")
+    for command in (["show", "t_min"], ["tag", "t_min", "k=v"], ["note", "t_min", "n"], ["trials", "--metric", "x"]):
+        caplog.clear()
+        assert main([*command, "--store", two]) == (2 if command[0] == "trials" else 0)
+        assert "both ways" not in caplog.text, command  # they rank nothing by it
+    caplog.clear()
+    assert main(["trials", "--store", two]) == 0
+    assert "rank 'score' both ways" in caplog.text
 
 
 def test_options_may_come_between_the_trial_and_its_tags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
