@@ -7,11 +7,13 @@ ray is imported on use only, so ``import ray_cmf`` stays light.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from ray_cmf.client import WriterClient
 from ray_cmf.errors import RayCmfError
+from ray_cmf.exits import outcome, track
 from ray_cmf.store import Store
 from ray_cmf.writer import StoreWriter
 
@@ -24,6 +26,8 @@ _DRIVER_WRITER: dict[tuple[str, str], Any] = {}
 # job id -> the writer that a trial or worker process found by name (looked up once: Tune may run many
 # trials in one process, and a lookup costs a round trip to Ray's control store)
 _FOUND_WRITER: dict[str, WriterClient] = {}
+
+log = logging.getLogger(__name__)
 
 
 class WriterActor:
@@ -56,7 +60,8 @@ def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: s
 
     ``CmfRayLogger`` and ``CmfTrainCallback`` call it; call it yourself before starting trials that log
     with ``ray_cmf`` when you use neither. The store is resolved here, on the driver (argument, else
-    ``$RAY_CMF_STORE``, else ``./cmf_store``); trials and workers learn it from the writer.
+    ``$RAY_CMF_STORE``, else ``./cmf_store``); trials and workers learn it from the writer. Train runs
+    recorded through it that have not ended as the driver ends (SIGTERM, Ctrl-C) end with it, ``CANCELED``.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -84,7 +89,33 @@ def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: s
         )
     client = WriterClient(_DRIVER_WRITER[job])
     client.call(StoreWriter.configure, store=store)
+    if _DRIVER_END.writer is None:
+        track(_DRIVER_END)
+    _DRIVER_END.writer = client
     return client
+
+
+class _DriverEnd:
+    """On a driver, as it ends (see :func:`ray_cmf.exits.track`): the Train runs bound through its writer
+    that have not ended were cut short (SIGTERM; Ctrl-C, which Ray Train answers by aborting the run and
+    returning). They end ``CANCELED``, or ``FAILED`` with the driver's uncaught exception, with what their
+    series hold committed: Ray stops their workers and controller with the driver, and no callback would."""
+
+    writer: WriterClient | None = None  # the writer the driver runs now (Ray may have been started again)
+
+    def close(self) -> None:
+        import ray
+
+        if self.writer is None or not ray.is_initialized():  # ray.shutdown() ended the writer and the runs
+            return
+        state, error = outcome()
+        state = "CANCELED" if state == "COMPLETE" else state  # a run that has not ended did not complete
+        ended = self.writer.call(StoreWriter.end_runs, state=state, error=error)
+        if ended:
+            log.warning("ray_cmf: the driver is ending (%s): Train runs %s end with it", state, ended)
+
+
+_DRIVER_END = _DriverEnd()
 
 
 def connect(store: str | os.PathLike[str] | Store | None = None) -> WriterClient:

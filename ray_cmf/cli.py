@@ -182,7 +182,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False)
         if metrics:
             if metric in metrics:
                 keep.append(column)
-        elif every or (metric not in TUNE_BOOKKEEPING and kind in summary_kinds(metric)):
+        elif kind in summary_kinds(metric) and (every or metric not in TUNE_BOOKKEEPING):
             keep.append(column)
     return [*keep, "steps"]
 

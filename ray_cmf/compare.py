@@ -391,13 +391,21 @@ class Sweep:
                 for a in self._step_artifacts()
                 if property_of(a, "metrics_name") == self.metrics_name and not collected(a)
             }
-            latest: dict[int, dict[str, Any]] = {}
-            for output in self.lineage.producers(list(artifacts)):  # oldest first: the newest version wins
-                latest.setdefault(output.execution_id, {})[output.instance] = artifacts[output.artifact_id]
+            executions = self.executions()  # and the Train runs inside trials
+            runs = {run.id: run for inside in self._runs.values() for run in inside}
+            outputs = self.lineage.producers(list(artifacts))
+            made_by = {o.artifact_id: o.execution_id for o in outputs if o.execution_id in runs}
+            latest: dict[int, dict[tuple[int | None, str], Any]] = {}
+            for output in outputs:  # oldest first: the newest version wins
+                series = (made_by.get(output.artifact_id), output.instance)  # a trial's runs' series stay apart
+                latest.setdefault(output.execution_id, {})[series] = artifacts[output.artifact_id]
             self._files = []
-            for execution, stage in self.executions():
-                for instance, artifact in latest.get(execution.id, {}).items():
-                    file = self._file(execution, stage, instance, properties(artifact))
+            for execution, stage in executions:
+                held = latest.get(execution.id, {})
+                several_runs = len({run for run, _ in held}) > 1
+                for (run, instance), artifact in held.items():
+                    label = _run_series(runs[run], instance) if several_runs and run is not None else instance
+                    file = self._file(execution, stage, label, properties(artifact))
                     if file is not None:
                         self._files.append(file)
         return self._files
@@ -1096,6 +1104,13 @@ def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]
     from ray_cmf.lineage import flatten_config
 
     return flatten_config(json.loads(raw), as_json=as_json)
+
+
+def _run_series(run: Execution, instance: str) -> str:
+    """A series of a Train run, as a trial that ran several names it: the run's name, then the series' own
+    (``second/rank1``)."""
+    name = str(property_of(run, "run_name") or run.name)
+    return f"{name}/{instance}" if instance else name
 
 
 def _own_config(props: Mapping[str, Any]) -> dict[str, Any]:

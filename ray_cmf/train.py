@@ -687,6 +687,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         wait for it."""
         self._worker_groups += 1
         self._record_rank0(worker_group)
+        self._rt()  # the run and its config are recorded now: a run its driver's end cuts short is known
         if self.system_metrics is None:
             return
         run = self._run_context.get_run_config().name

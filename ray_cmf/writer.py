@@ -24,7 +24,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ray_cmf.binding import Binding, SeriesKey
-from ray_cmf.constants import ATTEMPT_COLUMN, ATTEMPT_PROPERTY, DATASET_TYPE, SEQUENCE_COLUMN, STARTS_PREFIX
+from ray_cmf.constants import (
+    ATTEMPT_COLUMN,
+    ATTEMPT_PROPERTY,
+    DATASET_TYPE,
+    ERROR_PROPERTY,
+    SEQUENCE_COLUMN,
+    STARTS_PREFIX,
+)
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.lineage import Artifact, Context, Execution, owner_of, properties
@@ -486,6 +493,23 @@ class StoreWriter:
             self._commit_dangling(live, spill_name, series)
         if props or state:
             live.update_execution(binding.execution_id, props, state)
+
+    def end_runs(self, *, state: str, error: str | None = None) -> list[str]:
+        """The driver is ending while Train runs it started have not: end each as ``state`` (with ``error``
+        where FAILED), committing what their series received; returns their names. Ray stops their workers
+        with the driver, and no callback would end them."""
+        with self._lock:
+            runs = [(name, binding) for (kind, name), (binding, _) in self._bindings.items() if kind == "run"]
+        ended = []
+        for name, binding in runs:
+            live = self._open(binding.store)
+            with self._lock:
+                if (live, binding.execution_id) in self._ended:
+                    continue
+            props = {"status": state, **({ERROR_PROPERTY: error} if state == "FAILED" and error else {})}
+            self.end(binding=binding, props=props, state=state)
+            ended.append(name)
+        return ended
 
     def _commit_dangling(self, live: Store, spill_name: str, series: _Series) -> None:
         """Commit rows that a series' logger never committed (marked ``at_end``). Said at INFO: it is how the

@@ -114,6 +114,8 @@ def test_accuracy_top_k_and_labels() -> None:
     assert labels.compute()["value"].item() == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="top_k=2 needs class scores"):
         Accuracy(top_k=2).update(torch.tensor([1]), torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"top_k=3 needs scores of at least 3 classes, got 2 \(shape \(1, 2\)\)"):
+        Accuracy(top_k=3).update(torch.tensor([[0.2, 0.8]]), torch.tensor([1]))  # read 1.0 (found by a new user)
     # shape errors are raised by update itself, naming both shapes, not later when the block is applied
     with pytest.raises(ValueError, match=r"scores of shape \(3, 3\) do not match targets of shape \(2,\)"):
         top1.update(logits, torch.tensor([0, 1]))
@@ -337,7 +339,9 @@ def test_top_k_accuracy_ranks_tied_scores_as_top_1_does(scores: list[list[float]
     target = torch.tensor(targets[: len(scores)])
     classes = preds.shape[1]
     previous = -1.0
-    for k in range(1, classes + 2):
+    with pytest.raises(ValueError, match=f"top_k={classes + 1} needs scores of at least"):  # all would be hits
+        Accuracy(top_k=classes + 1).update(preds, target)
+    for k in range(1, classes + 1):
         m = Accuracy(top_k=k)
         m.update(preds, target)
         got = m.compute()["value"].item()

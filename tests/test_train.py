@@ -642,6 +642,12 @@ def test_best_is_the_right_way_round_for_a_metric_that_knows_it_and_one_declared
     assert main(["trials", "--store", str(tmp_path / "store"), "--metrics-name", "train_steps", "--json"]) == 0
     [shown] = json.loads(capsys.readouterr().out)
     assert "loss_nonfinite_final" in shown and "loss_nonfinite_best" not in shown and shown["acc_best"] == 1.0
+    assert (
+        main(["trials", "--store", str(tmp_path / "store"), "--metrics-name", "train_steps", "--json", "--all-columns"])
+        == 0
+    )
+    [every] = json.loads(capsys.readouterr().out)  # more columns, but no best of a count (found by a new user)
+    assert "loss_nonfinite_final" in every and "loss_nonfinite_best" not in every
 
 
 @pytest.mark.parametrize(
@@ -766,6 +772,41 @@ def test_train_runs_of_one_name_inside_two_trials_are_two_runs(ray_session: None
     lineage = Lineage(tmp_path / "store" / "mlmd.sqlite", readonly=True)
     runs = lineage.store.get_executions_by_type(RUN_EXECUTION_TYPE)
     assert sorted(properties(r)["tune_trial_id"] for r in runs) == sorted(configs)
+
+
+def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(ray_session: None, tmp_path: Path) -> None:
+    """A trial that runs two Train runs (one after the other) read only the second: both runs' files are the
+    trial's, under one series name, so the later one read as a new version of the first (found by a new
+    user). Each run is now a series of the trial, named by its run; a trial with one run reads as before."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    def trainable(config: dict[str, Any]) -> None:
+        trial_id = tune.get_context().get_trial_id()
+        for run in ["first", "second"] if config["lr"] == 1.0 else ["only"]:
+            steps = StepLogger(
+                MetricCollection({"loss": Mean()}), run_name=run, trial_id=trial_id, sync_every=1, system_metrics=None
+            )
+            for it in range(3):
+                steps.metrics.update(loss=torch.tensor(config["lr"] * (it + 1) + (run == "second") * 100))
+                steps.step()
+            steps.finish()
+        tune.report({"done": 1.0})
+
+    sweep, configs = _two_trials(trainable, CmfRayLogger("two_runs", store=str(tmp_path / "store")), tmp_path)
+    steps = sweep.of_series("train_steps").steps(["loss"])
+    by_lr = {lr: steps[steps["trial_id"] == t] for t, lr in configs.items()}
+    two = by_lr[1.0]
+    assert {series: rows["loss"].tolist() for series, rows in two.groupby("series")} == {
+        "first": [1.0, 2.0, 3.0],
+        "second": [101.0, 102.0, 103.0],
+    }
+    assert by_lr[10.0]["loss"].tolist() == [10.0, 20.0, 30.0] and by_lr[10.0]["series"].isna().all()
+    table = sweep.of_series("train_steps").trials(["loss"]).set_index("config/lr")
+    assert table.loc[1.0, "steps"] == 6 and table.loc[1.0, "loss_best"] == 1.0 and table.loc[10.0, "steps"] == 3
 
 
 def _reports_its_lr(config: dict[str, Any]) -> None:
@@ -916,3 +957,84 @@ def test_the_report_of_a_train_run_shows_each_series_and_rank(two_workers: Path,
     assert len(names) == 2 and all("rank" in n for n in names)  # one curve per rank
     screenshot(page, "report-train-run.png")
     assert errors == []
+
+
+ENDING_DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import ray, torch
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    import ray_cmf
+    from ray_cmf import CmfTrainCallback, StepLogger
+    from ray_cmf.metrics import Mean, MetricCollection
+
+    store, progress = sys.argv[1], Path(sys.argv[2])
+
+    def loop(config):
+        torch.set_num_threads(1)
+        metrics = MetricCollection({"v": Mean()})
+        steps = StepLogger(metrics, sync_every=1, pipeline_name="ending", system_metrics=None)
+        rank = ray.train.get_context().get_world_rank()
+        for step in range(1, 3001):
+            metrics.update(v=torch.tensor(float(step), dtype=torch.float64))
+            steps.step()
+            if rank == 0:
+                progress.write_text(str(step))
+            time.sleep(0.02)
+        steps.finish()
+
+    ray.init(num_cpus=3, include_dashboard=False)
+    if sys.argv[4] == "callback":
+        callbacks = [CmfTrainCallback("ending", store=store, system_metrics=None)]
+    else:  # StepLogger alone: the README's start_writer
+        ray_cmf.start_writer(store)
+        callbacks = []
+    TorchTrainer(
+        loop,
+        train_loop_config={"lr": 0.1, "名前": "é"},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="cut_short", storage_path=sys.argv[3], callbacks=callbacks),
+    ).fit()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stop", "callback"), [(signal.SIGTERM, "callback"), (signal.SIGINT, "callback"), (signal.SIGTERM, "none")]
+)
+def test_a_train_run_whose_driver_is_stopped_ends_canceled_with_its_rows_and_config(
+    tmp_path: Path, stop: signal.Signals, callback: str
+) -> None:
+    """A TorchTrainer driver stopped by SIGTERM or Ctrl-C left its run CRASHED with 0 steps, its rows for
+    ``recover``, and no config (recorded only at the run's end): the README promises that a driver stopped
+    so commits its rows. The run is now recorded as its workers start, and ends with the driver, CANCELED."""
+    import subprocess
+    import sys
+
+    store, progress = tmp_path / "store", tmp_path / "progress"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", ENDING_DRIVER, str(store), str(progress), str(tmp_path / "results"), callback],
+        env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and int(progress.read_text() or 0 if progress.exists() else 0) < 50:
+            time.sleep(0.1)
+        driver.send_signal(stop)  # the driver only, as a terminal's Ctrl-C or a scheduler's SIGTERM reaches it
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    [run] = Sweep(store, pipeline="ending", metrics_name="train_steps").trials().to_dict("records")
+    assert run["status"] == "CANCELED"
+    if callback == "callback":  # the run's config is the callback's to record
+        assert run["config/lr"] == 0.1 and run["config/名前"] == "é"
+    rows = Sweep(store, pipeline="ending", metrics_name="train_steps").steps()
+    steps = rows["step"].tolist()
+    assert len(steps) >= 40 and steps == list(range(1, len(steps) + 1))  # committed without recover, in order
+    assert rows["v"].tolist() == [float(s) for s in steps]  # each step's mean over both ranks

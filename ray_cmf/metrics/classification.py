@@ -55,6 +55,11 @@ class Accuracy(Metric):
                     f"Accuracy: scores of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
                     f"{tuple(target.shape)} (expected (N, C, ...) against (N, ...))"
                 )
+            if preds_or_logits.shape[1] < self.top_k:  # every sample would be right
+                raise ValueError(
+                    f"Accuracy: top_k={self.top_k} needs scores of at least {self.top_k} classes, got "
+                    f"{preds_or_logits.shape[1]} (shape {tuple(preds_or_logits.shape)})"
+                )
         elif preds_or_logits.shape != target.shape:
             raise ValueError(
                 f"Accuracy: predicted labels of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
