@@ -573,3 +573,4 @@ class _FlushClock:
 
 
 _CLOCK = _FlushClock()
+os.register_at_fork(after_in_child=_CLOCK.__init__)  # a forked child (a DataLoader worker) starts afresh

@@ -95,7 +95,15 @@ from ray_cmf.lineage import (
     tune_id_of_key,
 )
 from ray_cmf.query import Query, parse
-from ray_cmf.series_format import SeriesSummary, SpillManifest, conform, int_magnitude, read_segments, unify
+from ray_cmf.series_format import (
+    SeriesSummary,
+    SpillManifest,
+    conform,
+    float_texts,
+    int_magnitude,
+    read_segments,
+    unify,
+)
 from ray_cmf.store import Store
 from ray_cmf.versioning import file_md5
 
@@ -1272,7 +1280,7 @@ def _scan_with_trials(
     index_of = {path: i for i, path in enumerate(paths)}
     batches, codes = [], []
     for tagged in dataset.scanner(columns=columns).scan_batches():
-        batches.append(tagged.record_batch)
+        batches.append(_as_logged(tagged.record_batch, tagged.fragment.physical_schema))
         codes.append(np.full(tagged.record_batch.num_rows, index_of[tagged.fragment.path], dtype=np.int32))
     table = pa.Table.from_batches(batches, schema=pa.schema([dataset.schema.field(c) for c in columns]))
     path_codes = np.concatenate(codes) if codes else np.empty(0, np.int32)
@@ -1291,6 +1299,21 @@ def _scan_with_trials(
     return table.append_column(
         SERIES_COLUMN, _labels(file_codes, [f.instance if f.trial_id in several else None for f in files])
     )
+
+
+def _as_logged(batch: pa.RecordBatch, logged: pa.Schema) -> pa.RecordBatch:
+    """A scanned batch whose columns of floats the sweep reads as text (another trial logged text there)
+    written as floats are (see :func:`float_texts`)."""
+    floats = [
+        i
+        for i, field in enumerate(batch.schema)
+        if pa.types.is_string(field.type)
+        and field.name in logged.names
+        and pa.types.is_floating(logged.field(field.name).type)
+    ]
+    for i in floats:
+        batch = batch.set_column(i, batch.schema.field(i), float_texts(batch.column(i)))
+    return batch
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

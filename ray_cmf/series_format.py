@@ -301,10 +301,22 @@ def int_magnitude(column: pa.ChunkedArray | pa.Array) -> int:
 def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     """Cast a table to a unified schema (see :func:`unify`), adding all-null columns it lacks."""
     columns = [
-        table.column(f.name).cast(f.type) if f.name in table.schema.names else pa.nulls(table.num_rows, f.type)
+        _cast(table.column(f.name), f.type) if f.name in table.schema.names else pa.nulls(table.num_rows, f.type)
         for f in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _cast(column: pa.ChunkedArray | pa.Array, to: pa.DataType) -> pa.ChunkedArray | pa.Array:
+    cast = column.cast(to)
+    return float_texts(cast) if pa.types.is_floating(column.type) and pa.types.is_string(to) else cast
+
+
+def float_texts(texts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Floats that Arrow cast to text, with a point where it wrote none: "0" would read as an int, and "-0"
+    would lose its sign (``-0.0`` and ``3.0`` read back as floats)."""
+    whole = pc.match_substring_regex(texts, r"^-?[0-9]+$")
+    return pc.if_else(whole, pc.binary_join_element_wise(texts, ".0", ""), texts)
 
 
 def discard_spill(directory: Path) -> None:

@@ -9,6 +9,7 @@ error that names its key, and a refused row leaves no trace.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -122,14 +123,15 @@ def _log(cmf: Cmf, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _as_logged(logged: Any, read: Any) -> Any:
-    """A value read back from a column that became text (its types differ across trials) parsed as its type."""
+    """A value read back from a column that became text (its types differ across trials), parsed by its look
+    alone, as a reader of the text would: digits are an int; a float has a point, an exponent, inf or nan."""
     if not isinstance(read, str) or isinstance(logged, str) or logged is None:
         return read
     if isinstance(logged, bool):
         return {"true": True, "false": False}.get(read, read)
     if isinstance(logged, float) and math.isnan(logged) and read == "nan":
         return logged  # text keeps a NaN as NaN, not its sign or payload bits (the README says so)
-    return int(read) if isinstance(logged, int) else float(read)
+    return int(read) if re.fullmatch(r"-?[0-9]+", read) else float(read)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -142,6 +144,7 @@ def _as_logged(logged: Any, read: Any) -> Any:
 )
 @example(trials=[[{"a": 2**60 + 1}], [{"a": 0.5}]])  # an int beyond 2**53 in one trial, floats in another
 @example(trials=[[{"a": 2**53 + 1}], [{"a": -math.nan}]])  # and a NaN with its sign bit set
+@example(trials=[[{"a": 0.0}, {"a": -0.0}, {"a": 3.0}], [{"a": "x"}]])  # whole floats read as "0", "-0": ints
 def test_a_sweep_reads_back_every_trials_values_whatever_the_others_logged(trials: list[list[dict[str, Any]]]) -> None:
     """Across trials a metric may be ints in one, floats or bools in another: each trial's values come back
     exactly, as numbers where one type holds them all, else as text that parses back to each value."""

@@ -790,6 +790,7 @@ def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(ray_session: N
             steps = StepLogger(
                 MetricCollection({"loss": Mean()}), run_name=run, trial_id=trial_id, sync_every=1, system_metrics=None
             )
+            steps.log_seeds(**{"графа": len(run)})  # 5, 6, 4
             for it in range(3):
                 steps.metrics.update(loss=torch.tensor(config["lr"] * (it + 1) + (run == "second") * 100))
                 steps.step()
@@ -807,6 +808,8 @@ def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(ray_session: N
     assert by_lr[10.0]["loss"].tolist() == [10.0, 20.0, 30.0] and by_lr[10.0]["series"].isna().all()
     table = sweep.of_series("train_steps").trials(["loss"]).set_index("config/lr")
     assert table.loc[1.0, "steps"] == 6 and table.loc[1.0, "loss_best"] == 1.0 and table.loc[10.0, "steps"] == 3
+    seeds = {lr: sweep.environment(t)["seed/графа"] for t, lr in configs.items()}
+    assert seeds == {1.0: 6, 10.0: 4}  # a trial's seeds are its later run's, as the README says
 
 
 def _reports_its_lr(config: dict[str, Any]) -> None:
