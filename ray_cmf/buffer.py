@@ -532,6 +532,10 @@ class _FlushClock:
     ``flush_seconds``, so that no row depends on a later one to leave; the hot path keeps no clock."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Watch nothing, with no thread yet (also in a forked child, whose copy of the thread is gone)."""
         self._buffers: weakref.WeakSet[MetricBuffer] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._changed = threading.Event()
@@ -573,4 +577,4 @@ class _FlushClock:
 
 
 _CLOCK = _FlushClock()
-os.register_at_fork(after_in_child=_CLOCK.__init__)  # a forked child (a DataLoader worker) starts afresh
+os.register_at_fork(after_in_child=_CLOCK.reset)  # a forked child (a DataLoader worker) starts afresh
