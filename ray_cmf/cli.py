@@ -162,15 +162,16 @@ def _listing(lineage: Lineage) -> str:
     )
 
 
-def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False) -> list[str]:
+def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False, stable: bool = False) -> list[str]:
     """The trial table's columns to show: Tune's bookkeeping (``time_total_s``, ...), the environment and the
     seeds only when asked for (``every``), and a counter (``epoch``, ``step``, ``loss_nonfinite``) by its final
-    value only."""
+    value only. How trials ended and what users noted show where some trial has them, or always where the
+    output is read by a program (``stable``: ``--json``, whose rows keep their keys whatever the filter)."""
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
-    recovered = [c for c in ("recovered", "stopped") if c in table.columns and table[c].any()]
+    recovered = [c for c in ("recovered", "stopped") if c in table.columns and (stable or table[c].any())]
     curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
     shown = ("replaced_by", "restarted_from", NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
-    curated += [c for c in shown if c in table.columns and table[c].notna().any()]
+    curated += [c for c in shown if c in table.columns and (stable or table[c].notna().any())]
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
     keep += [c for c in table.columns if c.startswith("metrics/")]  # log_execution_metrics: few, and results
@@ -230,7 +231,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
         table = table[table["status"].isin(args.status)]
     if args.limit:
         table = table.head(args.limit)
-    columns = _summary_columns(table, args.metric, every=args.all_columns) + (["verified"] if args.verify else [])
+    columns = _summary_columns(table, args.metric, args.all_columns, args.json) + (["verified"] if args.verify else [])
     _emit(args, _trial_rows(args, table, columns), f"trials of {sweep.pipeline} ({sweep.metrics_name}), {order}")
     return EXIT_OK
 
@@ -285,7 +286,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     sweep = _picked(args)
     mode = sweep.mode_for(args.metric[0], args.mode)
     best = sweep.best(args.metric[0], mode, n=args.top)
-    columns = _summary_columns(best, args.metric)
+    columns = _summary_columns(best, args.metric, stable=args.json)
     _emit(args, _trial_rows(args, best, columns), f"top {args.top} by {args.metric[0]} ({mode})")
     return EXIT_OK
 

@@ -278,20 +278,20 @@ class Cmf:
         :func:`ray_cmf.recover`), and then None is returned. Rows that could not be handed over are
         counted on the artifact (``rows_lost``).
 
+        A restored or retried trial's Cmf commits the rows its earlier attempts logged under the name too,
+        also when this attempt logged none (it resumed at its last checkpoint, say).
+
         Raises:
-            MetricsNotFoundError: Nothing was logged under ``metrics_name``.
+            MetricsNotFoundError: Nothing was logged under ``metrics_name`` (by any attempt of the trial).
         """
         buffer = self.metrics.get(metrics_name)
-        if buffer is None:
-            raise MetricsNotFoundError(
-                f"Nothing was logged under metrics_name={metrics_name!r}; call log_metric first "
-                f"(logged names: {sorted(self.metrics)})"
-            )
+        earlier = buffer is None and self._continued  # what the trial's earlier attempts logged, if any
+        if buffer is None and not earlier:
+            raise self._nothing_logged(metrics_name)
+        buffer = buffer or self._new_buffer(metrics_name)
         try:
             rows = buffer.rows
             artifact = self._sinks[metrics_name].commit(buffer, custom=custom_properties)
-            self._committed[metrics_name] = rows
-            return artifact
         except Exception as exc:  # logging never kills training
             log.warning(
                 "ray_cmf: could not commit %r (%s). Its rows are kept, spilled or in memory: commit again once "
@@ -300,6 +300,18 @@ class Cmf:
                 exc,
             )
             return None
+        if artifact is None and earlier:  # no attempt logged it
+            self.metrics.pop(metrics_name).close()
+            del self._sinks[metrics_name]
+            raise self._nothing_logged(metrics_name)
+        self._committed[metrics_name] = rows
+        return artifact
+
+    def _nothing_logged(self, metrics_name: str) -> MetricsNotFoundError:
+        return MetricsNotFoundError(
+            f"Nothing was logged under metrics_name={metrics_name!r}; call log_metric first "
+            f"(logged names: {sorted(self.metrics)})"
+        )
 
     def read_metrics(self, metrics_name: str, commit: str | None = None) -> pd.DataFrame:
         """This execution's latest committed version of a series (or its version with md5 ``commit``),

@@ -84,6 +84,7 @@ from ray_cmf.frames import (
 )
 from ray_cmf.lineage import (
     Artifact,
+    Context,
     Execution,
     Lineage,
     collected,
@@ -253,18 +254,8 @@ class Sweep:
         self.include_deleted = include_deleted
         self.lineage = Lineage(self.store.mlmd, readonly=True)
         self.pipeline = pipeline or self._only_pipeline()
-        parent = self.lineage.find_pipeline(self.pipeline)
-        if parent is None:
-            known = [p.name for p in self.lineage.pipelines()]
-            raise StoreError(f"No pipeline {self.pipeline!r} in {self.store}; it holds {known}")
-        stages = self.lineage.stages(parent)
-        if stage is not None:
-            known = [properties(s).get("stage") for s in stages]
-            stages = [s for s in stages if properties(s).get("stage") == stage]
-            if not stages:
-                raise StoreError(f"No stage {stage!r} in pipeline {self.pipeline!r}; it holds {known}")
         self.stage = stage
-        self.stages = stages
+        self.stages = self._read_stages()
         self.metrics_name = metrics_name or RESULTS_METRICS_NAME
         self._files: list[TrialFile] | None = None
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] | None = None
@@ -291,6 +282,21 @@ class Sweep:
                     "(metrics_name=..., or --metrics-name)",
                     held,
                 )
+
+    def _read_stages(self) -> list[Context]:
+        """The stages this sweep reads: the pipeline's, or the one named (as the store holds them now)."""
+        parent = self.lineage.find_pipeline(self.pipeline)
+        if parent is None:
+            known = [p.name for p in self.lineage.pipelines()]
+            raise StoreError(f"No pipeline {self.pipeline!r} in {self.store}; it holds {known}")
+        stages = self.lineage.stages(parent)
+        if self.stage is None:
+            return stages
+        named = [s for s in stages if properties(s).get("stage") == self.stage]
+        if not named:
+            known = [properties(s).get("stage") for s in stages]
+            raise StoreError(f"No stage {self.stage!r} in pipeline {self.pipeline!r}; it holds {known}")
+        return named
 
     def of_series(self, metrics_name: str) -> Sweep:
         """The same trials' series of another name (their Train runs' ``train_steps``, say)."""
@@ -375,7 +381,9 @@ class Sweep:
     def refresh(self) -> Sweep:
         """Read the store again from the next call on: a Sweep reads its trials, their versions and what
         they declared once, when first asked, so a Sweep kept while a sweep runs shows it as it was then.
-        ``steps(live=True)`` refreshes by itself. Returns the Sweep."""
+        ``steps(live=True)`` refreshes by itself; stages that sweeps added since are read too. Returns the
+        Sweep."""
+        self.stages = self._read_stages()
         self._files = self._executions = self._artifacts = None
         self._execution_metrics = self._resumed = self._modes = self._declared = self._restarts = None
         if self._whole is not self:
@@ -557,8 +565,9 @@ class Sweep:
         group_by: str | Sequence[str] | None = None,
         live: bool = False,
     ) -> pd.DataFrame:
-        """One row per trial: id, status, config, tags, note, start time, error (a FAILED trial's, as its last
-        failure raised it), best/final/steps per metric, md5, url.
+        """One row per trial, in the order the trials were recorded (``sort`` orders them; ``ray-cmf trials``
+        lists them best first): id, status, config, tags, note, start time, error (a FAILED trial's, as its
+        last failure raised it), best/final/steps per metric, md5, url.
 
         ``metrics`` limits the summarised (and read) columns; ``mode`` says whether lower (``min``) or
         higher (``max``) is best, for all metrics or per metric (default: the sweep's, see :meth:`modes`;

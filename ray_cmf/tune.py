@@ -91,7 +91,7 @@ def trial_cmf(
     if not ray_driver():  # a trial's process now runs another trial (Tune reuses actors): hand over
         for ended in list(_TRIAL_CMFS):
             _TRIAL_CMFS.pop(ended).close()
-    if _in_trainable_setup():
+    if _running(tune.Trainable.__init__) is not None:  # its setup(): before Tune starts the trial
         raise RayCmfError(
             f"The Cmf of trial {trial_id!r} was asked for in a tune.Trainable's setup(), which runs before Tune "
             "starts the trial and CmfRayLogger registers it: ask for it in step() (or later) instead"
@@ -102,6 +102,9 @@ def trial_cmf(
     token = ray.get_runtime_context().get_actor_id() if in_trial else None  # this start's, not a failed one's
     joined = writer.wait_for_trial(StoreWriter.join, trial_id, timeout, environment=here, token=token)
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
+    trainable = _running(tune.Trainable.train)  # a tune.Trainable's step() asks
+    if trainable is not None:
+        _flush_at_saves(trainable)
     if in_trial:
         interval = None if joined.node_sampled else system_metrics
         sampler = sample_into(writer, SeriesKey.system(joined.binding), interval)
@@ -225,13 +228,35 @@ def get_cmf(
     )
 
 
-def _in_trainable_setup() -> bool:
-    """Whether this runs inside a ``tune.Trainable``'s constructor (its ``setup``)."""
-    code = tune.Trainable.__init__.__code__
+def _flush_at_saves(trainable: tune.Trainable) -> None:
+    """Make a ``tune.Trainable``'s rows reach the store as Tune saves its checkpoint, since a retry or a
+    restore resumes from it and never logs them again (a function trainable's do as it reports one; see
+    :func:`_before_tune_stops`). Wraps, on the instance, the method through which ``Trainable.save`` reports
+    the checkpoint it wrote: Ray binds an actor's methods, ``save`` among them, as it starts it, and the one
+    that ``save`` calls on ``self`` is Ray's private API (without it, rows reach the store every
+    ``flush_seconds``)."""
+    name = "_report_class_trainable_checkpoint"
+    report = getattr(trainable, name, None)
+    if report is None or name in vars(trainable):  # wrapped already (Tune reuses it for another trial)
+        return
+
+    @functools.wraps(report)
+    def report_after_flush(*args: Any, **kwargs: Any) -> Any:
+        cmf = _TRIAL_CMFS.get(report.__self__.trial_id)  # the trial it runs now
+        if cmf is not None:
+            cmf.flush()
+        return report(*args, **kwargs)
+
+    setattr(trainable, name, report_after_flush)
+
+
+def _running(method: Any) -> Any:
+    """The ``self`` of ``method`` (of ``tune.Trainable``) where it runs on this thread's stack, else None."""
+    code = method.__code__
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
-    return frame is not None
+    return frame.f_locals.get("self") if frame is not None else None
 
 
 def _actor_id(trial: Any) -> str | None:

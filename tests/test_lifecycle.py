@@ -1007,6 +1007,19 @@ def test_commands_refuse_what_they_cannot_do_as_asked(
     assert "rank 'score' both ways" in caplog.text
 
 
+def test_json_rows_keep_their_keys_whatever_the_filter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trials --json`` left out the columns that the kept trials have empty (``error``, ``note``), so a
+    program's keys changed with ``--where`` (found by a new user)."""
+    store = _sweep(tmp_path / "store")
+    root = str(store.root)
+    Sweep(root).note("c", "diverged")
+    _, every = _cli(capsys, "trials", "--store", root)
+    _, some = _cli(capsys, "trials", "--store", root, "--where", 'status == "COMPLETE"')
+    assert {"note", "error", "recovered"} <= set(every[0]) and [set(row) for row in some] == [set(every[0])] * 3
+    _, best = _cli(capsys, "compare", "--store", root, "--metric", "loss", "--top", "1")
+    assert set(best[0]) >= {"note", "error", "recovered"}
+
+
 def test_options_may_come_between_the_trial_and_its_tags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``ray-cmf tag a --store S team=x`` exited 2 ("unrecognized arguments: team=x"): argparse ends a list
     positional at the first option. The words after an option now join the list, for ``tag`` and ``delete``;

@@ -955,6 +955,9 @@ def test_a_sweep_kept_while_its_trials_run_reads_them_as_they_are_now_with_live_
     assert now["steps"].to_dict() == {"a": 3, "b": 1} and now.loc["b", "loss_final"] == 1.0
     assert sweep.best("loss", n=2, live=True)["loss_best"].tolist() == [1 / 3, 1.0]  # b's uncommitted 1.0 counts
     assert set(view.steps(live=True)["trial_id"]) == {"a"} and view.refresh().trials()["trial_id"].tolist() == ["a"]
+    write_trials(tmp_path / "store", [Trial("c", {"lr": 0.3}, rows(1))], stage="second")  # a sweep into a new stage
+    assert sorted(sweep.refresh().trials()["trial_id"]) == ["a", "b", "c"]  # it stayed unseen (a new user's find)
+    assert sorted(sweep.steps(live=True)["trial_id"].unique()) == ["a", "b", "c"]
 
 
 def test_show_shows_a_trial_whatever_its_series_are_called(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -659,6 +659,107 @@ def test_a_metric_no_result_holds_is_warned_about(
     assert len(warned) == 1 and "'loss'" in warned[0]
 
 
+class _DiesOnce:
+    """A tune.Trainable (made a subclass in the test) that logs a row per step, checkpoints every 2 steps,
+    and dies at step 5 of its first attempt as a process killed for memory does (no exit hook runs)."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        self.it, self.mark = 0, Path(config["mark"])
+
+    def step(self) -> dict[str, float]:
+        import ray_cmf.tune
+
+        self.it += 1
+        ray_cmf.tune.trial_cmf(self.trial_id).log_metric("inner", {"step": self.it, "v": self.it * 0.5})
+        if self.it == 5 and not self.mark.exists():
+            self.mark.touch()
+            os._exit(1)
+        return {"loss": float(self.it)}
+
+    def save_checkpoint(self, directory: str) -> None:
+        (Path(directory) / "it").write_text(str(self.it))
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.it = int((Path(directory) / "it").read_text())
+
+
+def test_a_class_trainable_killed_after_a_checkpoint_keeps_its_rows(ray_session: None, tmp_path: Path) -> None:
+    """A tune.Trainable's rows reached the store only every flush_seconds: killed after its checkpoint of
+    step 4, its retry resumed at step 5 and steps 1-4 were lost (found by a new user; a function trainable's
+    rows reach the store as it reports a checkpoint). They now do as Tune saves the checkpoint."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    trainable = type("DiesOnce", (_DiesOnce, tune.Trainable), {})
+    tune.Tuner(
+        trainable,
+        param_space={"mark": str(tmp_path / "died")},
+        run_config=tune.RunConfig(
+            name="dies",
+            storage_path=str(tmp_path / "tune"),
+            verbose=0,
+            callbacks=[CmfRayLogger("dies", store=str(tmp_path / "store"))],
+            stop={"training_iteration": 8},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2),
+            failure_config=tune.FailureConfig(max_failures=2),
+        ),
+    ).fit()
+    assert (tmp_path / "died").exists()  # it did die once
+    inner = Sweep(tmp_path / "store", pipeline="dies", metrics_name="inner").steps(["v"])
+    assert inner["step"].tolist() == list(range(1, 9)) and inner["v"].tolist() == [i * 0.5 for i in range(1, 9)]
+
+
+def _commits_after_its_loop(config: dict[str, Any]) -> None:
+    """Logs a row per iteration with a checkpoint, fails once after its last report, then commits."""
+    import tempfile
+
+    from ray import tune
+
+    import ray_cmf.tune
+
+    cmf = ray_cmf.tune.get_cmf(system_metrics=None)
+    checkpoint = tune.get_checkpoint()
+    start = int((Path(checkpoint.path) / "it").read_text()) if checkpoint else 0
+    for it in range(start + 1, 4):
+        cmf.log_metric("inner", {"step": it, "v": it / 4})
+        with tempfile.TemporaryDirectory() as directory:
+            (Path(directory) / "it").write_text(str(it))
+            tune.report({"loss": float(it)}, checkpoint=tune.Checkpoint.from_directory(directory))
+    mark = Path(config["mark"])
+    if not mark.exists():
+        mark.touch()
+        raise RuntimeError("after the last report")
+    cmf.commit_metrics("inner")  # the retry resumed at the end: it logged nothing, its first attempt did
+
+
+def test_a_retry_with_nothing_left_to_log_commits_what_its_first_attempt_logged(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """``commit_metrics`` in a retry (or a PBT trial resumed at its last iteration) that logged nothing raised
+    "Nothing was logged under 'inner'", and failed the trial, whose series the store holds (a new user's
+    find: every trial of a PBT sweep ended FAILED)."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    tune.Tuner(
+        _commits_after_its_loop,
+        param_space={"mark": str(tmp_path / "failed")},
+        run_config=tune.RunConfig(
+            name="resumed",
+            storage_path=str(tmp_path / "tune"),
+            verbose=0,
+            callbacks=[CmfRayLogger("resumed", store=str(tmp_path / "store"))],
+            failure_config=tune.FailureConfig(max_failures=1),
+        ),
+    ).fit()
+    [trial] = Sweep(tmp_path / "store", pipeline="resumed", metrics_name="inner").trials().to_dict("records")
+    assert trial["status"] == "COMPLETE" and trial["steps"] == 3
+    inner = Sweep(tmp_path / "store", pipeline="resumed", metrics_name="inner").steps(["v"])
+    assert inner["step"].tolist() == [1, 2, 3] and inner["v"].tolist() == [0.25, 0.5, 0.75]
+
+
 def test_a_trial_that_errors_as_it_starts_is_marked_failed(ray_session: None, tmp_path: Path) -> None:
     """Tune calls ``on_trial_error`` right after ``on_trial_start`` for a trainable that raises at once. The
     writer runs requests on several threads, so the end must wait for the start's registration, not race it
