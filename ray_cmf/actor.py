@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ray_cmf.client import WriterClient
@@ -101,13 +102,20 @@ class _DriverEnd:
     returning). They end ``CANCELED``, or ``FAILED`` with the driver's uncaught exception, with what their
     series hold committed: Ray stops their workers and controller with the driver, and no callback would."""
 
-    writer: WriterClient | None = None  # the writer the driver runs now (Ray may have been started again)
+    def __init__(self) -> None:
+        self.writer: WriterClient | None = None  # the writer the driver runs now (Ray may have been restarted)
+        self.first: list[Callable[[], None]] = []  # what hands rows over first (the node samplers')
 
     def close(self) -> None:
         import ray
 
         if self.writer is None or not ray.is_initialized():  # ray.shutdown() ended the writer and the runs
             return
+        for hand_over in self.first:
+            try:
+                hand_over()
+            except Exception as exc:  # the runs end all the same
+                log.warning("ray_cmf: rows of the ending driver's runs may be missing: %r", exc)
         state, error = outcome()
         state = "CANCELED" if state == "COMPLETE" else state  # a run that has not ended did not complete
         ended = self.writer.call(StoreWriter.end_runs, state=state, error=error)
@@ -116,6 +124,12 @@ class _DriverEnd:
 
 
 _DRIVER_END = _DriverEnd()
+
+
+def before_the_driver_ends(hand_over: Callable[[], None]) -> None:
+    """Have ``hand_over`` run as the driver ends, before the runs that end with it are committed (once)."""
+    if hand_over not in _DRIVER_END.first:
+        _DRIVER_END.first.append(hand_over)
 
 
 def connect(store: str | os.PathLike[str] | Store | None = None) -> WriterClient:

@@ -470,15 +470,11 @@ class MetricBuffer:
         self._report_refusals()
 
     def take(self) -> pa.RecordBatch | None:
-        """The rows not sealed yet, as one batch that the caller delivers itself (e.g. on its commit request:
-        one trip to the writer, not two), once the sink has been handed every chunk sealed before them."""
-        if self._owner is not None and self._owner != threading.get_ident():
-            raise RayCmfError(
-                "MetricBuffer.take() was called from a thread that does not append to it; call it from the "
-                "appending thread, or flush() from the other thread"
-            )
+        """The rows not handed over yet, as one batch that the caller delivers itself (e.g. on its commit
+        request: one trip to the writer, not two), once the sink has been handed every chunk before them;
+        from any thread (a script's exit commits rows that a thread logged)."""
         with self._lock:
-            chunk = self._cut()
+            chunk = self._cut() if self._owner in (None, threading.get_ident()) else self._copy()
         if self._spiller is not None:
             self._spiller.queue.join()
         self._report_refusals()

@@ -851,9 +851,15 @@ class Sweep:
         return dict(self._modes)
 
     def _declarations(self) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
-        """Per trial, in execution order: the modes it declares (see :func:`_declared_modes`), read once."""
+        """Per trial, in execution order: the modes it declares (see :func:`_declared_modes`), with those the
+        StepLoggers of the Train runs inside it declare where it declares none, read once."""
         if self._declared is None:
-            self._declared = {self.key(e): _declared_modes(properties(e)) for e, _ in self.executions()}
+            self._declared = {}
+            for execution, _ in self.executions():
+                ranked, declared = _declared_modes(properties(execution))
+                for run in self._runs.get(execution.id, []):
+                    declared = {**recorded_modes(properties(run)), **declared}
+                self._declared[self.key(execution)] = (ranked, declared)
         return self._declared
 
     def mode_for(self, metric: str, mode: str | None = None) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from ray_cmf.actor import connect
+from ray_cmf.actor import before_the_driver_ends, connect
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.constants import SYSTEM_METRICS_NAME
 from ray_cmf.errors import RayCmfError
@@ -39,7 +39,9 @@ class NodeSampler:
 
     def __init__(self) -> None:
         self._watched: dict[str, tuple[int, SystemSampler]] = {}  # trial -> (its pid, its sampler)
-        self._lock = threading.Lock()  # guards it
+        self._stopping = 0  # unwatched samplers that are handing their rows over
+        self._lock = threading.Lock()  # guards both
+        self._stopped = threading.Condition(self._lock)  # an unwatched sampler has handed its rows over
 
     def ready(self) -> bool:
         """Answers once the actor is up (see :func:`start_samplers`)."""
@@ -77,10 +79,27 @@ class NodeSampler:
         the rows sampled (0 when none was watched). ``watched``: the reply of the trial's :meth:`watch`."""
         with self._lock:
             found = self._watched.pop(trial, None)
-        if found is None:
-            return 0
-        found[1].stop()
+            if found is None:
+                return 0
+            self._stopping += 1
+        try:
+            found[1].stop()
+        finally:
+            with self._lock:
+                self._stopping -= 1
+                self._stopped.notify_all()
         return found[1].samples
+
+    def hand_over(self) -> None:
+        """The driver is ending, and this actor with it: stop sampling every watched process, and wait until
+        the writer holds all their rows (those that an ``unwatch`` is handing over too)."""
+        with self._lock:
+            samplers = [sampler for _, sampler in self._watched.values()]
+            self._watched.clear()
+        for sampler in samplers:
+            sampler.stop()
+        with self._stopped:
+            self._stopped.wait_for(lambda: not self._stopping)
 
 
 @dataclass(frozen=True)
@@ -156,6 +175,28 @@ def _sampler(node: str) -> Any:
             .remote()
         )
     return _SAMPLERS[where]
+
+
+HAND_OVER_AT_END_S = 10.0  # how long the driver's end waits for its nodes' samplers
+
+
+def hand_over_samples_at_the_end() -> None:
+    """On the driver: as it ends, every node's sampler of this job (whoever started it: the Train controller
+    does) hands the samples it holds to the writer, for the runs and trials that end with the driver."""
+    before_the_driver_ends(_hand_over_samples)
+
+
+def _hand_over_samples() -> None:
+    import ray
+
+    names = [f"{SAMPLER_NAME}_{node['NodeID']}" for node in ray.nodes() if node.get("Alive")]
+    found = []
+    for name in names:
+        try:
+            found.append(ray.get_actor(name))
+        except ValueError:  # no sampler on that node
+            continue
+    ray.get([sampler.hand_over.remote() for sampler in found], timeout=HAND_OVER_AT_END_S)
 
 
 def start_samplers() -> list[Any]:

@@ -56,7 +56,7 @@ from ray_cmf.lineage import Artifact, config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
-from ray_cmf.node_sampler import Bound, Watch, handed_over, watch_process
+from ray_cmf.node_sampler import Bound, Watch, hand_over_samples_at_the_end, handed_over, watch_process
 from ray_cmf.results import append_result, result_row, without
 from ray_cmf.stall import StallWatch, flush_every_watch
 from ray_cmf.store import Store
@@ -629,6 +629,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
                 writer.call(StoreWriter.push_after_commit, store=self.store)
             if self._environment is None:
                 self._environment = capture(hardware=False)
+            if self.system_metrics is not None:
+                hand_over_samples_at_the_end()
         return {**self.__dict__, "_runtime": None, "_watches": [], "_stopping": []}  # a copy runs in each worker
 
     def before_worker_shutdown(self) -> None:
@@ -751,6 +753,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
             append_result(rt.buffer, {**own, **without(result_row(reported, tune=False), own, source)}, source)
         if checkpoint is not None:  # a version per checkpoint, so runs without StepLogger are recorded too
             self._commit(rt, {}, None)
+        else:  # at the writer at once: Ray stops this actor, and what it holds, with a driver that ends
+            rt.buffer.seal()
 
     @_hook
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
@@ -769,6 +773,16 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         # a run that failed once, then completed; samples handed over; rows its stopped workers handed over
         if rt.ended != status or self._stopping or status == "FAILED":
             self._commit(rt, {"status": status}, status, end=True)  # after StepLogger's final report
+        rt.commits.shutdown(wait=True)
+
+    @_hook
+    def before_controller_abort(self) -> None:
+        """Ray Train aborts the run (the driver's Ctrl-C) and ends this actor, and the nodes' samplers it
+        started with it: their samples are handed over, and the run ends CANCELED with what it holds."""
+        rt = self._rt()
+        self._stopping.extend(found.stop() for found in self._watches)
+        self._watches.clear()
+        self._commit(rt, {"status": "CANCELED"}, "CANCELED", end=True)
         rt.commits.shutdown(wait=True)
 
     def _commit(self, rt: _CallbackRuntime, props: dict[str, Any], state: str | None, end: bool = False) -> None:

@@ -34,7 +34,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
-from ray_cmf.lineage import Artifact, Context, Execution, owner_of, properties
+from ray_cmf.lineage import Artifact, Context, Execution, owner_of, properties, state_name
 from ray_cmf.series_format import Spill, SpillManifest
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path
@@ -497,15 +497,15 @@ class StoreWriter:
     def end_runs(self, *, state: str, error: str | None = None) -> list[str]:
         """The driver is ending while Train runs it started have not: end each as ``state`` (with ``error``
         where FAILED), committing what their series received; returns their names. Ray stops their workers
-        with the driver, and no callback would end them."""
+        with the driver, and no callback would end them. A run that ended already (a ``StepLogger.finish``
+        marks it COMPLETE) is left as it is."""
         with self._lock:
             runs = [(name, binding) for (kind, name), (binding, _) in self._bindings.items() if kind == "run"]
         ended = []
         for name, binding in runs:
             live = self._open(binding.store)
-            with self._lock:
-                if (live, binding.execution_id) in self._ended:
-                    continue
+            if state_name(live.lineage.get_execution(binding.execution_id)) != "RUNNING":
+                continue
             props = {"status": state, **({ERROR_PROPERTY: error} if state == "FAILED" and error else {})}
             self.end(binding=binding, props=props, state=state)
             ended.append(name)

@@ -292,24 +292,21 @@ def test_another_thread_seals_and_flushes_while_rows_are_appended(tmp_path: Path
         assert table.column(key).to_pylist() == [row.get(key) for row in accepted], key
 
 
-def test_take_is_refused_to_a_thread_that_does_not_append(tmp_path: Path) -> None:
+def test_another_thread_takes_the_rows_not_handed_over_once(tmp_path: Path) -> None:
+    """A script's exit commits on the main thread what a thread logged: ``take()`` there was refused, and
+    the run read COMPLETE with 0 steps (a new user's find). Another thread now takes a copy of the complete
+    rows, and they are never handed over again."""
     import threading
 
-    buffer = MetricBuffer(tmp_path / "spill")
-    buffer.append({"step": 1})
-    errors: list[BaseException] = []
-
-    def other() -> None:
-        try:
-            buffer.take()
-        except RayCmfError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    thread.join()
-    assert len(errors) == 1 and "does not append" in str(errors[0])
-    assert buffer.take() is not None
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=4)
+    logger = threading.Thread(target=lambda: [buffer.append({"step": step}) for step in range(6)])
+    logger.start()
+    logger.join()
+    batch = buffer.take()  # rows 5 and 6: 1-4 were sealed as a chunk
+    assert batch is not None and batch.to_pydict() == {"SequenceNumber": [5, 6], "step": [4, 5]}
+    assert buffer.take() is None and buffer.pending_rows == 0
+    buffer.flush()
+    assert sum(b.num_rows for b in read_segments(tmp_path / "spill")) == 4
 
 
 @pytest.mark.parametrize("name", ["trial_id", "series", "attempt", "SequenceNumber"])

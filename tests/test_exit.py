@@ -43,11 +43,19 @@ CHILD = textwrap.dedent(
         side = threading.Thread(target=lambda: MetricBuffer(Path(store, "side"), flush_rows=10).append({"x": 1}))
         side.start()
         side.join()
-    for i in range(ROWS):
-        cmf.log_metric("train", {"step": i, "loss": i * 0.5})
+    def log():
+        for i in range(ROWS):
+            cmf.log_metric("train", {"step": i, "loss": i * 0.5})
+    if how == "thread-logs":  # the main thread, which ends the process, never logged
+        import threading
+        logging = threading.Thread(target=log)
+        logging.start()
+        logging.join()
+    else:
+        log()
     if how == "raise":
         raise RuntimeError("training blew up")
-    if how != "normal":
+    if how not in ("normal", "thread-logs"):
         print("ready", flush=True)
         time.sleep(60)
     """
@@ -84,6 +92,7 @@ def _committed_steps(store: Path) -> list[int]:
         ("wait", signal.SIGINT, -signal.SIGINT, "CANCELED"),  # KeyboardInterrupt, then Python re-raises it
         ("chained-sigterm", signal.SIGTERM, 3, "CANCELED"),
         ("thread-first", signal.SIGTERM, -signal.SIGTERM, "CANCELED"),
+        ("thread-logs", None, 0, "COMPLETE"),  # it read COMPLETE with 0 steps, its rows left to recover
     ],
     ids=[
         "normal-exit",
@@ -92,6 +101,7 @@ def _committed_steps(store: Path) -> list[int]:
         "sigint",
         "sigterm-chained-to-the-previous-handler",
         "sigterm-after-a-first-buffer-on-another-thread",
+        "normal-exit-after-logging-on-another-thread",
     ],
 )
 def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(

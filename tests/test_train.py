@@ -793,11 +793,12 @@ def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(ray_session: N
             steps.log_seeds(**{"графа": len(run)})  # 5, 6, 4
             for it in range(3):
                 steps.metrics.update(loss=torch.tensor(config["lr"] * (it + 1) + (run == "second") * 100))
-                steps.step()
+                steps.step(samples=4)
             steps.finish()
-        tune.report({"done": 1.0})
+        tune.report({"score": 1.0})
 
-    sweep, configs = _two_trials(trainable, CmfRayLogger("two_runs", store=str(tmp_path / "store")), tmp_path)
+    logger = CmfRayLogger("two_runs", metric="score", mode="max", store=str(tmp_path / "store"))
+    sweep, configs = _two_trials(trainable, logger, tmp_path)
     steps = sweep.of_series("train_steps").steps(["loss"])
     by_lr = {lr: steps[steps["trial_id"] == t] for t, lr in configs.items()}
     two = by_lr[1.0]
@@ -806,8 +807,10 @@ def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(ray_session: N
         "second": [101.0, 102.0, 103.0],
     }
     assert by_lr[10.0]["loss"].tolist() == [10.0, 20.0, 30.0] and by_lr[10.0]["series"].isna().all()
-    table = sweep.of_series("train_steps").trials(["loss"]).set_index("config/lr")
+    table = sweep.of_series("train_steps").trials(["loss", "samples_per_s"]).set_index("config/lr")
     assert table.loc[1.0, "steps"] == 6 and table.loc[1.0, "loss_best"] == 1.0 and table.loc[10.0, "steps"] == 3
+    throughput = sweep.of_series("train_steps").steps(["samples_per_s"]).groupby("trial_id")["samples_per_s"].max()
+    assert table["samples_per_s_best"].tolist() == [throughput[t] for t in table["trial_id"]]  # best is highest
     seeds = {lr: sweep.environment(t)["seed/графа"] for t, lr in configs.items()}
     assert seeds == {1.0: 6, 10.0: 4}  # a trial's seeds are its later run's, as the README says
 
@@ -980,9 +983,11 @@ ENDING_DRIVER = textwrap.dedent(
         metrics = MetricCollection({"v": Mean()})
         steps = StepLogger(metrics, sync_every=1, pipeline_name="ending", system_metrics=None)
         rank = ray.train.get_context().get_world_rank()
-        for step in range(1, 3001):
+        for step in range(1, config["steps"] + 1):
             metrics.update(v=torch.tensor(float(step), dtype=torch.float64))
             steps.step()
+            if step % 10 == 0:
+                ray.train.report({"at": step})
             if rank == 0:
                 progress.write_text(str(step))
             time.sleep(0.02)
@@ -990,13 +995,13 @@ ENDING_DRIVER = textwrap.dedent(
 
     ray.init(num_cpus=3, include_dashboard=False)
     if sys.argv[4] == "callback":
-        callbacks = [CmfTrainCallback("ending", store=store, system_metrics=None)]
+        callbacks = [CmfTrainCallback("ending", store=store)]
     else:  # StepLogger alone: the README's start_writer
         ray_cmf.start_writer(store)
         callbacks = []
     TorchTrainer(
         loop,
-        train_loop_config={"lr": 0.1, "名前": "é"},
+        train_loop_config={"lr": 0.1, "名前": "é", "steps": int(sys.argv[5])},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="cut_short", storage_path=sys.argv[3], callbacks=callbacks),
     ).fit()
@@ -1006,38 +1011,49 @@ ENDING_DRIVER = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("stop", "callback"), [(signal.SIGTERM, "callback"), (signal.SIGINT, "callback"), (signal.SIGTERM, "none")]
+    ("stop", "callback"),
+    [(signal.SIGTERM, "callback"), (signal.SIGINT, "callback"), (signal.SIGTERM, "none"), (None, "none")],
 )
 def test_a_train_run_whose_driver_is_stopped_ends_canceled_with_its_rows_and_config(
-    tmp_path: Path, stop: signal.Signals, callback: str
+    tmp_path: Path, stop: signal.Signals | None, callback: str
 ) -> None:
     """A TorchTrainer driver stopped by SIGTERM or Ctrl-C left its run CRASHED with 0 steps, its rows for
     ``recover``, and no config (recorded only at the run's end): the README promises that a driver stopped
-    so commits its rows. The run is now recorded as its workers start, and ends with the driver, CANCELED."""
+    so commits its rows. The run is now recorded as its workers start, and ends with the driver, CANCELED;
+    a run that completed stays COMPLETE (without the callback, the driver's end read it CANCELED)."""
     import subprocess
     import sys
 
     store, progress = tmp_path / "store", tmp_path / "progress"
+    steps = "3000" if stop is not None else "30"
     driver = subprocess.Popen(
-        [sys.executable, "-c", ENDING_DRIVER, str(store), str(progress), str(tmp_path / "results"), callback],
+        [sys.executable, "-c", ENDING_DRIVER, str(store), str(progress), str(tmp_path / "results"), callback, steps],
         env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
         start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and int(progress.read_text() or 0 if progress.exists() else 0) < 50:
+        while stop and time.monotonic() < deadline and int(progress.read_text() or 0 if progress.exists() else 0) < 50:
             time.sleep(0.1)
-        driver.send_signal(stop)  # the driver only, as a terminal's Ctrl-C or a scheduler's SIGTERM reaches it
-        driver.wait(timeout=120)
+        if stop is not None:
+            driver.send_signal(stop)  # the driver only, as a terminal's Ctrl-C or a scheduler's SIGTERM reaches it
+        driver.wait(timeout=240)
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
     [run] = Sweep(store, pipeline="ending", metrics_name="train_steps").trials().to_dict("records")
-    assert run["status"] == "CANCELED"
+    assert run["status"] == ("CANCELED" if stop is not None else "COMPLETE")
+    if stop is None:
+        assert run["steps"] == 30
+    if callback == "callback":  # the controller's reports and the nodes' samples, which Ray stops with the driver
+        reports = Sweep(store, pipeline="ending", metrics_name="train_reports").steps()
+        assert sorted(set(reports["rank"])) == [0, 1] and reports["at"].max() >= 40
+        samples = Sweep(store, pipeline="ending", metrics_name="system_metrics").steps()
+        assert set(samples["series"]) == {"rank0", "rank1"}
     if callback == "callback":  # the run's config is the callback's to record
         assert run["config/lr"] == 0.1 and run["config/名前"] == "é"
     rows = Sweep(store, pipeline="ending", metrics_name="train_steps").steps()
     steps = rows["step"].tolist()
-    assert len(steps) >= 40 and steps == list(range(1, len(steps) + 1))  # committed without recover, in order
+    assert len(steps) >= (40 if stop else 30) and steps == list(range(1, len(steps) + 1))  # committed, in order
     assert rows["v"].tolist() == [float(s) for s in steps]  # each step's mean over both ranks
