@@ -659,6 +659,24 @@ def test_a_metric_no_result_holds_is_warned_about(
     assert len(warned) == 1 and "'loss'" in warned[0]
 
 
+def _fails_once(trainable: Any, tmp_path: Path, name: str, **run_config: Any) -> None:
+    """Run one trial of ``trainable`` into ``tmp_path/store`` (pipeline ``name``); it fails on its first
+    attempt, and marks the file its config names so that its retry does not."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+
+    logger = CmfRayLogger(name, store=str(tmp_path / "store"))
+    tune.Tuner(
+        trainable,
+        param_space={"mark": str(tmp_path / "failed")},
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(tmp_path / "tune"), verbose=0, callbacks=[logger], **run_config
+        ),
+    ).fit()
+    assert (tmp_path / "failed").exists()  # it did fail once
+
+
 class _DiesOnce:
     """A tune.Trainable (made a subclass in the test) that logs a row per step, checkpoints every 2 steps,
     and dies at step 5 of its first attempt as a process killed for memory does (no exit hook runs)."""
@@ -689,23 +707,15 @@ def test_a_class_trainable_killed_after_a_checkpoint_keeps_its_rows(ray_session:
     rows reach the store as it reports a checkpoint). They now do as Tune saves the checkpoint."""
     from ray import tune
 
-    from ray_cmf import CmfRayLogger
-
     trainable = type("DiesOnce", (_DiesOnce, tune.Trainable), {})
-    tune.Tuner(
+    _fails_once(
         trainable,
-        param_space={"mark": str(tmp_path / "died")},
-        run_config=tune.RunConfig(
-            name="dies",
-            storage_path=str(tmp_path / "tune"),
-            verbose=0,
-            callbacks=[CmfRayLogger("dies", store=str(tmp_path / "store"))],
-            stop={"training_iteration": 8},
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2),
-            failure_config=tune.FailureConfig(max_failures=2),
-        ),
-    ).fit()
-    assert (tmp_path / "died").exists()  # it did die once
+        tmp_path,
+        "dies",
+        stop={"training_iteration": 8},
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2),
+        failure_config=tune.FailureConfig(max_failures=2),
+    )
     inner = Sweep(tmp_path / "store", pipeline="dies", metrics_name="inner").steps(["v"])
     assert inner["step"].tolist() == list(range(1, 9)) and inner["v"].tolist() == [i * 0.5 for i in range(1, 9)]
 
@@ -741,19 +751,7 @@ def test_a_retry_with_nothing_left_to_log_commits_what_its_first_attempt_logged(
     find: every trial of a PBT sweep ended FAILED)."""
     from ray import tune
 
-    from ray_cmf import CmfRayLogger
-
-    tune.Tuner(
-        _commits_after_its_loop,
-        param_space={"mark": str(tmp_path / "failed")},
-        run_config=tune.RunConfig(
-            name="resumed",
-            storage_path=str(tmp_path / "tune"),
-            verbose=0,
-            callbacks=[CmfRayLogger("resumed", store=str(tmp_path / "store"))],
-            failure_config=tune.FailureConfig(max_failures=1),
-        ),
-    ).fit()
+    _fails_once(_commits_after_its_loop, tmp_path, "resumed", failure_config=tune.FailureConfig(max_failures=1))
     [trial] = Sweep(tmp_path / "store", pipeline="resumed", metrics_name="inner").trials().to_dict("records")
     assert trial["status"] == "COMPLETE" and trial["steps"] == 3
     inner = Sweep(tmp_path / "store", pipeline="resumed", metrics_name="inner").steps(["v"])
