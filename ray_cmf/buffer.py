@@ -428,13 +428,15 @@ class MetricBuffer:
         self._handed = n
         return _rows_of(self._columns, handed, n), self._first_row + handed, n - handed
 
-    def _seal(self) -> None:
-        """Hand the rows not handed over yet to the spill thread: the appending thread cuts the chunk,
-        any other copies its complete rows (a copy is always safe; a cut frees the chunk's memory)."""
+    def _seal(self, then: Future[None] | None = None) -> None:
+        """Hand the rows not handed over yet to the spill thread, and after them ``then``, which it settles
+        once the sink holds them: the appending thread cuts the chunk, any other copies its complete rows (a
+        copy is always safe; a cut frees the chunk's memory)."""
         with self._lock:
             chunk = self._cut() if self._owner == threading.get_ident() else self._copy()
-            if chunk is not None:
-                self._spilling().queue.put(chunk)
+            for item in (chunk, then):
+                if item is not None:
+                    self._spilling().queue.put(item)
 
     def _spilling(self) -> _SpillThread:
         """The spill thread, started on first use."""
@@ -456,12 +458,7 @@ class MetricBuffer:
         """Seal the rows logged so far and return a future that completes once the sink holds every row sealed
         so far (or fails with the sink's error); from any thread, and another thread may wait on it."""
         done: Future[None] = Future()
-        with self._lock:
-            chunk = self._cut() if self._owner == threading.get_ident() else self._copy()
-            spiller = self._spilling()
-            if chunk is not None:
-                spiller.queue.put(chunk)
-            spiller.queue.put(done)
+        self._seal(then=done)
         return done
 
     def flush(self) -> None:
