@@ -31,7 +31,6 @@ from ray_cmf.constants import (
     DATASET_TYPE,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
-    ERROR_PROPERTY,
     FLUSH_TIMEOUT_S,
     MODEL_TYPE,
     RESULTS_METRICS_NAME,
@@ -41,7 +40,7 @@ from ray_cmf.constants import (
 from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
-from ray_cmf.exits import ended_by, outcome, track
+from ray_cmf.exits import ended_by, error_properties, outcome, track
 from ray_cmf.frames import exact_frame
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties, not_recorded
 from ray_cmf.store import Store
@@ -446,7 +445,7 @@ class Cmf:
                 self._writer.call(
                     StoreWriter.update_execution,
                     execution_id=binding.execution_id,
-                    props={ERROR_PROPERTY: error} if state == "FAILED" and error else None,
+                    props=error_properties(state, error),
                     state=state,
                     store=binding.store,
                 )

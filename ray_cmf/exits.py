@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
-from ray_cmf.constants import HOLDER_HOST, HOLDER_PID
+from ray_cmf.constants import ERROR_PROPERTY, HOLDER_HOST, HOLDER_PID
 from ray_cmf.errors import recorded_error
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,11 @@ def outcome() -> tuple[str, str | None]:
     """How this process is ending, as the state of an execution it ran: ``COMPLETE``, ``FAILED`` (an
     uncaught exception) or ``CANCELED`` (SIGTERM, or Ctrl-C); and the uncaught exception's text, if any."""
     return _ending["state"] or "COMPLETE", _ending["error"]
+
+
+def error_properties(state: str | None, error: str | None) -> dict[str, str]:
+    """What an execution that ends as ``state`` records of ``error``: the error where it FAILED with one."""
+    return {ERROR_PROPERTY: error} if state == "FAILED" and error else {}
 
 
 def error_text(error: BaseException) -> str:

@@ -50,7 +50,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
-from ray_cmf.exits import on_thread_end, outcome, track
+from ray_cmf.exits import error_properties, on_thread_end, outcome, track
 from ray_cmf.frames import PID_COLUMN
 from ray_cmf.lineage import Artifact, config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
@@ -296,7 +296,7 @@ class StepLogger:
             self._buffer.close()
             if not self._finished:
                 state, error = ending or (None, None)
-                props = {ERROR_PROPERTY: error} if state == "FAILED" and error else None
+                props = error_properties(state, error)
                 self._writer.call(StoreWriter.end, binding=self._key().binding, props=props, state=state)
 
     def _end_run(self) -> None:
@@ -735,6 +735,9 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
     @_hook
     def before_worker_group_shutdown(self, worker_group: Any) -> None:
         """Start the hand-over of every worker's last sample and rows (waited for at the run's end)."""
+        self._stop_watches()
+
+    def _stop_watches(self) -> None:
         self._stopping.extend(found.stop() for found in self._watches)
         self._watches.clear()
 
@@ -780,8 +783,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         """Ray Train aborts the run (the driver's Ctrl-C) and ends this actor, and the nodes' samplers it
         started with it: their samples are handed over, and the run ends CANCELED with what it holds."""
         rt = self._rt()
-        self._stopping.extend(found.stop() for found in self._watches)
-        self._watches.clear()
+        self._stop_watches()
         self._commit(rt, {"status": "CANCELED"}, "CANCELED", end=True)
         rt.commits.shutdown(wait=True)
 

@@ -28,12 +28,12 @@ from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     ATTEMPT_PROPERTY,
     DATASET_TYPE,
-    ERROR_PROPERTY,
     SEQUENCE_COLUMN,
     STARTS_PREFIX,
 )
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
+from ray_cmf.exits import error_properties
 from ray_cmf.lineage import Artifact, Context, Execution, owner_of, properties, state_name
 from ray_cmf.series_format import Spill, SpillManifest
 from ray_cmf.store import Store
@@ -506,7 +506,7 @@ class StoreWriter:
             live = self._open(binding.store)
             if state_name(live.lineage.get_execution(binding.execution_id)) != "RUNNING":
                 continue
-            props = {"status": state, **({ERROR_PROPERTY: error} if state == "FAILED" and error else {})}
+            props = {"status": state, **error_properties(state, error)}
             self.end(binding=binding, props=props, state=state)
             ended.append(name)
         return ended
