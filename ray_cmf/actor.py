@@ -97,14 +97,16 @@ def start_writer(store: str | os.PathLike[str] | Store | None = None, *, mlmd: s
 
 
 class _DriverEnd:
-    """On a driver, as it ends (see :func:`ray_cmf.exits.track`): the Train runs bound through its writer
-    that have not ended were cut short (SIGTERM; Ctrl-C, which Ray Train answers by aborting the run and
-    returning). They end ``CANCELED``, or ``FAILED`` with the driver's uncaught exception, with what their
-    series hold committed: Ray stops their workers and controller with the driver, and no callback would."""
+    """On a driver, as it ends (see :func:`ray_cmf.exits.track`): the trials and Train runs bound through its
+    writer that have not ended were cut short (SIGTERM, which Tune answers by exiting at once; Ctrl-C, which
+    Ray Train answers by aborting the run and returning). They end ``CANCELED``, or ``FAILED`` with the
+    driver's uncaught exception, with what their series hold committed: Ray stops their processes with the
+    driver, and no callback would."""
 
     def __init__(self) -> None:
         self.writer: WriterClient | None = None  # the writer the driver runs now (Ray may have been restarted)
         self.first: list[Callable[[], None]] = []  # what hands rows over first (the node samplers')
+        self.enders: list[Callable[[str, str | None], None]] = []  # what ends the sweeps' trials (see below)
 
     def close(self) -> None:
         import ray
@@ -118,6 +120,11 @@ class _DriverEnd:
                 log.warning("ray_cmf: rows of the ending driver's runs may be missing: %r", exc)
         state, error = outcome()
         state = "CANCELED" if state == "COMPLETE" else state  # a run that has not ended did not complete
+        for end in self.enders:
+            try:
+                end(state, error)
+            except Exception as exc:  # the others end all the same
+                log.warning("ray_cmf: the ending driver's trials may be left RUNNING: %r", exc)
         ended = self.writer.call(StoreWriter.end_runs, state=state, error=error)
         if ended:
             log.warning("ray_cmf: the driver is ending (%s): Train runs %s end with it", state, ended)
@@ -130,6 +137,13 @@ def before_the_driver_ends(hand_over: Callable[[], None]) -> None:
     """Have ``hand_over`` run as the driver ends, before the runs that end with it are committed (once)."""
     if hand_over not in _DRIVER_END.first:
         _DRIVER_END.first.append(hand_over)
+
+
+def as_the_driver_ends(end: Callable[[str, str | None], None]) -> None:
+    """Have ``end(state, error)`` run as the driver ends, after the hand-overs and before the Train runs end
+    (once): it ends what it owns that has not ended, as ``state`` (``CANCELED`` or ``FAILED``)."""
+    if end not in _DRIVER_END.enders:
+        _DRIVER_END.enders.append(end)
 
 
 def connect(store: str | os.PathLike[str] | Store | None = None) -> WriterClient:

@@ -28,7 +28,7 @@ from ray import tune
 
 from ray_cmf._hooks import never_raises
 from ray_cmf._names import check_mode, check_name, mode_properties
-from ray_cmf.actor import connect, ray_driver, start_writer
+from ray_cmf.actor import as_the_driver_ends, connect, ray_driver, start_writer
 from ray_cmf.binding import SeriesKey
 from ray_cmf.buffer import TRAIN_RANK, MetricBuffer
 from ray_cmf.client import Reply, WriterClient
@@ -50,7 +50,7 @@ from ray_cmf.constants import (
 )
 from ray_cmf.environment import Environment, capture
 from ray_cmf.errors import RayCmfError, recorded_error
-from ray_cmf.exits import on_thread_end
+from ray_cmf.exits import error_properties, on_thread_end
 from ray_cmf.lineage import config_properties, owner_of
 from ray_cmf.node_sampler import Watch, handed_over, start_samplers, wait_for_samplers, watch
 from ray_cmf.results import TUNE_OWN, append_result, result_row
@@ -359,6 +359,7 @@ class _Runtime:
     )
     futures: list[Future[None]] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
+    trials: list[Any] = field(default_factory=list)  # the sweep's trials (Tune's own list, which it keeps current)
     warned_metric: bool = False
 
 
@@ -568,10 +569,12 @@ class CmfRayLogger(tune.Callback):
         self._restored = False
         starting = start_samplers() if self.system_metrics is not None else []
         self._rt.writer.call(StoreWriter.sweep_runs, sweep=self._sweep, running=True)  # before the first trial
+        as_the_driver_ends(self._at_driver_end)
         wait_for_samplers(starting, SAMPLERS_START_S)
 
     @_hook
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._rt.trials = trials
         state = self._trials.setdefault(trial.trial_id, _TrialState())
         state.committed, state.started = False, True
         if state.buffer is not None:  # Tune retries it (FailureConfig): the rows so far are the last attempt's
@@ -645,14 +648,16 @@ class CmfRayLogger(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, "FAILED", getattr(trial, "error_file", None))
 
-    def _end(self, trial: Any, status: str, error_file: str | None = None) -> None:
-        """Commit the trial's results, and what its in-trial series left uncommitted, on the commit thread."""
+    def _end(self, trial: Any, status: str, error_file: str | None = None, error: str | None = None) -> None:
+        """Commit the trial's results, and what its in-trial series left uncommitted, on the commit thread
+        (``error``: why it FAILED, where Tune wrote no ``error_file``)."""
         state = self._state(trial)
         if state.committed:
             return
         state.committed = True
         stopped = state.stopped and status == "COMPLETE"
         props: dict[str, Any] = {"status": status, **({STOPPED_PROPERTY: True} if stopped else {})}
+        props.update(error_properties(status, error))
         if self.metric is not None:
             best = state.best(self.mode)
             props[f"best_{self.metric}"] = best if best is not None else math.nan
@@ -702,9 +707,22 @@ class CmfRayLogger(tune.Callback):
         (Ctrl-C, ``time_budget_s``, a stopper's ``stop_all``): Tune stops it as TERMINATED, and it is
         recorded CANCELED, since it never finished.
         """
+        self._finish(trials, "CANCELED")
+
+    def _at_driver_end(self, state: str, error: str | None) -> None:
+        """The driver ends before the experiment did (SIGTERM, which Tune answers by exiting without ending
+        it, or an error on Tune's event loop): its trials end as ``state``, with what they logged committed."""
+        if self._runtime is not None:
+            log.warning("ray_cmf: the driver is ending (%s) before the sweep: its running trials end with it", state)
+            self._finish(self._runtime.trials, state, error)
+
+    def _finish(self, trials: list[Any], state: str, error: str | None = None) -> None:
+        """End the sweep: every trial not yet committed ends as ``state`` (FAILED where Tune says it erred)."""
+        if self._runtime is None:  # it ended already: the driver's end came after the experiment's
+            return
         for trial in trials:
             if trial.trial_id in self._trials and not self._trials[trial.trial_id].committed:
-                self._end(trial, "FAILED" if trial.status == "ERROR" else "CANCELED")
+                self._end(trial, "FAILED" if trial.status == "ERROR" else state, error=error)
         for future in self._rt.futures:
             try:
                 future.result()

@@ -370,13 +370,15 @@ def _spilled_results(spill: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("interruption", ["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("interruption", ["SIGKILL", "SIGINT", "SIGTERM"])
 def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: Path, interruption: str) -> None:
     """Under Tune's default settings (its experiment checkpoint, and the callback state in it, may be older
     than what the store holds), the driver is stopped 12 results into two 30-result trials, then restored:
-    killed with everything it started, or interrupted as Ctrl-C does (Tune stops its trials, and what they
-    logged is committed before the driver exits). Under SIGKILL the get_cmf() series had a hole: the rows
-    logged before the checkpoint the restore resumed from had not left the trial's memory."""
+    killed with everything it started, or interrupted as Ctrl-C or a scheduler's SIGTERM does (what the
+    trials logged is committed, and they end CANCELED, before the driver exits). Under SIGKILL the get_cmf()
+    series had a hole: the rows logged before the checkpoint the restore resumed from had not left the
+    trial's memory. Under SIGTERM, which Tune answers by exiting at once, the trials were left CRASHED with
+    nothing committed."""
     store, results = tmp_path / "store", tmp_path / "results"
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     first = subprocess.Popen(
@@ -391,11 +393,13 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
         os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started, for real
         first.wait()
     else:
-        first.send_signal(signal.SIGINT)  # the driver only, as a terminal's Ctrl-C reaches Tune
+        first.send_signal(getattr(signal, interruption))  # the driver only, as a terminal's Ctrl-C reaches Tune
         first.wait(timeout=120)
         interrupted = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
         statuses = {properties(e)["lr"]: properties(e)["status"] for e in interrupted}
         assert statuses == {0.05: "COMPLETE", 0.1: "CANCELED", 0.2: "CANCELED"}  # they were COMPLETE
+        committed = Sweep(store, pipeline="restore", metrics_name="fine").steps().groupby("lr").size()
+        assert committed[0.1] >= 12 and committed[0.2] >= 12  # not left in the spill for `recover`
     second = subprocess.run(
         [sys.executable, "-c", RESTORE_DRIVER, str(store), str(results), "restore"],
         env=env,
