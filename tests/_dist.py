@@ -54,7 +54,8 @@ def _entry(rank: int, world: int, init_file: str, out_dir: str, fn: Callable[...
     except BaseException as exc:  # the parent re-raises with the rank's traceback
         result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    if dist.is_initialized():  # unless ``fn`` destroyed it
+        dist.destroy_process_group()
 
 
 def run_distributed(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:

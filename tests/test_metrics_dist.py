@@ -239,3 +239,39 @@ def _state_dict_on_rank_0_only(rank: int, world: int) -> str:
 def test_state_dict_on_one_rank_says_what_happened_instead_of_hanging() -> None:
     results = _ok(run_distributed(_state_dict_on_rank_0_only, 2))
     assert "every rank must call it" in results[0] and "waited 2 s" in results[0]
+
+
+def _group_destroyed_during_a_sync(rank: int, world: int, marker: str) -> str:
+    import threading
+    import time
+    from pathlib import Path
+
+    metrics = make_collection()  # synced over the default group, as StepLogger's are: only torch holds it
+    feed(metrics, batch(rank, 0))
+    metrics.sync()  # both ranks: the layout is checked
+    if rank == 1:  # alive, but never joins the next sync (its loop raised), until rank 0 is done
+        while not Path(marker).exists():
+            time.sleep(0.05)
+        return "rank 1"
+    feed(metrics, batch(rank, 1))
+    metrics.sync(async_op=True)  # in flight, as StepLogger leaves each sync while the next step runs
+    destroyed = threading.Event()
+
+    def destroy() -> None:  # as Ray Train does to every worker's process group as it stops a failed run
+        dist.destroy_process_group()
+        destroyed.set()
+
+    threading.Thread(target=destroy, daemon=True).start()
+    finished = destroyed.wait(60)  # a liveness bound, not a timing: it either returns at once or hangs
+    Path(marker).touch()
+    return "destroyed" if finished else "destroy_process_group hung"
+
+
+def test_a_sync_in_flight_does_not_hold_up_destroying_its_process_group(tmp_path: Any) -> None:
+    """Ray Train destroys every worker's process group as it stops a run whose other rank raised. A rank
+    whose StepLogger sync was in flight held that up until Ray Train gave up 30 s later (its warning "Torch
+    process group shutdown timed out"): the pending asynchronous work was the group's last user, so
+    destroying the group waited for it, where a rank blocked in a synchronous collective of its own loop
+    does not. A sync in flight now holds its group, as a synchronous collective does."""
+    results = _ok(run_distributed(_group_destroyed_during_a_sync, 2, str(tmp_path / "done")))
+    assert results == ["destroyed", "rank 1"]

@@ -96,10 +96,15 @@ class SyncHandle(Generic[T]):
         works: Iterable[Any] = (),
         event: Any = None,
         parent: SyncHandle[Any] | None = None,
+        group: Any = None,
     ) -> None:
         self._finish = finish
         self._works = list(works)
         self._event = event
+        # The process group, held while its collectives are in flight, as a synchronous collective holds it:
+        # were the pending work its last user, destroying the group (Ray Train does, stopping a run whose
+        # other rank failed) would wait for that work, which never completes.
+        self._group = group
         self._parent = parent
         self._children: list[SyncHandle[Any]] = []
         self._result: Any = _PENDING
@@ -114,6 +119,7 @@ class SyncHandle(Generic[T]):
             if self._event is not None:
                 torch.cuda.current_stream().wait_event(self._event)
             self._result = self._finish()
+            self._group = None
             for child in self._children:  # derived results are taken before the buffers can be reused
                 child.wait()
         return self._result
@@ -254,7 +260,8 @@ class StatePack:
         self.check_layout(group)
         if self.device.type != "cuda":
             works, finish = self._exchange(index, group, async_op)
-            return SyncHandle(finish, [w for w in works if w is not None])  # None: the call already completed
+            pending = [w for w in works if w is not None]  # None: the call already completed
+            return SyncHandle(finish, pending, group=_group_object(group) if pending else None)
         return self._launch_cuda(index, group, async_op)
 
     def _exchange(self, index: int, group: Any, async_op: bool) -> tuple[list[Any], Callable[[], GroupStates]]:
@@ -314,10 +321,15 @@ class StatePack:
             _, finish = self._exchange(index, group, async_op=False)
             done = torch.cuda.Event()
             done.record(side)
-        handle: SyncHandle[GroupStates] = SyncHandle(finish, event=done)
+        handle: SyncHandle[GroupStates] = SyncHandle(finish, event=done, group=_group_object(group))
         if not async_op:
             handle.wait()
         return handle
+
+
+def _group_object(group: Any) -> Any:
+    """The process group a collective on ``group`` runs on (None: the default one)."""
+    return group if group is not None else dist.group.WORLD
 
 
 def _await(done: Callable[[], bool], timeout: float, what: str) -> None:
