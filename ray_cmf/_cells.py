@@ -13,6 +13,13 @@ from typing import Any
 MOST = 17  # significant digits that tell any two float64 values apart
 
 
+class JsonText(str):
+    """A cell that holds a value no cell type holds (a list, say) as its JSON text: shown as it is, while a
+    text that reads alike is quoted beside it, so that ``[1, 2]`` and ``"[1, 2]"`` never read as one."""
+
+    __slots__ = ()
+
+
 def number_text(value: float | int, digits: int) -> str:
     """A number as a table shows it: a float to ``digits`` significant digits (no more than its shortest
     exact text has: 0.1 reads 0.1 at any), an int whole."""
@@ -99,7 +106,7 @@ def quoted_cells(values: Sequence[Sequence[Any]]) -> list[list[bool]]:
     """Which cells of a table hold a text to show quoted: one that reads as a number or a bool in a column
     that holds numbers or bools too (the text "0.1" beside the number 0.1), and one that could read as no
     value or as another text (see :func:`needs_quotes`)."""
-    mixed = [any(isinstance(v, Number) for v in column) for column in zip(*values, strict=True)]
+    mixed = [any(isinstance(v, Number | JsonText) for v in column) for column in zip(*values, strict=True)]
     return [
         [
             isinstance(v, str) and (needs_quotes(v) or (plain and _reads_as_value(v)))
@@ -116,9 +123,16 @@ def needs_quotes(text: str) -> bool:
 
 
 def _reads_as_value(text: str) -> bool:
-    """Whether a text reads as a number or a bool does."""
+    """Whether a text reads as a number or a bool does, or as a list or a mapping does (a :class:`JsonText`)."""
+    if isinstance(text, JsonText):
+        return False
     if text in ("True", "False", "true", "false"):
         return True
+    if text.startswith(("[", "{")):
+        try:
+            return isinstance(json.loads(text), list | dict)
+        except ValueError:
+            return False
     try:
         float(text)
     except ValueError:

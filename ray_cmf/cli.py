@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
-from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
+from ray_cmf._cells import MOST, JsonText, cell_texts, number_text, quoted, shown_text
 from ray_cmf._json import dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
@@ -384,7 +384,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def _literal(value: Any) -> Any:
     """A value that differs, written as what it is: text quoted, a list as a list, None as null (so that
     ``"0.3"`` and ``0.3``, or ``[64]`` and ``64``, do not print alike); numbers and bools as they are."""
-    return dumps(value, ensure_ascii=False) if value is None or isinstance(value, str | list | tuple | dict) else value
+    if value is None or isinstance(value, str | list | tuple | dict):
+        return JsonText(dumps(value, ensure_ascii=False))
+    return value
 
 
 def _bookkeeping(field: str) -> bool:

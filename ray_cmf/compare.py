@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from ray_cmf._cells import JsonText
 from ray_cmf._json import float_of
 from ray_cmf._names import check_limit, check_mode, recorded_modes
 from ray_cmf.constants import (
@@ -1101,13 +1102,13 @@ def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The trial table's recorded part: a column that some trials lack keeps each value as it was recorded
     (an int stays an int) and None where it is missing, instead of pandas' NaN, which is a value (and would
     be written to JSON as "NaN"); so does a column of ints and floats, which pandas makes all floats (2**53 + 1
-    would read as 2**53)."""
+    would read as 2**53), and one of JSON texts, which pandas makes plain texts (see :class:`JsonText`)."""
     import pandas as pd
 
     table = pd.DataFrame(rows)
     for column in table.columns:
         kinds = {type(row.get(column)) for row in rows}
-        if type(None) in kinds or {int, float} <= kinds:
+        if type(None) in kinds or {int, float} <= kinds or JsonText in kinds:
             table[column] = pd.Series([row.get(column) for row in rows], index=table.index, dtype=object)
     return table
 

@@ -24,6 +24,7 @@ from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
+from ray_cmf._cells import JsonText
 from ray_cmf._json import NONFINITE_TEXT, float_of
 from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url
 from ray_cmf.constants import (
@@ -101,7 +102,7 @@ def flatten_config(config: Mapping[str, Any], *, as_json: bool = True, warn: boo
         elif _scalar(value):
             flat[name] = value.item()
         else:
-            flat[name] = json.dumps(value, default=_plain) if as_json else value
+            flat[name] = JsonText(json.dumps(value, default=_plain)) if as_json else value
     return dict(sorted(flat.items(), key=lambda item: kept[item[0]]))
 
 

@@ -380,4 +380,7 @@ def _utc(text: str) -> str | None:
 
 
 def _kind(value: Any) -> str:
-    return "number" if isinstance(value, int | float) else type(value).__name__
+    """What a value compares as: a number, a text (a list's JSON text is one), else its own type."""
+    if isinstance(value, int | float):
+        return "number"
+    return "str" if isinstance(value, str) else type(value).__name__

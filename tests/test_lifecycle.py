@@ -819,6 +819,32 @@ def test_an_empty_text_and_a_text_that_reads_as_a_number_are_groups_of_their_own
     assert groups.loc['team="1"', "config/team"] == "1" and groups.loc["team=1", "config/team"] == 1
 
 
+def test_a_list_and_the_text_of_a_list_are_groups_of_their_own_and_read_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A list config is a cell of its JSON text, so ``x=[1, 2]`` and ``x="[1, 2]"`` made one group, under
+    ``--group-by config/x`` and ``config except seed`` alike (two configs folded into one row), and the
+    table showed both as ``[1, 2]`` (found by a new user). ``--where`` still matches a list by its text."""
+    rows = [{"training_iteration": 1, "loss": 1.0}]
+    configs = [{"x": [1, 2], "seed": 0}, {"x": "[1, 2]", "seed": 1}, {"x": [1, 2], "seed": 2}, {"x": [{"a": 1}]}]
+    configs.append({"x": '[{"a": 1}]'})
+    store = write_trials(tmp_path / "store", [Trial(f"t{i}", c, {"": rows}) for i, c in enumerate(configs)])
+    for group_by in ("config/x", "config except seed"):
+        groups = Sweep(store).trials(group_by=group_by).set_index("group")
+        assert groups["trial_ids"].to_dict() == {
+            "x=[1, 2]": ["t0", "t2"],
+            'x="[1, 2]"': ["t1"],
+            'x=[{"a": 1}]': ["t3"],
+            'x="[{\\"a\\": 1}]"': ["t4"],
+        }
+    where = Sweep(store).trials(where='config/x == "[1, 2]"')
+    assert list(where["trial_id"]) == ["t0", "t1", "t2"]  # as the README has it: a list is its JSON text there
+    assert main(["trials", "--store", str(store.root)]) == 0
+    lines = [line.split("│")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    shown = {cells[0].strip(): cells[3].strip() for cells in lines}  # trial_id, status, config/seed, config/x
+    assert shown == {"t0": "[1, 2]", "t1": '"[1, 2]"', "t2": "[1, 2]", "t3": '[{"a": 1}]', "t4": '"[{\\"a\\": 1}]"'}
+
+
 def test_one_number_is_one_group_whether_it_was_logged_as_an_int_or_a_float(tmp_path: Path) -> None:
     """``lr`` of 1 in one trial and 1.0 in another made two groups, where ``diff`` and ``--where`` call them
     the same value (found by a new user); a bool stays apart from the number, as ``diff`` has it."""

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import InvalidArgumentError, MetricsNotFoundError, Sweep
+from ray_cmf._cells import JsonText
 from ray_cmf.cli import main, parse
 from tests._stores import Trial, write_trials
 from tests._values import INT64_MAX, INT64_MIN, floats, same
@@ -428,7 +429,8 @@ def test_each_trials_config_value_reads_back_as_recorded_whatever_the_others_hol
     """A trial's config value under a key other trials hold too, as ``trials()``, ``--json``, ``--where`` and
     ``Sweep.config`` read it. An int beside another trial's float read back as a float (2**53 + 1 as 2**53,
     which ``--where`` then could not find). The table holds a list as its JSON text, a cell to sort, group and
-    query by; ``Sweep.config`` gives the list itself, where it gave the same text as for a config of that text."""
+    query by, marked as one (a ``JsonText``) so that the text of a list is not read as a list; ``Sweep.config``
+    gives the list itself, where it gave the same text as for a config of that text."""
     rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
     trials = [Trial(f"t{i}", {} if v is _ABSENT else {key: v}, rows) for i, v in enumerate(values)]
     store = write_trials(tmp_path_factory.mktemp("store"), trials)
@@ -443,7 +445,7 @@ def test_each_trials_config_value_reads_back_as_recorded_whatever_the_others_hol
         if logged is _ABSENT:
             assert read is None and key not in own, (trial, read, own)
             continue
-        shown = json.dumps(logged) if isinstance(logged, list) else logged
+        shown = JsonText(json.dumps(logged)) if isinstance(logged, list) else logged  # a text is a plain str
         assert _same_config(shown, read) and _same_config(logged, own[key]), (trial, logged, read, own)
         if type(logged) is int:
             assert _same_config(logged, by_id[trial][f"config/{key}"]), by_id[trial]
