@@ -25,7 +25,7 @@ from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
-from ray_cmf.frames import ERROR_COLUMN, sort_trials
+from ray_cmf.frames import ERROR_COLUMN, SERIES_COLUMN, sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
 from ray_cmf.results import TUNE_BOOKKEEPING, summary_kinds
 from ray_cmf.store import Store
@@ -308,6 +308,13 @@ def _shown_sweep(args: argparse.Namespace) -> Any:
         return sweep
 
 
+def _last_rows(steps: Any, rows: int) -> Any:
+    """The last ``rows`` rows of each of a trial's series (a Train run's ranks, or its several runs)."""
+    if SERIES_COLUMN not in steps.columns:
+        return steps.tail(rows)
+    return steps.groupby(SERIES_COLUMN, sort=False, dropna=False).tail(rows)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     sweep = _shown_sweep(args)
     table = sweep.trials(metrics=[])  # the trial's status, tags and note: no summary
@@ -321,7 +328,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     row = match.iloc[0]
     [(execution, stage)] = [(e, s) for e, s in sweep.executions() if sweep.key(e) == args.trial]
     files = sweep.lineage.files_of([execution.id]).get(execution.id, [])
-    last = sweep.steps(args.metric, trials=[args.trial]).tail(args.rows)
+    last = _last_rows(sweep.steps(args.metric, trials=[args.trial]), args.rows)
     payload = {
         "trial_id": args.trial,
         "status": row["status"],
@@ -363,7 +370,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         _emit(args, rows, "execution metrics", digits=MOST)
     no_file = [{k: None if v == "" else v for k, v in f.items()} for f in files]  # an execution metric's
     _emit(args, no_file, "lineage: files", digits=MOST)
-    _emit(args, payload["last_rows"], f"last {args.rows} rows", digits=MOST)
+    several = any(SERIES_COLUMN in row for row in payload["last_rows"])
+    _emit(args, payload["last_rows"], f"last {args.rows} rows" + (" of each series" * several), digits=MOST)
     return EXIT_OK
 
 
@@ -751,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("show", cmd_show, "one trial: config, tags, note, environment, seeds, lineage, files, last rows")
     _add_sweep_options(p, where=False, metric_help="a metric of the last rows (repeatable; default: all)", mode=False)
     p.add_argument("trial")
-    p.add_argument("--rows", type=int, default=5, help="how many last rows to show")
+    p.add_argument("--rows", type=int, default=5, help="how many last rows to show (of each series)")
     p = command("diff", cmd_diff, "config, environment, seeds and results that differ between two trials")
     _add_sweep_options(p, where=False, metric_help="a metric whose summaries to compare (repeatable; default: all)")
     p.add_argument("trial_a")

@@ -622,9 +622,10 @@ class Sweep:
         columns only is answered first, so that only the kept trials' footers are read."""
         import pandas as pd
 
-        first = {f.trial_id: f for f in reversed(self.files())}  # a trial's first series names its file
+        held = Counter(f.trial_id for f in self.files())
+        only = {f.trial_id: f for f in self.files() if held[f.trial_id] == 1}  # of several, none is the trial's
         recorded = _recorded_columns(
-            [self._recorded(e, stage, first.get(self.key(e))) for e, stage in self.executions()]
+            [self._recorded(e, stage, only.get(self.key(e))) for e, stage in self.executions()]
         )
         if "trial_id" not in recorded.columns:  # no trial at all: the columns every trial's row has
             base = ["trial_id", "status", "recovered", "stage", "note", "started_at", ERROR_COLUMN]
@@ -680,7 +681,8 @@ class Sweep:
         return [(dict(key), mine) for key, mine in groups.items()]
 
     def _recorded(self, execution: Execution, stage: str, file: TrialFile | None) -> dict[str, Any]:
-        """A trial's row of the table as MLMD records it (no file read); ``file`` is its first series'."""
+        """A trial's row of the table as MLMD records it (no file read); ``file`` is its one series' file (a
+        trial of several series, a Train run's ranks or several runs, has no one file: ``show`` lists them)."""
         trial_id = self.key(execution)
         texts = properties(execution, text=True)  # tags and notes are text, "NaN" too
         props = {k: float_of(v) for k, v in texts.items()}

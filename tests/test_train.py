@@ -774,13 +774,16 @@ def test_train_runs_of_one_name_inside_two_trials_are_two_runs(ray_session: None
     assert sorted(properties(r)["tune_trial_id"] for r in runs) == sorted(configs)
 
 
-def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(ray_session: None, tmp_path: Path) -> None:
+def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A trial that runs two Train runs (one after the other) read only the second: both runs' files are the
     trial's, under one series name, so the later one read as a new version of the first (found by a new
     user). Each run is now a series of the trial, named by its run; a trial with one run reads as before."""
     from ray import tune
 
     from ray_cmf import CmfRayLogger
+    from ray_cmf.cli import main
     from ray_cmf.metrics import Mean, MetricCollection
     from ray_cmf.train import StepLogger
 
@@ -813,6 +816,17 @@ def test_two_train_runs_inside_one_trial_read_as_two_series_of_it(ray_session: N
     assert table["samples_per_s_best"].tolist() == [throughput[t] for t in table["trial_id"]]  # best is highest
     seeds = {lr: sweep.environment(t)["seed/графа"] for t, lr in configs.items()}
     assert seeds == {1.0: 6, 10.0: 4}  # a trial's seeds are its later run's, as the README says
+    # the table named the first run's file as the trial's, and `show` gave the last rows of one series only
+    assert table.loc[1.0, "md5"] is None and table.loc[1.0, "url"] is None
+    assert isinstance(table.loc[10.0, "md5"], str) and str(table.loc[10.0, "url"]).endswith(".parquet")
+    [two_runs] = [t for t, lr in configs.items() if lr == 1.0]
+    show = ["show", two_runs, "--store", str(tmp_path / "store"), "--metrics-name", "train_steps", "--rows", "2"]
+    capsys.readouterr()  # what the sweep printed
+    code = main([*show, "--json"])
+    shown = json.loads(capsys.readouterr().out)["last_rows"]
+    assert code == 0 and [(r["series"], r["step"]) for r in shown] == [
+        (s, i) for s in ("first", "second") for i in (2, 3)
+    ]
 
 
 def _reports_its_lr(config: dict[str, Any]) -> None:
