@@ -543,6 +543,16 @@ class _FlushClock:
                 self._thread.start()
         self._changed.set()
 
+    def flush_all(self) -> None:
+        """Hand over the rows of every buffer now, and wait until their sinks hold them."""
+        with self._lock:
+            buffers = list(self._buffers)
+        for buffer in buffers:
+            try:
+                buffer.flush()
+            except Exception as exc:  # the others' rows still leave
+                log.warning("ray_cmf: rows of a series may be missing: %r", exc)
+
     def forget(self, buffer: MetricBuffer) -> None:
         """Stop looking at ``buffer`` (closed)."""
         with self._lock:
@@ -571,3 +581,9 @@ class _FlushClock:
 
 _CLOCK = _FlushClock()
 os.register_at_fork(after_in_child=_CLOCK.reset)  # a forked child (a DataLoader worker) starts afresh
+
+
+def flush_every_buffer() -> None:
+    """Hand the rows of every open buffer of this process to its sink and wait until it holds them: for a
+    process that Ray is about to stop with no warning of its own (a trial whose driver ends)."""
+    _CLOCK.flush_all()

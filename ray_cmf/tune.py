@@ -30,7 +30,7 @@ from ray_cmf._hooks import never_raises
 from ray_cmf._names import check_mode, check_name, mode_properties
 from ray_cmf.actor import as_the_driver_ends, connect, ray_driver, start_writer
 from ray_cmf.binding import SeriesKey
-from ray_cmf.buffer import TRAIN_RANK, MetricBuffer
+from ray_cmf.buffer import TRAIN_RANK, MetricBuffer, flush_every_buffer
 from ray_cmf.client import Reply, WriterClient
 from ray_cmf.cmf import Cmf
 from ray_cmf.connection import without_password
@@ -52,7 +52,14 @@ from ray_cmf.environment import Environment, capture
 from ray_cmf.errors import RayCmfError, recorded_error
 from ray_cmf.exits import error_properties, on_thread_end
 from ray_cmf.lineage import config_properties, owner_of
-from ray_cmf.node_sampler import Watch, handed_over, start_samplers, wait_for_samplers, watch
+from ray_cmf.node_sampler import (
+    HAND_OVER_AT_END_S,
+    Watch,
+    handed_over,
+    start_samplers,
+    wait_for_samplers,
+    watch,
+)
 from ray_cmf.results import TUNE_OWN, append_result, result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
@@ -375,6 +382,22 @@ def _existing(argument: str, path: str | os.PathLike[str]) -> str:
 
 
 _hook = never_raises("the sweep")
+
+
+def _hand_over_rows_of(trials: list[Any]) -> None:
+    """Have each running trial's process hand the rows it logged to the writer (Ray stops it with the driver
+    that ends, and a trial hands them over only as it ends itself); a trial busy past a moment keeps those
+    rows in its spill, for ``recover``."""
+    import ray
+
+    actors = [t.temporary_state.ray_actor for t in trials if t.status == "RUNNING"]
+    calls = [actor.__ray_call__.remote(_flush_every_buffer) for actor in actors if actor is not None]
+    ray.wait(calls, num_returns=len(calls), timeout=HAND_OVER_AT_END_S)
+
+
+def _flush_every_buffer(_: Any) -> None:
+    """In a trial's process (its actor, the argument): every open buffer's rows to the writer."""
+    flush_every_buffer()
 
 
 class CmfRayLogger(tune.Callback):
@@ -714,6 +737,7 @@ class CmfRayLogger(tune.Callback):
         it, or an error on Tune's event loop): its trials end as ``state``, with what they logged committed."""
         if self._runtime is not None:
             log.warning("ray_cmf: the driver is ending (%s) before the sweep: its running trials end with it", state)
+            _hand_over_rows_of(self._runtime.trials)
             self._finish(self._runtime.trials, state, error)
 
     def _finish(self, trials: list[Any], state: str, error: str | None = None) -> None:

@@ -436,6 +436,66 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
         assert sorted(steps) == list(range(3 if lr == 0.05 else 30)), (lr, steps)
 
 
+TERMINATED_DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import ray
+    from ray import tune
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import get_cmf
+
+    store, progress = sys.argv[1], Path(sys.argv[2])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def trainable(config):
+        cmf = get_cmf(system_metrics=None)
+        for step in range(10_000):
+            cmf.log_metric("fine", {"step": step, "lr": config["lr"]})
+            (progress / str(config["lr"])).write_text(str(step))  # after the row: it was logged
+            if step % 5 == 4:
+                tune.report({"loss": config["lr"] / (step + 1)})  # no checkpoint: nothing seals the rows
+            time.sleep(0.05)
+
+    logger = CmfRayLogger("terminated", store=store)
+    tune.Tuner(trainable, param_space={"lr": tune.grid_search([0.1, 0.2])},
+               run_config=tune.RunConfig(name="exp", storage_path=sys.argv[3], callbacks=[logger], verbose=0)).fit()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_driver_is_terminated_commits_every_row_its_trials_logged(tmp_path: Path) -> None:
+    """SIGTERM to a Tune driver (a scheduler's stop) ended its trials CANCELED with what had reached the
+    writer, but the rows each trial logged since its last checkpoint were still in the trial's process, and
+    Ray stopped it with the driver (found by a new user: 3 of 13 rows lost). The driver's end now has every
+    running trial's process hand its rows over first, as a trial's own end does."""
+    store, progress = tmp_path / "store", tmp_path / "progress"
+    progress.mkdir()
+    driver = subprocess.Popen(
+        [sys.executable, "-c", TERMINATED_DRIVER, str(store), str(progress), str(tmp_path / "results")],
+        env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        logged = lambda: [int(f.read_text() or 0) for f in progress.iterdir()]  # noqa: E731
+        while time.monotonic() < deadline and (len(logged()) < 2 or min(logged()) < 12):
+            time.sleep(0.05)
+        driver.send_signal(signal.SIGTERM)  # the driver only, as a scheduler's SIGTERM reaches it
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    last = {float(f.name): int(f.read_text()) for f in progress.iterdir()}  # each trial's last row logged
+    sweep = Sweep(store, pipeline="terminated", metrics_name="fine")
+    assert set(sweep.trials()["status"]) == {"CANCELED"}
+    rows = sweep.steps()
+    for lr, steps in rows.groupby("lr")["step"]:
+        assert steps.tolist() == list(range(len(steps))) and len(steps) > last[lr], (lr, last, steps.tolist())
+
+
 def _runs_until_stopped(config: dict[str, Any]) -> None:
     from ray import tune
 
