@@ -177,8 +177,9 @@ def dedup_attempts(
         cut = frame.merge(starts[[*attempts, "_until"]], on=attempts, how="left")
         kept = cut[~(cut[step] >= cut["_until"]).fillna(False).astype(bool)].drop(columns="_until")
     keys = [*by, step]
-    ordered = kept.sort_values([*keys, ATTEMPT_COLUMN], kind="stable")
-    return ordered.drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
+    ranks = [c for c in by if c == RANK_COLUMN]  # a report's ranks side by side, as they were logged
+    order = [*(c for c in by if c != RANK_COLUMN), step, *ranks, ATTEMPT_COLUMN]
+    return kept.sort_values(order, kind="stable").drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
 
 
 @dataclass(frozen=True)

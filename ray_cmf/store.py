@@ -311,12 +311,13 @@ class Store:
         with self._lock:
             self.lineage.patch_executions(execution_ids, props, remove)
 
-    def start_attempt(self, execution_id: int) -> int:
-        """Count one more start of an execution (a trial's or a run's) and return it: 1 for the first."""
+    def start_attempt(self, execution_id: int, counter: str = ATTEMPT_PROPERTY) -> int:
+        """Count one more start of an execution (a trial's or a run's) and return it: 1 for the first.
+        ``counter``: the property that counts them (a Train run's callback counts its own starts)."""
         with self._lock:
-            recorded = properties(self.lineage.get_execution(execution_id)).get(ATTEMPT_PROPERTY, 0)
+            recorded = properties(self.lineage.get_execution(execution_id)).get(counter, 0)
             attempt = int(recorded) + 1
-            self.lineage.update_execution(execution_id, {ATTEMPT_PROPERTY: attempt})
+            self.lineage.update_execution(execution_id, {counter: attempt})
             return attempt
 
     def commit_metrics(

@@ -40,6 +40,7 @@ from ray_cmf.constants import (
     ERROR_PROPERTY,
     HAND_OVER_WAIT_S,
     REPORT_COLUMN,
+    REPORT_STARTS_PROPERTY,
     REPORTS_METRICS_NAME,
     RUN_EXECUTION_TYPE,
     STEP_FLUSH_SECONDS,
@@ -663,7 +664,10 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
                 trial=trial,
                 token=_run_id(self._run_context),
             )
-            sink = writer.sink(lambda: SeriesKey(binding.result(), self.metrics_name))
+            # each start of the callback (a fit: a run name used again, a restored trial's) is an attempt of
+            # the report series, whose rows supersede an earlier attempt's from its first step on
+            starts = writer.send(StoreWriter.count_start, binding=binding, counter=REPORT_STARTS_PROPERTY)
+            sink = writer.sink(lambda: SeriesKey(starts.result(), self.metrics_name, attempts=True))
             self._runtime = _CallbackRuntime(writer, run_name, binding, MetricBuffer(sink=sink))
         return self._runtime
 

@@ -336,6 +336,12 @@ class StoreWriter:
         """Merge properties into a bound execution (``binding`` may be the reply of its :meth:`bind`)."""
         return self._open(binding.store).update_execution(binding.execution_id, props)
 
+    def count_start(self, *, binding: Binding, counter: str) -> Binding:
+        """Count one more start of the bound execution in ``counter`` (see :meth:`Store.start_attempt`): the
+        binding, with that start as its attempt, stamps the rows of a series that only those starts log
+        (``binding`` may be the reply of its :meth:`bind`)."""
+        return replace(binding, attempt=self._open(binding.store).start_attempt(binding.execution_id, counter))
+
     def record_start(self, *, binding: Binding, metrics_name: str, step: int) -> None:
         """A later start of a trial or run resumes its ``metrics_name`` series after ``step``: what earlier
         starts logged beyond it is no longer the run's, even where this start fails before it logs a row

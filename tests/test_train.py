@@ -340,6 +340,25 @@ def test_a_run_name_used_again_in_one_ray_session_records_each_run_where_it_name
     assert not {r["pid"] for rows in by_rank.values() for r in rows} & set().union(*pids.values())
 
 
+def test_a_run_name_used_again_in_one_store_continues_its_reports_as_a_later_attempt(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A run name used again continues that run (as a restored Tune trial continues its Train run): its
+    ``train_steps`` read the later attempt's rows, but ``train_reports`` held both fits' reports, each
+    (rank, step) twice, with nothing to tell them apart (found by a new user after a Tune restore). Each
+    start of the callback is now an attempt of the report series, whose rows supersede the earlier's."""
+    _fit(tmp_path, "twice", step_sleep=0.01, report_every=2)
+    once = _series(tmp_path, "train_reports").steps(["rank", "worker_group"])
+    _fit(tmp_path, "twice", step_sleep=0.01, report_every=2)
+    reports = _series(tmp_path, "train_reports").steps(["rank", "worker_group"])
+    assert not reports.duplicated(["rank", "step"]).any()
+    assert reports[["rank", "step"]].values.tolist() == once[["rank", "step"]].values.tolist()  # in report order
+    [run] = _series(tmp_path, "train_reports").trials().to_dict(orient="records")
+    assert run["steps"] == len(once[once["rank"] == 0])
+    steps = _series(tmp_path, "train_steps").steps()
+    assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))  # as before: no duplicates
+
+
 def test_single_worker(ray_session: None, tmp_path: Path) -> None:
     _fit(tmp_path, "single", workers=1)
     steps = _series(tmp_path, "train_steps").steps()
