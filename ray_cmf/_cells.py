@@ -10,14 +10,9 @@ from collections.abc import Callable, Iterable, Sequence
 from numbers import Number
 from typing import Any
 
+from ray_cmf._json import JsonText
+
 MOST = 17  # significant digits that tell any two float64 values apart
-
-
-class JsonText(str):
-    """A cell that holds a value no cell type holds (a list, say) as its JSON text: shown as it is, while a
-    text that reads alike is quoted beside it, so that ``[1, 2]`` and ``"[1, 2]"`` never read as one."""
-
-    __slots__ = ()
 
 
 def number_text(value: float | int, digits: int) -> str:

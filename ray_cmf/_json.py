@@ -17,6 +17,13 @@ NONFINITE_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 NONFINITE_VALUE = {text: float(key) for key, text in NONFINITE_TEXT.items()}
 
 
+class JsonText(str):
+    """A table cell that holds a value no cell type holds (a list, say) as its JSON text: tables show it as
+    it is, and quote a text that reads alike beside it (``[1, 2]`` and ``"[1, 2]"`` never read as one)."""
+
+    __slots__ = ()
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as plain JSON types: non-finite floats as their strings, NumPy and pandas scalars unboxed,
     missing values (None, pandas' NA and NaT) as None, times as ISO 8601, anything else as ``str``."""

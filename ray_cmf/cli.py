@@ -10,6 +10,7 @@ Every command takes ``--store`` (default: $RAY_CMF_STORE or ./cmf_store) and ``-
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -19,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import atomic_write
-from ray_cmf._cells import MOST, JsonText, cell_texts, number_text, quoted, shown_text
-from ray_cmf._json import dumps, jsonable
+from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
+from ray_cmf._json import JsonText, dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
@@ -34,7 +35,19 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _print_json(payload: Any) -> None:
-    sys.stdout.write(dumps(payload, indent=2) + "\n")
+    sys.stdout.write(dumps(_as_values(payload), indent=2) + "\n")
+
+
+def _as_values(value: Any) -> Any:
+    """What ``--json`` writes: a cell that holds a list as its JSON text (a :class:`JsonText`) as the list
+    again, so that it reads apart from a text of the same characters."""
+    if isinstance(value, JsonText):
+        return json.loads(value)
+    if isinstance(value, dict):
+        return {k: _as_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_values(v) for v in value]
+    return value
 
 
 def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str, *, digits: int = 6) -> None:

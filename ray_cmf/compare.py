@@ -22,8 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from ray_cmf._cells import JsonText
-from ray_cmf._json import float_of
+from ray_cmf._json import JsonText, float_of
 from ray_cmf._names import check_limit, check_mode, recorded_modes
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,

@@ -24,8 +24,7 @@ from ml_metadata import errors as mlmd_errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
-from ray_cmf._cells import JsonText
-from ray_cmf._json import NONFINITE_TEXT, float_of
+from ray_cmf._json import NONFINITE_TEXT, JsonText, float_of
 from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,

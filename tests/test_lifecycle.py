@@ -837,6 +837,13 @@ def test_a_list_and_the_text_of_a_list_are_groups_of_their_own_and_read_apart(
             'x=[{"a": 1}]': ["t3"],
             'x="[{\\"a\\": 1}]"': ["t4"],
         }
+    code, rows = _cli(capsys, "trials", "--store", str(store.root), "--group-by", "config/x")
+    assert code == 0 and {r["group"]: r["config/x"] for r in rows} == {  # --json: the list itself, or the text
+        "x=[1, 2]": [1, 2],
+        'x="[1, 2]"': "[1, 2]",
+        'x=[{"a": 1}]': [{"a": 1}],
+        'x="[{\\"a\\": 1}]"': '[{"a": 1}]',
+    }
     where = Sweep(store).trials(where='config/x == "[1, 2]"')
     assert list(where["trial_id"]) == ["t0", "t1", "t2"]  # as the README has it: a list is its JSON text there
     assert main(["trials", "--store", str(store.root)]) == 0

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import InvalidArgumentError, MetricsNotFoundError, Sweep
-from ray_cmf._cells import JsonText
+from ray_cmf._json import JsonText
 from ray_cmf.cli import main, parse
 from tests._stores import Trial, write_trials
 from tests._values import INT64_MAX, INT64_MIN, floats, same
