@@ -19,7 +19,7 @@ from ray_cmf import CmfRayLogger, Sweep
 def trial(config: dict) -> None:
     trial_id = tune.get_context().get_trial_id()
     result = run({**config, "trial_id": trial_id}, name=f"run-{trial_id}")
-    tune.report({"done": 1.0, "failed": result.error is not None})
+    tune.report({"trained": 1.0, "failed": result.error is not None})  # not "done": that is Tune's stop flag
 
 
 def main() -> None:

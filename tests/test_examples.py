@@ -57,3 +57,5 @@ def test_torch_trainer_and_tune_torch_trainer(tmp_path: Path) -> None:
     _run(tmp_path, "tune_torch_trainer.py", "--size", "1", "--store", "s")
     runs = Sweep(tmp_path / "s", pipeline="torch_trainer_demo", metrics_name="train_steps").trials(["loss"])
     assert len(runs) == 3 and set(runs["status"]) == {"COMPLETE"}  # one plain run, two inside trials
+    trials = Sweep(tmp_path / "s", pipeline="torch_trainer_demo", stage="nested_sweep").trials()
+    assert len(trials) == 2 and not trials["stopped"].any()  # they ended on their own ("done" was reported)
