@@ -296,7 +296,7 @@ def test_a_sweep_ranked_by_max_is_read_back_by_max(
     assert main(["compare", "--store", str(store), "--metric", "acc", "--top", "1", "--json"]) == 0
     capsys.readouterr()
     assert main(["trials", "--store", str(store), "--json"]) == 0  # no --metric: best first by the logger's
-    assert [row["config/accs"] for row in json.loads(capsys.readouterr().out)] == ["[0.5, 0.9]", "[0.8, 0.6]"]
+    assert [row["config/accs"] for row in json.loads(capsys.readouterr().out)] == [[0.5, 0.9], [0.8, 0.6]]  # lists
     page = sweep.report(tmp_path / "r.html").read_text()
     assert '"mode": "max"' in page and page.index("[0.5, 0.9]") < page.index("[0.8, 0.6]")
 
