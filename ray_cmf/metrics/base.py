@@ -122,7 +122,7 @@ class Metric(ABC):
         """Record one update's inputs; ``_apply`` runs on them as part of a block (see staging.py)."""
         groups = self._groups or self._solo()
         try:
-            self._stager.push(self._member, inputs, groups.device)  # type: ignore[union-attr]
+            self._stager.push(self._member, inputs)  # type: ignore[union-attr]
         except TypeError as exc:
             raise_naming_input(exc, inputs, lambda i: (self._label(), i))
         self._updated_in = groups.interval

@@ -105,7 +105,9 @@ class _Group:
     def __init__(self, members: list[Metric], index: int, pack: StatePack) -> None:
         self.lead, self.index, self.pack = members[0], index, pack
         self.size = len(members)
-        self.stager = Stager(self.size, self._apply, self._apply_one, self.lead._check, self.lead._stage_dtype)
+        self.stager = Stager(
+            self.size, pack.device, self._apply, self._apply_one, self.lead._check, self.lead._stage_dtype
+        )
 
     def _apply(self, inputs: list[torch.Tensor], valid: torch.Tensor | None) -> None:
         self.lead._apply(self.pack.live[self.index], inputs, valid)
@@ -129,7 +131,7 @@ class _Joint:
         self.groups, self.metrics = groups, metrics
         bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
         self.parts = [slice(a, b) for a, b in itertools.pairwise(bounds)]
-        self.stager = Stager(1, self._apply, lambda _, columns: self._apply(columns, None), self._check)
+        self.stager = Stager(1, groups.device, self._apply, lambda _, columns: self._apply(columns, None), self._check)
 
     def _apply(self, columns: list[torch.Tensor], valid: torch.Tensor | None) -> None:
         for metric, part in zip(self.metrics, self.parts, strict=True):
@@ -181,7 +183,7 @@ class MetricGroups:
                 self._joint.clear()
             joint = self._joint[pattern] = _Joint(self, metrics, pattern[1])
         try:
-            joint.stager.push(0, inputs, self.device)
+            joint.stager.push(0, inputs)
         except TypeError as exc:
             raise_naming_input(exc, inputs, joint.label_of)
         for metric in metrics:

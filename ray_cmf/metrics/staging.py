@@ -28,6 +28,7 @@ Signature = tuple[tuple[torch.Size, torch.dtype], ...]
 _NUMBER = (torch.Size(), NUMBER_DTYPE)
 Apply = Callable[[list[torch.Tensor], "torch.Tensor | None"], None]  # (inputs, valid rows or None when all)
 ApplyOne = Callable[[int, list[torch.Tensor]], None]  # (member, its inputs as one row)
+Put = Callable[[int, Sequence[Any]], "bool | None"]  # (member, inputs) -> its rows are full; None: not this signature
 
 
 def signature(inputs: Sequence[Any]) -> Signature:
@@ -74,7 +75,7 @@ class Block:
     def __init__(
         self, sig: Signature, members: int, rows: int, device: torch.device, dtype: torch.dtype | None = None
     ) -> None:
-        self.rows, self.device = rows, device
+        self.rows, self.device, self.signature = rows, device, sig
         self.fits = _matcher(sig, device)
         self.used = [0] * members  # rows filled, per member
         self.columns: list[torch.Tensor] = []
@@ -89,33 +90,64 @@ class Block:
                 column = torch.empty((members, rows, *shape), dtype=dtype or input_dtype, device=device)
                 self.device_inputs.append((i, column.view(members * rows, *shape), [None] * (members * rows)))
             self.columns.append(column)
+        self.put = self._putter()
 
-    def put(self, member: int, inputs: Sequence[Any]) -> bool:
-        """Record one update of ``member`` in its next row; True when that member's rows are full."""
-        row = self.used[member]
-        cell_index = member * self.rows + row
-        for i, cells, views in self.device_inputs:
-            cell = views[cell_index]
-            if cell is None:
-                cell = views[cell_index] = cells[cell_index]
-            value = inputs[i]
-            if isinstance(value, torch.Tensor):
+    def _putter(self) -> Put:
+        """``put(member, inputs)``: record one update of ``member`` in its next row and say whether that member's
+        rows are full; None, recording nothing, when the inputs lack this block's signature. Every update runs
+        it, so one device tensor (the common case) gets a body of its own, without loops or a second call."""
+        used, rows, fits = self.used, self.rows, self.fits
+        device_inputs, host_inputs = self.device_inputs, self.host_inputs
+        if len(device_inputs) == 1 and not host_inputs:
+            [(_, cells, views)] = device_inputs
+            [(shape, dtype)] = self.signature
+
+            def put_tensor(member: int, inputs: Sequence[Any]) -> bool | None:
+                if len(inputs) != 1:
+                    return None
+                value = inputs[0]
+                if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype is not dtype:
+                    return None
+                row = used[member]
+                index = member * rows + row
+                cell = views[index]
+                if cell is None:
+                    cell = views[index] = cells[index]
                 cell.copy_(value.detach() if value.requires_grad else value)
-            else:
-                cell.fill_(value)
-        for i, host in self.host_inputs:
-            value = inputs[i]
-            host[cell_index] = value.item() if isinstance(value, torch.Tensor) else value
-        self.used[member] = row + 1
-        return row + 1 == self.rows
+                used[member] = row = row + 1
+                return row == rows
+
+            return put_tensor
+
+        def put(member: int, inputs: Sequence[Any]) -> bool | None:
+            if not fits(inputs):
+                return None
+            row = used[member]
+            index = member * rows + row
+            for i, cells, views in device_inputs:
+                cell = views[index]
+                if cell is None:
+                    cell = views[index] = cells[index]
+                value = inputs[i]
+                if isinstance(value, torch.Tensor):
+                    cell.copy_(value.detach() if value.requires_grad else value)
+                else:
+                    cell.fill_(value)
+            for i, host in host_inputs:
+                value = inputs[i]
+                host[index] = value.item() if isinstance(value, torch.Tensor) else value
+            used[member] = row = row + 1
+            return row == rows
+
+        return put
 
     def flush(self, apply: Apply) -> None:
         """Apply the staged rows of every member as one update and empty the block."""
-        used = self.used
+        used = self.used.copy()
         top = max(used)
         if not top:
             return
-        self.used = [0] * len(used)
+        self.used[:] = [0] * len(used)  # in place: ``put`` holds the list
         valid = None if min(used) == top else _valid_rows(used, top, self.device)
         apply([column[:, :top] for column in self.columns], valid)
 
@@ -171,7 +203,7 @@ def from_host(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class Stager:
-    """The staged updates of one group: a block per signature, ``apply`` called once per full block.
+    """The staged updates of one group on ``device``: a block per signature, ``apply`` called once per full block.
 
     ``dtype``, when given, is the dtype every staged input is converted to (see ``Block``).
 
@@ -182,28 +214,30 @@ class Stager:
     def __init__(
         self,
         members: int,
+        device: torch.device,
         apply: Apply,
         apply_one: ApplyOne,
         check: Callable[..., None],
         dtype: torch.dtype | None = None,
     ) -> None:
-        self._members, self._dtype = members, dtype
+        self._members, self._device, self._dtype = members, device, dtype
         self._apply, self._apply_one, self._check = apply, apply_one, check
         self._blocks: dict[Signature, Block] = {}
         self._last: Block | None = None  # the block of the latest update (most updates repeat its signature)
 
-    def push(self, member: int, inputs: Sequence[Any], device: torch.device) -> None:
+    def push(self, member: int, inputs: Sequence[Any]) -> None:
         """Stage one update of ``member`` (applied when its block fills or on ``flush``)."""
         block = self._last
-        if block is None or not block.fits(inputs):
-            block = self._block_for(inputs, device)
+        if block is None or (full := block.put(member, inputs)) is None:  # not the latest update's signature
+            block = self._block_for(inputs)
             if block is None:
-                self._apply_one(member, [one_row(v, device) for v in inputs])
+                self._apply_one(member, [one_row(v, self._device) for v in inputs])
                 return
-        if block.put(member, inputs):
+            full = block.put(member, inputs)
+        if full:
             block.flush(self._apply)
 
-    def _block_for(self, inputs: Sequence[Any], device: torch.device) -> Block | None:
+    def _block_for(self, inputs: Sequence[Any]) -> Block | None:
         """The block of these inputs' signature (checked and made when new); None when they are too large."""
         sig = signature(inputs)
         block = self._blocks.get(sig)
@@ -215,7 +249,7 @@ class Stager:
             if len(self._blocks) == MAX_SIGNATURES:
                 self.flush()
                 self.discard()
-            block = self._blocks[sig] = Block(sig, self._members, rows, device, self._dtype)
+            block = self._blocks[sig] = Block(sig, self._members, rows, self._device, self._dtype)
         self._last = block
         return block
 
