@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ml_metadata.proto.metadata_store_pb2 as mlpb
+
 from ray_cmf._atomic import write_bytes, write_text
 from ray_cmf._names import check_name
 from ray_cmf.connection import database_of, is_url, without_password
@@ -334,10 +336,12 @@ class Store:
         and one more for ``also_output_of``, the Tune trial of a Train run's series); ``instance`` says which
         of the execution's series of that name it is (a Train rank's, say).
 
-        Content is shared: executions that commit the same bytes share one artifact. An execution that
-        commits bytes it committed before, after another version, records them again as its newest version
-        (MLMD keeps one output event per execution and artifact, so the new event goes to a new artifact of
-        the same content).
+        Content is shared: executions that commit the same bytes share one artifact, and one file: the copy
+        just written goes when an artifact of that content already has its file here (gc frees the one file
+        with the last execution that holds it). An execution that commits bytes it committed before, after
+        another version, records them again as its newest version (MLMD keeps one output event per execution
+        and artifact, so the new event goes to a new artifact of the same content); so does content whose
+        artifact a gc freed.
 
         The DVC cache copy runs outside the MLMD lock: a large file does not stall other requests.
         """
@@ -352,21 +356,32 @@ class Store:
                 "size": finished.size,
             }
             name = f"{metrics_name}:{finished.md5}"
-            if self._committed_before(execution_id, name, metrics_name, instance):
+            if self._needs_own_artifact(execution_id, name, metrics_name, instance):
                 name = f"{name}:{uuid.uuid4().hex[:8]}"
             artifact = self.lineage.put_artifact(
                 execution_id, STEP_METRICS_TYPE, name, str(finished.path), typed, custom, instance=instance
             )
             if also_output_of is not None:
                 self.lineage.link(also_output_of, artifact.id, "output", instance)
-            return artifact
+        shared = self.file_of(artifact)
+        if shared != finished.path and shared.is_file():
+            finished.path.unlink(missing_ok=True)
+            finished.path.with_name(finished.path.name + ".dvc").unlink(missing_ok=True)
+        return artifact
 
-    def _committed_before(self, execution_id: int, name: str, metrics_name: str, instance: str) -> bool:
-        """Whether the execution holds the artifact ``name`` as an output that is not its newest version of
-        ``metrics_name`` from this instance (so recording it again would not make it the newest)."""
+    def file_of(self, artifact: Artifact) -> Path:
+        """Where an artifact's file is (or was) in the store."""
+        return self.resolve(str(properties(artifact).get("url", artifact.uri)))
+
+    def _needs_own_artifact(self, execution_id: int, name: str, metrics_name: str, instance: str) -> bool:
+        """Whether the content's artifact ``name`` cannot take this commit: a gc freed (or is freeing) its
+        bytes, or the execution holds it as an output that is not its newest version of ``metrics_name`` from
+        this instance (so recording it again would not make it the newest)."""
         existing = self.lineage.store.get_artifact_by_type_and_name(STEP_METRICS_TYPE, name)
         if existing is None:
             return False
+        if existing.state in (mlpb.Artifact.DELETED, mlpb.Artifact.MARKED_FOR_DELETION):
+            return True
         versions = [output for output, _ in self._series_outputs(self.lineage.outputs([execution_id]), metrics_name)]
         held = any(output.artifact_id == existing.id for output in versions)
         newest = versions[-1] if versions else None

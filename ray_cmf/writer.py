@@ -575,6 +575,9 @@ class StoreWriter:
                 ),
             )
         if artifact is not None:
+            shared = live.file_of(artifact)  # the file of the content's artifact (the copy just written went)
+            if shared.is_file():
+                series.spill.base = shared  # what the next version extends
             self._push(live, artifact)
         return artifact
 

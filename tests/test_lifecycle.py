@@ -505,6 +505,77 @@ def test_gc_frees_only_what_deleted_trials_alone_hold(tmp_path: Path, capsys: py
     assert set(lineage["trial_id"]) == {"a", "twin", "b"}  # the metadata stays: lineage is explainable
 
 
+def _identical_series(store_dir: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Executions ``names`` of one pipeline, each committing the same rows as series ``s``; those rows."""
+    rows = _rows(1.0)
+    for name in names:
+        cmf = Cmf(pipeline_name="same", store=store_dir)
+        cmf.create_execution("trial", execution_name=name)
+        for row in rows:
+            cmf.log_metric("s", row)
+        cmf.commit_metrics("s")
+    return rows
+
+
+def test_trials_that_commit_identical_series_leave_one_file_that_gc_frees_with_the_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Identical content is one artifact: each later trial left its own copy of the file, which no artifact
+    named, so gc never freed it and ``dvc status`` listed it as not in cache once the object was freed."""
+    store = Store(tmp_path / "store")
+    _identical_series(store.root, ("a", "b", "c"))
+    assert len(list((store.root / "artifacts").rglob("*.parquet"))) == 1
+    assert len(list((store.root / "artifacts").rglob("*.dvc"))) == 1
+    assert Sweep(store.root).trials()["steps"].tolist() == [5, 5, 5]
+    [md5] = {file.md5 for file in Sweep(store.root).files()}
+    Sweep(store.root).delete(["a", "b"])
+    code, freed = _cli(capsys, "gc", "--store", str(store.root))
+    assert code == 0 and freed["files"] == 0 and freed["kept_shared"] == 1  # c holds it
+    assert Sweep(store.root).steps(trials=["c"])["loss"].tolist() == [r["loss"] for r in _rows(1.0)]
+    Sweep(store.root).delete(["c"])
+    code, freed = _cli(capsys, "gc", "--store", str(store.root))
+    assert code == 0 and freed["files"] == 1 and freed["cache_objects"] == 1
+    assert not [p for p in (store.root / "artifacts").rglob("*") if p.is_file()]
+    assert not store.dvc.cache_path(md5).exists()
+    assert "not in cache" not in store.dvc.status()
+
+
+def test_a_series_that_matched_another_trials_content_extends_it_at_its_next_commit(tmp_path: Path) -> None:
+    """Its own copy of the shared content went at the commit: the next version extends the shared file."""
+    store_dir = tmp_path / "store"
+    rows = _identical_series(store_dir, ("a",))
+    cmf = Cmf(pipeline_name="same", store=store_dir)
+    cmf.create_execution("trial", execution_name="b")
+    for row in rows:
+        cmf.log_metric("s", row)
+    cmf.commit_metrics("s")
+    more = _rows(3.0, steps=8)[5:]
+    for row in more:
+        cmf.log_metric("s", row)
+    cmf.commit_metrics("s")
+    sweep = Sweep(store_dir)
+    assert sweep.steps(trials=["b"])["loss"].tolist() == [r["loss"] for r in rows + more]
+    assert sweep.steps(trials=["a"])["loss"].tolist() == [r["loss"] for r in rows]
+
+
+def test_a_series_identical_to_one_that_gc_freed_is_committed_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its content named the artifact gc had freed: the new trial was linked to that artifact, whose bytes
+    were gone, so it read 0 steps."""
+    store_dir = tmp_path / "store"
+    rows = _identical_series(store_dir, ("a",))
+    Sweep(store_dir).delete(["a"])
+    code, freed = _cli(capsys, "gc", "--store", str(store_dir))
+    assert code == 0 and freed["files"] == 1
+    _identical_series(store_dir, ("b",))
+    steps = Sweep(store_dir).steps(trials=["b"])
+    assert steps["loss"].tolist() == [r["loss"] for r in rows]
+    assert Sweep(store_dir).trials()["steps"].tolist() == [5]
+    code, audit = _cli(capsys, "verify", "--store", str(store_dir))
+    assert code == 0 and {r["status"] for r in audit} == {"ok"}
+
+
 def test_gc_counts_and_names_each_trial_it_freed_where_ids_recur(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
