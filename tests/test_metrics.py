@@ -351,6 +351,33 @@ def test_top_k_accuracy_ranks_tied_scores_as_top_1_does(scores: list[list[float]
         previous = got
 
 
+@settings(max_examples=60, deadline=None)
+@example(shape=(2, 3, 1), top_k=2, updates=1, seed=0)  # a new user's: scores (N, C, 1) read 0.0 for 1.0
+@given(
+    shape=st.tuples(st.integers(1, 4), st.integers(2, 5), st.integers(1, 3), st.integers(1, 2)).map(
+        lambda s: s[:3] if s[3] == 1 else s
+    ),
+    top_k=st.integers(1, 2),
+    updates=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_top_k_accuracy_of_scores_with_extra_dimensions_is_that_of_each_position(
+    shape: tuple[int, ...], top_k: int, updates: int, seed: int
+) -> None:
+    """Scores ``(N, C, ...)`` against targets ``(N, ...)`` (a sequence model's): each position is a sample.
+    Top-k over such scores ranked along the last dimension instead of the classes': (N, C, 1) read 0.0 where
+    every target was in the top 2, and (N, C, L > 1) raised at the first read, losing the staged updates."""
+    generator = torch.Generator().manual_seed(seed)
+    classes = shape[1]
+    extra, flat = Accuracy(top_k=top_k), Accuracy(top_k=top_k)
+    for _ in range(updates):
+        scores = torch.randint(0, 3, shape, generator=generator).double()  # ties, ranked by class index
+        target = torch.randint(0, classes, shape[:1] + shape[2:], generator=generator)
+        extra.update(scores, target)
+        flat.update(scores.movedim(1, -1).reshape(-1, classes), target.reshape(-1))
+    assert extra.compute()["value"].item() == flat.compute()["value"].item()
+
+
 @given(
     scores=st.lists(
         st.lists(st.sampled_from([0.0, 0.5, 1.0, math.nan]), min_size=3, max_size=3), min_size=1, max_size=8
@@ -558,6 +585,25 @@ def test_joint_update_errors_and_synced_values() -> None:
     metrics.update(loss=torch.tensor(8.0))  # staged, not yet applied
     metrics.reset()
     assert math.isnan(metrics.compute()["loss"].item())  # reset drops staged joint updates too
+
+
+def test_an_error_in_a_collection_names_the_metric_by_its_key() -> None:
+    """Two Means in one collection: a weight that does not broadcast said ``Mean: ...``, naming neither; an
+    Accuracy given its scores without a tuple said ``Accuracy._check() missing 1 required positional
+    argument``, a private method."""
+    metrics = MetricCollection({"train": Mean(), "val": Mean(), "acc": Accuracy()})
+    value, bad_weight = torch.ones(2), torch.ones(3)
+    with pytest.raises(ValueError, match=r"^metric 'val' \(Mean\): weight of shape \(3,\) does not broadcast"):
+        metrics.update(train=value, val=(value, bad_weight))
+    with pytest.raises(ValueError, match=r"^metric 'val' \(Mean\): weight of shape \(3,\) does not broadcast"):
+        metrics["val"].update(value, weight=bad_weight)
+    with pytest.raises(ValueError, match=r"^Mean: weight of shape \(3,\) does not broadcast"):  # alone: its class
+        Mean().update(value, weight=bad_weight)
+    with pytest.raises(TypeError, match=r"^metric 'acc' \(Accuracy\): .*'target'.*acc=\(a, b\)"):
+        metrics.update(train=value, acc=torch.zeros(2, 3))
+    with pytest.raises(TypeError, match=r"^metric 'train' \(Mean\): .*too many.*"):
+        metrics.update(train=(value, value, value))
+    assert math.isnan(metrics.compute()["train"].item())  # none of those calls updated anything
 
 
 @pytest.mark.parametrize(

@@ -216,6 +216,35 @@ def test_layout_mismatch_raises_naming_the_difference_instead_of_hanging() -> No
         assert "LayoutMismatchError" in text and "extra" in text and "extra.total" in text
 
 
+def _settings_differ(rank: int, world: int) -> None:
+    high = 4.0 if rank == 0 else 8.0
+    metrics = MetricCollection({"loss": Mean(), "h": Histogram(4, 0.0, high), "acc": Accuracy(top_k=1 + rank)})
+    metrics["h"].update(torch.tensor([0.5, 1.5]))
+    metrics.sync()
+
+
+def test_metrics_whose_settings_differ_across_ranks_raise_naming_them() -> None:
+    """Histograms of another range, or a top-k of another k, pack the same states: the ranks reduced counts of
+    different bins and each read its own "global" values. The settings are part of the layout."""
+    for status, text in run_distributed(_settings_differ, 2):
+        assert status == "error" and "LayoutMismatchError" in text
+        assert "metric 'h' is Histogram(4, 0.0, 4.0, " in text and "Histogram(4, 0.0, 8.0, " in text
+        assert "metric 'acc' is Accuracy(1, None, " in text and "Accuracy(2, None, " in text
+
+
+def _reordered(rank: int, world: int) -> None:
+    named = {"a": Mean(), "b": Max()}
+    metrics = MetricCollection(named if rank == 0 else dict(reversed(named.items())))
+    metrics.sync()
+
+
+def test_metrics_built_in_another_order_on_one_rank_raise_saying_so() -> None:
+    """The same metrics in another order pack another layout: the error named no difference."""
+    for status, text in run_distributed(_reordered, 2):
+        assert status == "error" and "LayoutMismatchError" in text
+        assert "rank 1 builds the metrics in another order" in text and "['b', 'a']" in text
+
+
 def test_layout_error_type_is_public() -> None:
     assert issubclass(LayoutMismatchError, Exception)
 

@@ -100,7 +100,7 @@ class Mean(Metric):
         value_shape, weight_shape = _shape(value), _shape(weight)
         if weight is not None and not _broadcasts(weight_shape, value_shape):
             raise ValueError(
-                f"Mean: weight of shape {tuple(weight_shape)} does not broadcast to the value's {tuple(value_shape)}"
+                f"weight of shape {tuple(weight_shape)} does not broadcast to the value's {tuple(value_shape)}"
             )
 
     def _apply(

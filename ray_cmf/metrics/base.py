@@ -125,6 +125,8 @@ class Metric(ABC):
             self._stager.push(self._member, inputs)  # type: ignore[union-attr]
         except TypeError as exc:
             raise_naming_input(exc, inputs, lambda i: (self._label(), i))
+        except ValueError as exc:  # inputs that do not fit together (``_check``)
+            raise ValueError(f"{self._label()}: {exc}") from None
         self._updated_in = groups.interval
         groups.updated = True
 
@@ -147,11 +149,14 @@ class Metric(ABC):
             self.update(*args)
         except TypeError as exc:
             raise_naming_input(exc, args, lambda i: (self._label(), i))
+        except ValueError as exc:
+            raise ValueError(f"{self._label()}: {exc}") from None
         finally:
             del self._stage
 
     def _check(self, *inputs: Any, **options: Any) -> None:
-        """Raise ValueError, naming the shapes, if one update's inputs do not fit together (shapes only).
+        """Raise ValueError, naming the shapes, if one update's inputs do not fit together (shapes only); the
+        caller puts the metric's name in front.
 
         Runs once per new input signature, so it must depend on shapes and dtypes alone. The default
         accepts any inputs.
@@ -244,7 +249,10 @@ class Metric(ABC):
         self._groups, self._stager = None, None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(nan_policy={self.nan_policy!r}, cumulative={self.cumulative})"
+        """The class and every setting (``_config``'s values first), e.g. ``Accuracy(2, None, ...)``: ranks whose
+        metrics differ in any of them are told so at the first sync."""
+        config = "".join(f"{value!r}, " for value in self._config())
+        return f"{type(self).__name__}({config}nan_policy={self.nan_policy!r}, cumulative={self.cumulative})"
 
 
 def rows_mask(valid: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

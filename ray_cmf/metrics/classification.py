@@ -52,17 +52,17 @@ class Accuracy(Metric):
         if scores:
             if (preds_or_logits.shape[:1] + preds_or_logits.shape[2:]) != target.shape:
                 raise ValueError(
-                    f"Accuracy: scores of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
+                    f"scores of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
                     f"{tuple(target.shape)} (expected (N, C, ...) against (N, ...))"
                 )
             if preds_or_logits.shape[1] < self.top_k:  # every sample would be right
                 raise ValueError(
-                    f"Accuracy: top_k={self.top_k} needs scores of at least {self.top_k} classes, got "
+                    f"top_k={self.top_k} needs scores of at least {self.top_k} classes, got "
                     f"{preds_or_logits.shape[1]} (shape {tuple(preds_or_logits.shape)})"
                 )
         elif preds_or_logits.shape != target.shape:
             raise ValueError(
-                f"Accuracy: predicted labels of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
+                f"predicted labels of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
                 f"{tuple(target.shape)}"
             )
         elif self.top_k != 1:
@@ -85,7 +85,7 @@ class Accuracy(Metric):
         if preds.dim() == target.dim():  # predicted labels: a NaN or inf one is no label (left out and counted)
             hit, bad = preds == target, nonfinite(preds) if self._needs_mask(preds) else None
         else:
-            hit = preds.argmax(dim=2) == target if self.top_k == 1 else self._in_top_k(preds, target)
+            hit = preds.argmax(dim=2) == target if self.top_k == 1 else self._in_top_k(preds.movedim(2, -1), target)
             bad = nonfinite(preds).any(dim=2) if self._needs_mask(preds) else None
         dims = per_member(hit)
         if bad is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -93,6 +94,8 @@ class MetricCollection:
         known = self._patterns.get(pattern)
         if known is None:
             members = [self._member(name) for name in inputs]
+            for name, metric, args in zip(inputs, members, calls, strict=True):
+                _check_arguments(name, metric, args)
             known = self._patterns[pattern] = (members, all(m._stages_arguments for m in members))
         joint, stages = known
         # (a None among the inputs, a Mean's weight=None, stages no weight: its own update says so)
@@ -156,6 +159,19 @@ class MetricCollection:
         self._device = torch.device(device)
         self._groups = self._pack()
         return self
+
+
+def _check_arguments(name: str, metric: Metric, args: tuple[Any, ...]) -> None:
+    """Raise a TypeError naming the metric when ``args`` do not fit its ``update`` (once per call pattern)."""
+    signature = inspect.signature(metric.update)
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        takes = ", ".join(str(p.replace(annotation=inspect.Parameter.empty)) for p in signature.parameters.values())
+        raise TypeError(
+            f"{metric._label()}: update({takes}) got {len(args)} input(s): {exc} (a metric's several inputs go "
+            f"in one tuple: {name}=(a, b))"
+        ) from None
 
 
 def _check_member(name: str, metric: Any) -> None:

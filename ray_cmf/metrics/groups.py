@@ -139,7 +139,10 @@ class _Joint:
 
     def _check(self, *inputs: Any) -> None:
         for metric, part in zip(self.metrics, self.parts, strict=True):
-            metric._check(*inputs[part])
+            try:
+                metric._check(*inputs[part])
+            except ValueError as exc:
+                raise ValueError(f"{metric._label()}: {exc}") from None
 
     def label_of(self, index: int) -> tuple[str, int]:
         """How errors name the metric whose inputs hold the call's ``index``-th input, and its position among them."""

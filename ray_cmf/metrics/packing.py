@@ -195,7 +195,7 @@ class StatePack:
         self._next = 0
         self._in_flight: list[SyncHandle[Any] | None] = [None, None]
         self._layout_checked = False
-        self.layout = tuple((s.key, s.reduce, s.shape) for s in slots)
+        self.layout = tuple((s.key, s.reduce, s.shape, s.prefix, repr(s.owner)) for s in slots)
 
     def group_states(self, flat: torch.Tensor) -> GroupStates:
         """Every group's states as ``(members, *shape)`` views into ``flat`` (a buffer laid out like this pack)."""
@@ -353,21 +353,30 @@ def _all_gather(output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op
 
 
 def _describe_mismatch(layouts: list[Any]) -> str:
-    """Name the first difference between rank 0's layout and another rank's."""
-    base = {key: (reduce, shape) for key, reduce, shape in layouts[0]}
+    """Name the first difference between rank 0's layout and another rank's: states, settings or order."""
     for other_rank, layout in enumerate(layouts[1:], start=1):
-        other = {key: (reduce, shape) for key, reduce, shape in layout}
-        if other == base:
-            continue
-        missing = sorted(set(base) - set(other))
-        extra = sorted(set(other) - set(base))
-        changed = sorted(k for k in set(base) & set(other) if base[k] != other[k])
-        parts = []
-        if missing:
-            parts.append(f"rank {other_rank} lacks {missing}")
-        if extra:
-            parts.append(f"rank {other_rank} has extra {extra}")
-        for key in changed:
-            parts.append(f"state {key!r} is {base[key]} on rank 0 but {other[key]} on rank {other_rank}")
-        return "Metric layouts differ across ranks: " + "; ".join(parts) + ". Build the same metrics on every rank."
+        if layout != layouts[0]:
+            parts = "; ".join(_differences(layouts[0], layout, other_rank))
+            return f"Metric layouts differ across ranks: {parts}. Build the same metrics, in one order, on every rank."
     return "Metric layouts differ across ranks."
+
+
+def _differences(base: Any, layout: Any, other_rank: int) -> list[str]:
+    """How ``layout`` (rank ``other_rank``'s) differs from rank 0's ``base``; entries are (state key, reduction,
+    shape, metric prefix, metric settings)."""
+    states, other = ({key: (reduce, shape) for key, reduce, shape, _, _ in lay} for lay in (base, layout))
+    settings, other_settings = ({prefix: owner for *_, prefix, owner in lay} for lay in (base, layout))
+    parts = []
+    if missing := sorted(set(states) - set(other)):
+        parts.append(f"rank {other_rank} lacks {missing}")
+    if extra := sorted(set(other) - set(states)):
+        parts.append(f"rank {other_rank} has extra {extra}")
+    for key in sorted(k for k in set(states) & set(other) if states[k] != other[k]):
+        parts.append(f"state {key!r} is {states[key]} on rank 0 but {other[key]} on rank {other_rank}")
+    for prefix in sorted(p for p in set(settings) & set(other_settings) if settings[p] != other_settings[p]):
+        what = f"metric {prefix.removesuffix('.')!r}" if prefix else "the metric"
+        parts.append(f"{what} is {settings[prefix]} on rank 0 but {other_settings[prefix]} on rank {other_rank}")
+    if not parts:  # the same metrics and states, packed in another order
+        first, then = ([p.removesuffix(".") for p in dict.fromkeys(e[3] for e in lay)] for lay in (base, layout))
+        parts.append(f"rank {other_rank} builds the metrics in another order: {then} against rank 0's {first}")
+    return parts
