@@ -70,6 +70,7 @@ class Collected:
     remote_objects: int = 0
     spills: int = 0
     kept_shared: int = 0  # files of deleted trials kept because a live trial holds the same content
+    refused: str | None = None  # why a gc now would be refused (a dry run's; a gc that is refused raises it)
 
 
 def running_holders(lineage: Lineage) -> list[str]:
@@ -99,17 +100,20 @@ def collect(
     """
     lineage = store.lineage
     held = running_holders(lineage)
-    if held and not dry_run and not force:
-        raise StoreError(
+    refused = None
+    if held and not force:
+        refused = (
             f"the store {store.root} is being written: {len(held)} execution{'' if len(held) == 1 else 's'} running "
             f"({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}). Run gc once the sweep ends "
             "(or `ray-cmf recover` marks crashed ones; --force runs it anyway)."
         )
+        if not dry_run:
+            raise StoreError(refused)
     pushed = store.require_remote() if remote else None
     executions = lineage.store.get_executions()
     counted_as = _dead(lineage, executions, older_than)
     dead = set(counted_as)
-    out = Collected()
+    out = Collected(refused=refused)
     doomed, out.kept_shared = _doomed(lineage, executions, dead)
     out.files = [str(properties(a).get("url", a.uri)) for a in doomed]
     spills = _spills(store, dead)

@@ -683,9 +683,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         "spills": freed.spills,
         "kept_shared": freed.kept_shared,
     }
+    if freed.refused is not None:
+        print(f"ray-cmf: a gc now would be refused: {freed.refused}", file=sys.stderr)
     if args.json:
         trials = [t._asdict() for t in freed.trials]
-        _print_json({**row, "bytes": freed.bytes, "freed_trials": trials, "urls": freed.files})
+        listed = {"bytes": freed.bytes, "freed_trials": trials, "urls": freed.files, "refused": freed.refused}
+        _print_json({**row, **listed})
         return EXIT_OK
     _emit(args, [row], "gc: would free (dry run)" if args.dry_run else "gc: freed")
     return EXIT_OK

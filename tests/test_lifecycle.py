@@ -758,7 +758,13 @@ def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pyt
         collect(store)
     assert main(["gc", "--store", str(store.root)]) == 2
     assert "is being written" in capsys.readouterr().err
-    assert collect(store, dry_run=True).files  # a dry run only reads
+    dry = collect(store, dry_run=True)  # a dry run only reads, and says the real gc would be refused
+    assert dry.files and dry.refused is not None and "being written" in dry.refused
+    assert main(["gc", "--store", str(store.root), "--dry-run"]) == 0
+    assert "a gc now would be refused: the store" in capsys.readouterr().err
+    code, said = _cli(capsys, "gc", "--store", str(store.root), "--dry-run")
+    assert code == 0 and "being written" in said["refused"]
+    assert collect(store, dry_run=True, force=True).refused is None
 
 
 def test_a_gc_killed_half_way_leaves_a_store_verify_accepts_and_a_second_gc_finishes(tmp_path: Path) -> None:
