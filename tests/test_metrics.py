@@ -587,6 +587,18 @@ def test_joint_update_errors_and_synced_values() -> None:
     assert math.isnan(metrics.compute()["loss"].item())  # reset drops staged joint updates too
 
 
+def test_a_complex_input_is_refused_naming_the_metric() -> None:
+    """A complex tensor was taken, its imaginary part dropped with only torch's warning."""
+    metrics = MetricCollection({"loss": Mean(), "total": Sum()})
+    with pytest.raises(TypeError, match=r"^metric 'total' \(Sum\): input 0 is a complex64 tensor .*real values"):
+        metrics["total"].update(torch.tensor([1 + 2j]))
+    with pytest.raises(TypeError, match=r"^metric 'total' \(Sum\): input 0 is a complex64 tensor"):
+        metrics.update(loss=torch.ones(1), total=torch.tensor([1 + 2j]))
+    with pytest.raises(TypeError, match=r"^Sum: input 0 is a complex128 tensor"):
+        Sum().update(torch.tensor([1 + 2j], dtype=torch.complex128))
+    assert math.isnan(metrics.compute()["loss"].item()) and metrics.compute()["total"].item() == 0.0
+
+
 def test_an_error_in_a_collection_names_the_metric_by_its_key() -> None:
     """Two Means in one collection: a weight that does not broadcast said ``Mean: ...``, naming neither; an
     Accuracy given its scores without a tuple said ``Accuracy._check() missing 1 required positional

@@ -37,24 +37,29 @@ def signature(inputs: Sequence[Any]) -> Signature:
 
 
 def _bad_input(inputs: Sequence[Any]) -> tuple[int, Any] | None:
-    """The first input (its position and value) that is neither a tensor nor a real number; None if all are."""
-    return next(
-        ((i, v) for i, v in enumerate(inputs) if not isinstance(v, torch.Tensor | numbers.Real)),
-        None,
-    )
+    """The first input (its position and value) that is neither a real tensor nor a real number; None if all are."""
+    return next(((i, v) for i, v in enumerate(inputs) if not _real(v)), None)
+
+
+def _real(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return not value.is_complex()
+    return isinstance(value, numbers.Real)
 
 
 def raise_naming_input(exc: TypeError, inputs: Sequence[Any], label: Callable[[int], tuple[str, int]]) -> NoReturn:
-    """Raise, from ``exc``, the TypeError that names the metric and the input that is neither a tensor nor a
-    number (``label``: that input's index -> its metric's name and its position among that metric's inputs);
+    """Raise, from ``exc``, the TypeError that names the metric and the input that is neither a real tensor nor
+    a number (``label``: that input's index -> its metric's name and its position among that metric's inputs);
     ``exc`` itself when every input is one."""
     bad = _bad_input(inputs)
     if bad is None:
         raise exc
     (what, position), value = label(bad[0]), bad[1]
-    raise TypeError(
-        f"{what}: input {position} is a {type(value).__name__} ({value!r:.40}), not a tensor or a number"
-    ) from exc
+    if isinstance(value, torch.Tensor):  # complex: its imaginary part would be dropped
+        said = f"is a {str(value.dtype).removeprefix('torch.')} tensor ({value!r:.40}): metrics take real values"
+    else:
+        said = f"is a {type(value).__name__} ({value!r:.40}), not a tensor or a number"
+    raise TypeError(f"{what}: input {position} {said}") from exc
 
 
 def one_row(value: Any, device: torch.device) -> torch.Tensor:
