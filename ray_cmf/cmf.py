@@ -14,6 +14,7 @@ in-process without Ray, the driver's writer actor inside a Ray trial.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -31,6 +32,7 @@ from ray_cmf.constants import (
     DATASET_TYPE,
     DEFAULT_FLUSH_ROWS,
     DEFAULT_FLUSH_SECONDS,
+    ENV_PREFIX,
     FLUSH_TIMEOUT_S,
     MODEL_TYPE,
     RESULTS_METRICS_NAME,
@@ -42,7 +44,7 @@ from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
 from ray_cmf.exits import ended_by, error_properties, outcome, track
 from ray_cmf.frames import exact_frame
-from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties, not_recorded
+from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties, not_recorded, properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import tree_md5
 from ray_cmf.writer import Joined, StoreWriter
@@ -194,12 +196,16 @@ class Cmf:
         if self.execution.last_known_state == RUNNING:  # one this Cmf runs (not a finished one reopened)
             self._running = self._binding
             track(self)  # from now on, however the process ends, the execution says so
-        self._writer.call(
-            StoreWriter.record_environment,
-            execution_id=self.execution.id,
-            environment=capture(),
-            store=self.store,
-        )
+        recorded = properties(self.execution)
+        if any(key.startswith(ENV_PREFIX) for key in recorded):  # made before, by the run whose code it records
+            _warn_of_other_config(execution_name, recorded.get(CONFIG_JSON), props.get(CONFIG_JSON))
+        else:
+            self._writer.call(
+                StoreWriter.record_environment,
+                execution_id=self.execution.id,
+                environment=capture(),
+                store=self.store,
+            )
         return self.execution
 
     def log_seeds(self, **seeds: int) -> None:
@@ -464,3 +470,26 @@ class Cmf:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
         self._end(*ended_by(error))
+
+
+def _warn_of_other_config(name: str, recorded: str | None, given: str | None) -> None:
+    """An execution reopened by name keeps what it recorded (its config and code version): say which of the
+    properties given now differ, which it does not take."""
+    if given is None:
+        return
+    then, now = json.loads(recorded or "{}"), json.loads(given)
+    differ = {k: (then.get(k), v) for k, v in now.items() if then.get(k, _ABSENT) != v}
+    if differ:
+        said = ", ".join(
+            f"{k} ({then_value!r} recorded, {now_value!r} given)" for k, (then_value, now_value) in differ.items()
+        )
+        log.warning(
+            "ray_cmf: execution %r exists and was reopened (its name names one execution in the store): it keeps "
+            "the properties and code version it recorded, and these given ones differ: %s. Give another "
+            "execution_name for a new execution.",
+            name,
+            said,
+        )
+
+
+_ABSENT = object()

@@ -81,6 +81,26 @@ def test_implicit_context_and_execution(store_dir: Path) -> None:
     assert cmf.store.lineage.contexts_of(cmf.execution.id)[0].id == cmf.child_context.id
 
 
+def test_an_execution_reopened_by_name_with_other_properties_says_it_keeps_its_own(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The name reopens the execution, whose recorded properties stay: the other ones given were dropped
+    without a word (found by a new user)."""
+    first = Cmf(pipeline_name="p", store=store_dir)
+    first.create_execution("Train", {"who": "A", "lr": 0.1}, execution_name="same")
+    first.close()
+    second = Cmf(pipeline_name="p", store=store_dir)
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        second.create_execution("Train", {"who": "B", "lr": 0.1}, execution_name="same")
+    assert "execution 'same' exists and was reopened" in caplog.text and "who ('A' recorded, 'B' given)" in caplog.text
+    assert "lr" not in caplog.text.split("differ:")[1]
+    assert Sweep(store_dir).config("same") == {"who": "A", "lr": 0.1}
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        Cmf(pipeline_name="p", store=store_dir).create_execution("Train", {"who": "A"}, execution_name="same")
+    assert "reopened" not in caplog.text  # the same properties: nothing to say
+
+
 def test_update_execution_merges_properties(store_dir: Path) -> None:
     cmf = Cmf(pipeline_name="p", store=store_dir)
     execution = cmf.create_execution("Train", {"a": 1})

@@ -93,6 +93,19 @@ def test_execution_records_the_commit_dirty_flag_and_no_secrets(repo: Path, tmp_
     assert leaked == []  # neither the remote's password nor the environment variable reached the store
 
 
+def test_an_execution_reopened_by_name_keeps_the_code_version_it_was_made_with(repo: Path, tmp_path: Path) -> None:
+    """A script of another commit that reopened the execution (cmflib's rule: its name reopens it) wrote its
+    own code version over the one of the run that made the data (found by a new user)."""
+    store = tmp_path / "store"
+    _run_script(repo, store, "run")
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "model.py").write_text("LAYERS = 4\n")
+    _git(repo, "commit", "-qam", "second")
+    _run_script(repo, store, "run")  # reopens "run" and logs a second version of its series
+    props = _execution_props(store)["run"]
+    assert props["env_git_commit"] == first != _git(repo, "rev-parse", "HEAD")
+
+
 STEP_SCRIPT = textwrap.dedent(
     """
     import sys, torch
