@@ -37,6 +37,7 @@ from ray_cmf.lineage import (
     Artifact,
     Execution,
     Lineage,
+    collected,
     owner_of,
     properties,
     property_of,
@@ -203,7 +204,7 @@ def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tu
     artifacts = lineage.store.get_artifacts_by_id(list(holders)) if holders else []
     live_content = set()
     for artifact in artifacts:
-        if holders[artifact.id] - dead:
+        if holders[artifact.id] - dead and not collected(artifact):  # a freed one holds no content
             props = properties(artifact)
             live_content |= {str(props.get("Commit")), str(props.get("url", artifact.uri))}
     doomed, shared = [], 0

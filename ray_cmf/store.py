@@ -17,8 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_metadata.proto.metadata_store_pb2 as mlpb
-
 from ray_cmf._atomic import write_bytes, write_text
 from ray_cmf._names import check_name
 from ray_cmf.connection import database_of, is_url, without_password
@@ -40,7 +38,7 @@ from ray_cmf.constants import (
 from ray_cmf.environment import Environment
 from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.exits import holder
-from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, config_json, properties
+from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, collected, config_json, properties
 from ray_cmf.remote import Remote
 from ray_cmf.series_format import FinishedFile
 from ray_cmf.versioning import DvcRepo, cache_path, tree_md5
@@ -380,7 +378,7 @@ class Store:
         existing = self.lineage.store.get_artifact_by_type_and_name(STEP_METRICS_TYPE, name)
         if existing is None:
             return False
-        if existing.state in (mlpb.Artifact.DELETED, mlpb.Artifact.MARKED_FOR_DELETION):
+        if collected(existing):
             return True
         versions = [output for output, _ in self._series_outputs(self.lineage.outputs([execution_id]), metrics_name)]
         held = any(output.artifact_id == existing.id for output in versions)

@@ -540,6 +540,23 @@ def test_trials_that_commit_identical_series_leave_one_file_that_gc_frees_with_t
     assert "not in cache" not in store.dvc.status()
 
 
+def test_a_trial_whose_files_gc_freed_keeps_no_other_trials_file_of_that_content(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``a``'s file was freed, and ``a`` undeleted (it reads 0 steps): the md5 of its freed artifact still
+    counted as live content, so gc kept ``b``'s file of that content after ``b`` was deleted too."""
+    store_dir = tmp_path / "store"
+    _identical_series(store_dir, ("a",))
+    Sweep(store_dir).delete(["a"])
+    assert _cli(capsys, "gc", "--store", str(store_dir))[1]["files"] == 1
+    Sweep(store_dir).undelete(["a"])
+    _identical_series(store_dir, ("b",))
+    Sweep(store_dir).delete(["b"])
+    code, freed = _cli(capsys, "gc", "--store", str(store_dir))
+    assert code == 0 and freed["files"] == 1 and freed["kept_shared"] == 0
+    assert not [p for p in (store_dir / "artifacts").rglob("*") if p.is_file()]
+
+
 def test_a_series_that_matched_another_trials_content_extends_it_at_its_next_commit(tmp_path: Path) -> None:
     """Its own copy of the shared content went at the commit: the next version extends the shared file."""
     store_dir = tmp_path / "store"
