@@ -119,7 +119,7 @@ def test_accuracy_top_k_and_labels() -> None:
     # shape errors are raised by update itself, naming both shapes, not later when the block is applied
     with pytest.raises(ValueError, match=r"scores of shape \(3, 3\) do not match targets of shape \(2,\)"):
         top1.update(logits, torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match=r"labels of shape \(3,\) do not match targets of shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"predictions of shape \(3,\) fit targets of shape \(2,\) neither"):
         labels.update(torch.tensor([2, 0, 1]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match=r"weight of shape \(3,\) does not broadcast to the value's \(2,\)"):
         Mean().update(torch.ones(2), weight=torch.ones(3))
@@ -585,6 +585,29 @@ def test_joint_update_errors_and_synced_values() -> None:
     metrics.update(loss=torch.tensor(8.0))  # staged, not yet applied
     metrics.reset()
     assert math.isnan(metrics.compute()["loss"].item())  # reset drops staged joint updates too
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_float_targets_count_as_the_class_they_name_and_a_non_integer_one_as_wrong(top_k: int) -> None:
+    """Top-2 over float targets raised a bare ``gather(): Expected dtype int32/int64`` at the first read,
+    losing the staged updates; top-1 took them (found by a new user)."""
+    scores = torch.tensor([[0.9, 0.1, 0.0], [0.1, 0.9, 0.0], [0.2, 0.3, 0.5], [0.5, 0.3, 0.2]])
+    m = Accuracy(top_k=top_k)
+    m.update(scores, torch.tensor([0.0, 1.0, 0.5, math.nan]))  # two hits, then no class, then no target
+    assert m.compute()["value"].item() == 0.5
+
+
+def test_scores_whose_shape_fits_the_targets_neither_way_say_both() -> None:
+    with pytest.raises(ValueError, match=r"predictions of shape \(2, 3, 1\) fit targets of shape \(2,\) neither"):
+        Accuracy().update(torch.zeros(2, 3, 1), torch.zeros(2))
+
+
+def test_a_collection_reads_like_a_dict_of_its_metrics() -> None:
+    """It had ``items()`` and ``[]`` but no ``keys()`` (found by a new user)."""
+    loss, acc = Mean(), Accuracy()
+    metrics = MetricCollection({"loss": loss, "acc": acc})
+    assert list(metrics.keys()) == list(metrics) == ["loss", "acc"] and len(metrics) == 2
+    assert list(metrics.values()) == [loss, acc] and dict(metrics.items()) == {"loss": loss, "acc": acc}
 
 
 def test_a_complex_input_is_refused_naming_the_metric() -> None:

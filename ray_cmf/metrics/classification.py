@@ -62,8 +62,8 @@ class Accuracy(Metric):
                 )
         elif preds_or_logits.shape != target.shape:
             raise ValueError(
-                f"predicted labels of shape {tuple(preds_or_logits.shape)} do not match targets of shape "
-                f"{tuple(target.shape)}"
+                f"predictions of shape {tuple(preds_or_logits.shape)} fit targets of shape {tuple(target.shape)} "
+                "neither as labels (the targets' shape) nor as scores ((N, C, ...) against (N, ...))"
             )
         elif self.top_k != 1:
             raise ValueError(f"top_k={self.top_k} needs class scores, got labels of shape {tuple(target.shape)}")
@@ -102,8 +102,9 @@ class Accuracy(Metric):
         class index as ``argmax`` ranks them (``topk`` orders ties as it likes, so a target could leave the top
         2 while it is top 1); a target that is no class is never among them."""
         classes = preds.shape[-1]
-        known = (target >= 0) & (target < classes)
-        index = target.clamp(0, classes - 1).unsqueeze(-1)
+        index = target.long().clamp(0, classes - 1)
+        known = target == index  # a class: in range, and (a float target) a whole number
+        index = index.unsqueeze(-1)
         own = preds.gather(-1, index)
         before = torch.arange(classes, device=preds.device) < index
         ahead = (preds > own).sum(-1) + ((preds == own) & before).sum(-1)

@@ -76,6 +76,12 @@ class MetricCollection:
     def items(self) -> Iterator[tuple[str, Metric]]:
         return iter(self._metrics.items())
 
+    def keys(self) -> Iterator[str]:
+        return iter(self._metrics)
+
+    def values(self) -> Iterator[Metric]:
+        return iter(self._metrics.values())
+
     @property
     def device(self) -> torch.device:
         return self._device
