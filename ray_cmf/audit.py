@@ -1,5 +1,6 @@
 """A store's recorded files: audit them (each must exist and match its md5 in MLMD, its .dvc file, the DVC
-cache and, when asked, the remote), or pull the missing ones from the remote by their md5."""
+cache and, when asked, the remote; a file the store keeps no copy of, its own version or a later one logged
+too), or pull the missing ones from the remote by their md5."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ray_cmf.constants import DATASET_TYPE, ENVIRONMENT_TYPE, MODEL_TYPE, STEP_M
 from ray_cmf.errors import StoreError
 from ray_cmf.lineage import Lineage, collected, properties
 from ray_cmf.store import Store
-from ray_cmf.versioning import cache_path, file_md5
+from ray_cmf.versioning import cache_path, file_md5, tree_md5
 
 _AUDITED_TYPES = (STEP_METRICS_TYPE, DATASET_TYPE, MODEL_TYPE, ENVIRONMENT_TYPE)
 
@@ -24,12 +25,13 @@ class Finding:
 
     url: str
     md5: str
-    status: str  # ok | missing | modified | dvc-mismatch | cache-missing | symlink-out | remote-missing
+    status: str  # ok | superseded | missing | modified | dvc-mismatch | cache-missing | symlink-out | remote-missing
     rows_lost: int = 0  # rows its logger could not hand over (the file is intact; the series has holes)
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        """No fault: the file holds this version, or (a file the store keeps no copy of) a later one."""
+        return self.status in ("ok", "superseded")
 
 
 def _dvc_md5(dvc_file: Path) -> str | None:
@@ -59,18 +61,36 @@ def audit(store: Store, *, remote: bool = False) -> Iterator[Finding]:
     the store's remote holds it)."""
     pushed = store.require_remote() if remote else None
     recorded = list(_recorded(store))
+    versions: dict[Path, set[str]] = {}
+    for _, md5, path, _ in recorded:
+        versions.setdefault(path, set()).add(md5)
+    untracked: dict[Path, str | None] = {}  # what a file the store keeps no copy of holds now (hashed once)
     for url, md5, path, lost in track(recorded, "verifying files", len(recorded)):
-        status = _local_status(store, md5, path)
+        if store.escapes(path):
+            status = "symlink-out"  # never followed out of the store
+        elif md5.endswith(".dir") or not path.is_relative_to(store.root):
+            if path not in untracked:
+                untracked[path] = tree_md5(path)[0] if path.exists() else None
+            status = _untracked_status(md5, untracked[path], versions[path])
+        else:
+            status = _tracked_status(store, md5, path)
         if status == "ok" and pushed is not None and not md5.endswith(".dir") and not pushed.exists(md5):
             status = "remote-missing"
         yield Finding(url, md5, status, lost)
 
 
-def _local_status(store: Store, md5: str, path: Path) -> str:
-    if store.escapes(path):
-        return "symlink-out"  # never followed out of the store
-    if md5.endswith(".dir") or not path.is_relative_to(store.root):
-        return "ok" if path.exists() else "missing"  # outside the store: existence only
+def _untracked_status(md5: str, now: str | None, recorded: set[str]) -> str:
+    """A directory, or a file outside the store: no copy is kept, so only what it holds now (``now``, None
+    when it is gone) tells whether it is this version, a later one that was logged too, or neither."""
+    if now is None:
+        return "missing"
+    if now == md5:
+        return "ok"
+    return "superseded" if now in recorded else "modified"
+
+
+def _tracked_status(store: Store, md5: str, path: Path) -> str:
+    """A file inside the store, which DVC tracks."""
     if not path.is_file():
         return "missing"
     if file_md5(path) != md5:

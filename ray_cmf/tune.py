@@ -315,7 +315,7 @@ class _TrialState:
     binding: Reply | None = None  # the trial's registration with the writer
     buffer: MetricBuffer | None = None
     key: Callable[[], SeriesKey] | None = None  # the results series, once the registration is done
-    models: set[str] = field(default_factory=set)
+    models: dict[str, tuple[int, int]] = field(default_factory=dict)  # logged model files: (mtime_ns, size) then
     host: str | None = None  # where the trial runs, from its results
     keys: set[str] = field(default_factory=set)  # what its results held
     watch: Future[Watch | None] | None = None  # its process, as its node's sampler samples it
@@ -644,11 +644,29 @@ class CmfRayLogger(tune.Callback):
             state.rank(step, row.get(self.metric))
         self._record_host(state, result)
         model_path = result.get("model_path")
-        if isinstance(model_path, str) and model_path not in state.models and os.path.exists(model_path):
-            state.models.add(model_path)
-            self._send(
-                StoreWriter.log_file, binding=state.binding, type_name=MODEL_TYPE, path=model_path, event="output"
-            )
+        if isinstance(model_path, str) and model_path not in state.models:
+            self._log_model(state, model_path)
+
+    def _log_model(self, state: _TrialState, path: str) -> None:
+        """Record a trial's model file (a result's ``model_path``) as an output, where the driver sees it; the
+        writer hashes it. Once per version: see :meth:`_log_changed_models`."""
+        try:
+            stat = os.stat(path)
+        except OSError:  # not (or no longer) there, or on another node
+            return
+        state.models[path] = (stat.st_mtime_ns, stat.st_size)
+        self._send(StoreWriter.log_file, binding=state.binding, type_name=MODEL_TYPE, path=path, event="output")
+
+    def _log_changed_models(self, state: _TrialState) -> None:
+        """At a trial's end, record again each model file it wrote over since it was recorded: the version it
+        left is the one ``ray-cmf verify`` finds there (the first one reads ``superseded``)."""
+        for path, then in list(state.models.items()):
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            if (stat.st_mtime_ns, stat.st_size) != then:
+                self._log_model(state, path)
 
     def _record_host(self, state: _TrialState, result: Mapping[str, Any]) -> None:
         """Record the host and node IP that Tune reports with each result, once per trial start (a trial that
@@ -678,6 +696,7 @@ class CmfRayLogger(tune.Callback):
         if state.committed:
             return
         state.committed = True
+        self._log_changed_models(state)
         stopped = state.stopped and status == "COMPLETE"
         props: dict[str, Any] = {"status": status, **({STOPPED_PROPERTY: True} if stopped else {})}
         props.update(error_properties(status, error))

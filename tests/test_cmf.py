@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, RayCmfError, Store, StoreError, Sweep
+from ray_cmf.audit import audit
 from ray_cmf.constants import ENV_STORE, ENVIRONMENT_TYPE, PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE, STEP_METRICS_TYPE
 from ray_cmf.lineage import properties
 
@@ -203,6 +204,32 @@ def test_log_dataset_and_model(store_dir: Path, tmp_path: Path) -> None:
     assert events == {dataset.id: mlpb.Event.INPUT, model.id: mlpb.Event.OUTPUT, environment.id: mlpb.Event.INPUT}
     with pytest.raises(StoreError, match="no such file or directory"):
         cmf.log_dataset(str(tmp_path / "missing.csv"), "input")
+
+
+def test_verify_re_hashes_datasets_and_models_outside_the_store(store_dir: Path, tmp_path: Path) -> None:
+    """A file logged from outside the store was only checked to exist: one edited by hand read ``ok``, and so
+    did both versions of a dataset logged before and after a change (found by a new user). Each is re-hashed:
+    the version the file holds now is ``ok``, an earlier one ``superseded`` (its bytes are kept nowhere, and
+    that is no fault), a file that matches no version ``modified``."""
+    data, images = tmp_path / "data.csv", tmp_path / "images"
+    images.mkdir()
+    (images / "a.png").write_bytes(b"a")
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    data.write_text("a,b\n1,2\n")
+    first = cmf.log_dataset(str(data), "input")
+    data.write_text("a,b\n1,3\n")
+    second = cmf.log_dataset(str(data), "input")
+    folder = cmf.log_dataset(str(images), "input")
+    status = {f.md5: f.status for f in audit(cmf.store)}
+    md5 = [properties(a)["Commit"] for a in (first, second, folder)]
+    assert [status[m] for m in md5] == ["superseded", "ok", "ok"]
+    assert all(f.ok for f in audit(cmf.store))  # a superseded version is no fault
+    data.write_text("edited by hand\n")
+    (images / "b.png").write_bytes(b"b")
+    status = {f.md5: f.status for f in audit(cmf.store)}
+    assert [status[m] for m in md5] == ["modified", "modified", "modified"]
+    data.unlink()
+    assert {f.status for f in audit(cmf.store) if f.md5 in md5[:2]} == {"missing"}
 
 
 def test_log_execution_metrics(store_dir: Path) -> None:

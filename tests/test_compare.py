@@ -191,7 +191,8 @@ def test_export_to_stdout_pipes_the_steps(sweep: dict[str, Any], tmp_path: Path)
 def test_verify_detects_tampered_and_deleted_files(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _cli(capsys, "verify", "--store", str(store_copy), "--json")
     findings = json.loads(out)
-    assert code == 0 and {f["status"] for f in findings} == {"ok"}
+    # each trial's model file, written over at every result, reads ok as left, superseded as first recorded
+    assert code == 0 and {f["status"] for f in findings} <= {"ok", "superseded"}
     parquet = [f["url"] for f in findings if "tune_results" in f["url"]]
     tampered, deleted = store_copy / parquet[0], store_copy / parquet[1]
     tampered.write_bytes(tampered.read_bytes()[:-10] + b"0123456789")

@@ -19,11 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
-from ray_cmf import Sweep
+from ray_cmf import Store, Sweep
 from ray_cmf.compare import dedup_attempts
 from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, RESULTS_METRICS_NAME, STEP_METRICS_TYPE, TRIAL_EXECUTION_TYPE
 from ray_cmf.frames import SERIES_COLUMN
 from ray_cmf.lineage import Lineage, properties
+from ray_cmf.versioning import file_md5
 
 pytestmark = pytest.mark.integration
 
@@ -210,8 +211,11 @@ def test_dataset_and_model_artifacts(sweep: dict[str, Any]) -> None:
     execution = sweep["by_lr"][0.1]
     [dataset] = _artifacts(sweep, execution, DATASET_TYPE).values()
     assert properties(dataset)["Commit"].endswith(".dir")
-    models = _artifacts(sweep, execution, MODEL_TYPE)
-    assert len(models) == 1  # the same model_path logged once
+    models = [properties(m) for m in _artifacts(sweep, execution, MODEL_TYPE).values()]
+    # the trial wrote over its model at every result: recorded at its first result (hashed by the writer a
+    # moment later) and again as the trial left it, which verify finds there; never once per result
+    assert 1 <= len(models) <= 2 and len({m["url"] for m in models}) == 1
+    assert file_md5(Path(models[0]["url"])) == models[-1]["Commit"]
 
 
 def test_dvc_agrees(sweep: dict[str, Any]) -> None:
@@ -635,6 +639,33 @@ def test_logging_never_ends_a_sweep(ray_session: None, tmp_path: Path) -> None:
     table = Sweep(tmp_path / "store").trials(["loss"])
     assert table["status"].tolist() == ["COMPLETE", "COMPLETE"] and table["steps"].tolist() == [3, 3]
     assert Sweep(tmp_path / "store", metrics_name="steps").trials()["steps"].tolist() == [3, 3]
+
+
+def _writes_over_its_model(config: dict[str, Any]) -> None:
+    import time
+
+    from ray import tune
+
+    model = Path(config["model"])
+    for epoch in range(2):
+        model.write_bytes(f"weights after epoch {epoch}".encode())
+        tune.report({"loss": 1.0 / (epoch + 1), "model_path": str(model)})
+        time.sleep(1.0)  # the writer hashes the first version meanwhile
+
+
+def test_a_model_file_a_trial_writes_over_is_recorded_as_it_left_it(ray_session: None, tmp_path: Path) -> None:
+    """The logger recorded a result's ``model_path`` once, at its first result: a trial that wrote over its
+    model every epoch left a file that matched no recorded version, which ``verify`` (re-hashing files
+    outside the store) then read as ``modified``."""
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.audit import audit
+    from tests._sweeps import run_grid
+
+    model = tmp_path / "model.bin"
+    logger = CmfRayLogger("models", store=str(tmp_path / "store"))
+    run_grid(_writes_over_its_model, {"model": [str(model)]}, tmp_path / "results", logger)
+    found = {f.md5: f.status for f in audit(Store(tmp_path / "store")) if f.url == str(model)}
+    assert found == {file_md5(model): "ok", hashlib.md5(b"weights after epoch 0").hexdigest(): "superseded"}
 
 
 def test_the_driver_holds_every_trials_cmf_at_once(ray_session: None, tmp_path: Path) -> None:
