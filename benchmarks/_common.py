@@ -88,8 +88,10 @@ def sweep_size(steps: int, trials: int = 500) -> argparse.Namespace:
 
 
 def command_line(script: str, args: argparse.Namespace | None = None) -> str:
-    """The command that reproduces a run: the benchmark's script, then each argument with the value it had."""
-    flags = [f"--{name.replace('_', '-')} {value}" for name, value in vars(args).items()] if args else []
+    """The command that reproduces a run: the benchmark's script, then each argument with the value it had
+    (an empty or unset one left out)."""
+    given = {name: value for name, value in vars(args).items() if value not in ("", None)} if args else {}
+    flags = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()]
     return " ".join([f"benchmarks/{Path(script).name}", *flags])
 
 
