@@ -232,6 +232,24 @@ def test_metrics_whose_settings_differ_across_ranks_raise_naming_them() -> None:
         assert "metric 'acc' is Accuracy(1, None, " in text and "Accuracy(2, None, " in text
 
 
+class _Scaled(Sum):
+    """A metric of a user's, whose setting is a function: its repr holds the function's address."""
+
+    def __init__(self, scale: Any) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def _config(self) -> tuple[Any, ...]:
+        return (self.scale,)
+
+
+def test_a_setting_whose_repr_holds_an_address_packs_one_layout_in_every_process() -> None:
+    """Each process holds the function at another address: the layout check must not read that as another
+    setting (here: two functions of one process at two addresses)."""
+    layouts = [packing.StatePack([[("s.", _Scaled(lambda x: x))]], torch.device("cpu")).layout for _ in range(2)]
+    assert layouts[0] == layouts[1] and "function" in layouts[0][0][4]
+
+
 def _reordered(rank: int, world: int) -> None:
     named = {"a": Mean(), "b": Max()}
     metrics = MetricCollection(named if rank == 0 else dict(reversed(named.items())))

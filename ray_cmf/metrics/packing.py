@@ -14,6 +14,7 @@ The ranks compare layouts once, on the first sync.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -195,7 +196,7 @@ class StatePack:
         self._next = 0
         self._in_flight: list[SyncHandle[Any] | None] = [None, None]
         self._layout_checked = False
-        self.layout = tuple((s.key, s.reduce, s.shape, s.prefix, repr(s.owner)) for s in slots)
+        self.layout = tuple((s.key, s.reduce, s.shape, s.prefix, _settings(s.owner)) for s in slots)
 
     def group_states(self, flat: torch.Tensor) -> GroupStates:
         """Every group's states as ``(members, *shape)`` views into ``flat`` (a buffer laid out like this pack)."""
@@ -325,6 +326,12 @@ class StatePack:
         if not async_op:
             handle.wait()
         return handle
+
+
+def _settings(owner: StateOwner) -> str:
+    """A metric's class and settings as every rank writes them: its repr, less the memory addresses that the
+    repr of a setting such as a function holds (``<function f at 0x7f...>``), which differ between processes."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(owner))
 
 
 def _group_object(group: Any) -> Any:
