@@ -246,7 +246,8 @@ class _Scaled(Sum):
 def test_a_setting_whose_repr_holds_an_address_packs_one_layout_in_every_process() -> None:
     """Each process holds the function at another address: the layout check must not read that as another
     setting (here: two functions of one process at two addresses)."""
-    layouts = [packing.StatePack([[("s.", _Scaled(lambda x: x))]], torch.device("cpu")).layout for _ in range(2)]
+    functions = [lambda x: x, lambda x: x]  # both alive: two addresses
+    layouts = [packing.StatePack([[("s.", _Scaled(f))]], torch.device("cpu")).layout for f in functions]
     assert layouts[0] == layouts[1] and "function" in layouts[0][0][4]
 
 
