@@ -484,8 +484,8 @@ def _warn_of_other_config(name: str, recorded: str | None, given: str | None) ->
             f"{k} ({then_value!r} recorded, {now_value!r} given)" for k, (then_value, now_value) in differ.items()
         )
         log.warning(
-            "ray_cmf: execution %r exists and was reopened (its name names one execution in the store): it keeps "
-            "the properties and code version it recorded, and these given ones differ: %s. Give another "
+            "ray_cmf: execution %r exists and was reopened (a name names one execution of its type in a store): "
+            "it keeps the properties and code version it recorded, and these given ones differ: %s. Give another "
             "execution_name for a new execution.",
             name,
             said,

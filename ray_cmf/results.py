@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MODEL_PATH = "model_path"  # a result's path of the trial's model file
 # Tune bookkeeping that is not a training metric, dropped without a word (``done`` is Tune's stop signal).
 TUNE_OWN = frozenset(
     {
@@ -27,6 +28,7 @@ TUNE_OWN = frozenset(
         "node_ip",
         "experiment_tag",
         "checkpoint_dir_name",
+        MODEL_PATH,  # CmfRayLogger records the file as the trial's output model
     }
 )
 

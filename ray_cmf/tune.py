@@ -60,7 +60,7 @@ from ray_cmf.node_sampler import (
     wait_for_samplers,
     watch,
 )
-from ray_cmf.results import TUNE_OWN, append_result, result_row
+from ray_cmf.results import MODEL_PATH, TUNE_OWN, append_result, result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
@@ -643,7 +643,7 @@ class CmfRayLogger(tune.Callback):
         if self.metric:
             state.rank(step, row.get(self.metric))
         self._record_host(state, result)
-        model_path = result.get("model_path")
+        model_path = result.get(MODEL_PATH)
         if isinstance(model_path, str) and model_path not in state.models:
             self._log_model(state, model_path)
 

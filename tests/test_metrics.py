@@ -597,6 +597,15 @@ def test_float_targets_count_as_the_class_they_name_and_a_non_integer_one_as_wro
     assert m.compute()["value"].item() == 0.5
 
 
+def test_a_predicted_label_equal_to_a_target_that_names_no_class_is_wrong() -> None:
+    """With labels, a prediction of -1 against a target of -1 (or 0.5 against 0.5) counted as a hit; a target
+    that names no class counts as a wrong prediction, as with scores (found by a new user)."""
+    for preds, target in (([-1, 1], [-1, 1]), ([0.5, 1.0], [0.5, 1.0]), ([0.0, 1.0], [math.nan, 1.0])):
+        m = Accuracy()
+        m.update(torch.tensor(preds), torch.tensor(target))
+        assert m.compute()["value"].item() == 0.5, (preds, target)
+
+
 def test_scores_whose_shape_fits_the_targets_neither_way_say_both() -> None:
     with pytest.raises(ValueError, match=r"predictions of shape \(2, 3, 1\) fit targets of shape \(2,\) neither"):
         Accuracy().update(torch.zeros(2, 3, 1), torch.zeros(2))

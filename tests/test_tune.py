@@ -243,6 +243,16 @@ def test_result_row_filters_values() -> None:
     assert row == {"loss": 0.5, "ok": True, "nested/deep/x": 1, "training_iteration": 4}
 
 
+def test_a_results_model_path_is_no_metric_and_draws_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """CmfRayLogger records a result's ``model_path`` as the trial's model, yet every such trial was warned
+    that ray_cmf does not record it (found by a new user)."""
+    from ray_cmf.results import result_row
+
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        assert result_row({"loss": 1.0, "model_path": "/tmp/model.pt"}) == {"loss": 1.0}
+    assert "model_path" not in caplog.text
+
+
 def test_a_result_value_that_is_not_a_number_is_named_once_as_dropped(caplog: pytest.LogCaptureFixture) -> None:
     """``tune.report({"per_class_acc": [0.9, 0.7]})`` or a text metric vanished from the trial's series without
     a word. Each such metric is now named once (its type too), and the rest of the result is kept."""

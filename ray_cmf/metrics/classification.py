@@ -83,7 +83,8 @@ class Accuracy(Metric):
             counted = target != self.ignore_index
             keep = counted if keep is None else keep & counted
         if preds.dim() == target.dim():  # predicted labels: a NaN or inf one is no label (left out and counted)
-            hit, bad = preds == target, nonfinite(preds) if self._needs_mask(preds) else None
+            hit = (preds == target) & (target >= 0) & (target == target.long())  # a target that names a class
+            bad = nonfinite(preds) if self._needs_mask(preds) else None
         else:
             hit = preds.argmax(dim=2) == target if self.top_k == 1 else self._in_top_k(preds.movedim(2, -1), target)
             bad = nonfinite(preds).any(dim=2) if self._needs_mask(preds) else None
