@@ -422,8 +422,9 @@ class CmfRayLogger(tune.Callback):
             committed, on the writer's background thread; the sweep's end waits for the uploads.
         system_metrics: Sample every trial's process and node into its ``system_metrics`` series every
             this many seconds (and once as it starts and ends), from a sampler actor on the trial's node:
-            the trainable needs no code for it. None switches it off (``get_cmf(system_metrics=...)`` then
-            samples in the trial's process).
+            the trainable needs no code for it. None switches that sampler off: a trainable that calls
+            ``get_cmf()`` then samples its own process (every ``get_cmf(system_metrics=...)`` seconds, 10 by
+            default; ``get_cmf(system_metrics=None)`` as well turns sampling off).
         modes: ``{result key: "min" | "max"}``: whether lower or higher is better for other results than
             ``metric`` (``{"val_acc": "max"}``), recorded with every trial, so that reading the sweep gives
             ``val_acc_best`` as the highest; a key none declares reads as ``min``.
