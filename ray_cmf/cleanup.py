@@ -70,7 +70,7 @@ class Collected:
     cache_objects: int = 0
     remote_objects: int = 0
     spills: int = 0
-    kept_shared: int = 0  # files of deleted trials kept because a live trial holds the same content
+    kept_shared: int = 0  # files of deleted trials kept because a live trial holds the same artifact or file
     refused: str | None = None  # why a gc now would be refused (a dry run's; a gc that is refused raises it)
 
 
@@ -115,7 +115,7 @@ def collect(
     counted_as = _dead(lineage, executions, older_than)
     dead = set(counted_as)
     out = Collected(refused=refused)
-    doomed, out.kept_shared = _doomed(lineage, executions, dead)
+    doomed, live_md5s, out.kept_shared = _doomed(lineage, executions, dead)
     out.files = [str(properties(a).get("url", a.uri)) for a in doomed]
     spills = _spills(store, dead)
     out.spills = len(spills)
@@ -123,13 +123,15 @@ def collect(
     if not dry_run:
         _set_state(lineage, doomed, mlpb.Artifact.MARKED_FOR_DELETION)
     for artifact in track(doomed, "freeing deleted trials' files", len(doomed)):
-        for path in _paths(store, artifact):
+        for path in _paths(store, artifact, live_md5s):
             if path.is_file():  # an interrupted gc may have removed it already
                 out.bytes += path.stat().st_size
                 out.cache_objects += path.is_relative_to(store.root / ".dvc")
                 if not dry_run:
                     path.unlink()
         md5 = str(properties(artifact).get("Commit", ""))
+        if md5 in live_md5s:
+            continue  # its content stays, on the remote too
         if pushed is not None and md5 and (pushed.exists(md5) if dry_run else pushed.remove(md5)):
             out.remote_objects += 1
     if dry_run:
@@ -193,41 +195,43 @@ def _stage_of(lineage: Lineage) -> dict[int, int]:
     }
 
 
-def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], int]:
-    """The metric files that only dead executions hold (those an interrupted gc marked, too), and how many
-    files of theirs stay because a live execution holds the same content or path."""
+def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], set[str], int]:
+    """The metric files that only dead executions hold (those an interrupted gc marked, too); the md5s that
+    live executions hold, whose cache objects stay; and how many files of dead executions stay because a live
+    execution holds the same artifact or path."""
     events = lineage.store.get_events_by_execution_ids([e.id for e in executions]) if executions else []
     holders: dict[int, set[int]] = {}
     for event in events:
         holders.setdefault(event.artifact_id, set()).add(event.execution_id)
     type_id = lineage.find_type_id("artifact", STEP_METRICS_TYPE)
     artifacts = lineage.store.get_artifacts_by_id(list(holders)) if holders else []
-    live_content = set()
+    live_md5s, live_urls = set(), set()
     for artifact in artifacts:
         if holders[artifact.id] - dead and not collected(artifact):  # a freed one holds no content
             props = properties(artifact)
-            live_content |= {str(props.get("Commit")), str(props.get("url", artifact.uri))}
+            live_md5s.add(str(props.get("Commit")))
+            live_urls.add(str(props.get("url", artifact.uri)))
     doomed, shared = [], 0
     for artifact in artifacts:
         if artifact.type_id != type_id or artifact.state == mlpb.Artifact.DELETED or not holders[artifact.id] & dead:
             continue
-        props = properties(artifact)
-        held_alive = bool(holders[artifact.id] - dead) or (
-            str(props.get("Commit")) in live_content or str(props.get("url", artifact.uri)) in live_content
+        held_alive = (
+            bool(holders[artifact.id] - dead) or str(properties(artifact).get("url", artifact.uri)) in live_urls
         )
         if held_alive and artifact.state != mlpb.Artifact.MARKED_FOR_DELETION:
             shared += 1
         else:
             doomed.append(artifact)
-    return doomed, shared
+    return doomed, live_md5s, shared
 
 
-def _paths(store: Store, artifact: Artifact) -> list[Path]:
-    """The bytes an artifact holds in the store: its file and ``.dvc`` file (when inside the store) and its
-    DVC cache object."""
+def _paths(store: Store, artifact: Artifact, live_md5s: set[str]) -> list[Path]:
+    """The bytes an artifact holds alone in the store: its file and ``.dvc`` file (when inside the store) and
+    its DVC cache object, unless a live execution's file has the same content (``live_md5s``)."""
     props = properties(artifact)
     path = store.resolve(str(props.get("url", artifact.uri)))
-    paths = [cache_path(store.root, str(props.get("Commit")))]
+    md5 = str(props.get("Commit"))
+    paths = [] if md5 in live_md5s else [cache_path(store.root, md5)]
     if path.is_relative_to(store.root / ARTIFACTS_DIR) and not store.escapes(path):
         paths = [path, path.with_name(path.name + ".dvc"), *paths]
     return paths

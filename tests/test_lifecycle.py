@@ -557,6 +557,27 @@ def test_a_trial_whose_files_gc_freed_keeps_no_other_trials_file_of_that_content
     assert not [p for p in (store_dir / "artifacts").rglob("*") if p.is_file()]
 
 
+def test_gc_frees_a_deleted_trials_file_whose_content_a_live_trial_holds_in_a_file_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Content that gc had freed comes back as a file per trial (``b``, ``c``). Deleting ``c`` kept its file for
+    ever (``kept_shared``), since ``b`` holds the same md5: only the DVC cache object is shared."""
+    store_dir = tmp_path / "store"
+    rows = _identical_series(store_dir, ("a",))
+    Sweep(store_dir).delete(["a"])
+    assert _cli(capsys, "gc", "--store", str(store_dir))[1]["files"] == 1
+    _identical_series(store_dir, ("b", "c"))
+    assert len(list((store_dir / "artifacts").rglob("*.parquet"))) == 2
+    Sweep(store_dir).delete(["c"])
+    code, freed = _cli(capsys, "gc", "--store", str(store_dir))
+    assert code == 0 and freed["files"] == 1 and freed["cache_objects"] == 0 and freed["kept_shared"] == 0
+    assert len(list((store_dir / "artifacts").rglob("*.parquet"))) == 1
+    assert Sweep(store_dir).steps(trials=["b"])["loss"].tolist() == [r["loss"] for r in rows]
+    code, audit = _cli(capsys, "verify", "--store", str(store_dir))
+    assert code == 0 and {r["status"] for r in audit} == {"ok"}
+    assert "not in cache" not in Store(store_dir).dvc.status()
+
+
 def test_a_series_that_matched_another_trials_content_extends_it_at_its_next_commit(tmp_path: Path) -> None:
     """Its own copy of the shared content went at the commit: the next version extends the shared file."""
     store_dir = tmp_path / "store"
