@@ -106,7 +106,7 @@ from ray_cmf.series_format import (
     unify,
 )
 from ray_cmf.store import Store
-from ray_cmf.versioning import file_md5
+from ray_cmf.versioning import cache_path, file_md5
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -432,7 +432,10 @@ class Sweep:
         if self.store.escapes(path):
             log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
             return None
-        if not path.exists():  # committed elsewhere: the same content by its md5, cached or fetched
+        cached = cache_path(self.store.root, props["Commit"])
+        if cached.is_file():  # the content the md5 names: a file edited by hand in the store reads as logged
+            path = cached
+        elif not path.exists():  # committed elsewhere: the same content by its md5, fetched
             path = self.store.fetch(props["Commit"]) or path
         return TrialFile(self.key(execution), execution, stage, path, props["Commit"], props["url"], instance)
 

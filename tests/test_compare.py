@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep, lineage
 from ray_cmf.cli import main
+from ray_cmf.versioning import cache_path
 from tests._values import floats, same
 from tests.test_tune import GOOD_LRS, RESULTS
 
@@ -202,7 +203,13 @@ def test_verify_detects_tampered_and_deleted_files(store_copy: Path, capsys: pyt
     assert code == 1
     assert status[parquet[0]] == "modified" and status[parquet[1]] == "missing"
     table = Sweep(store_copy, pipeline="sweep").trials(["loss"], verify=True)
-    assert table["verified"].tolist().count(False) == 1  # the tampered file
+    assert table["verified"].tolist().count(False) == 0  # reads take the logged content, from the DVC cache
+    md5 = next(f["md5"] for f in findings if f["url"] == parquet[2])
+    cached = cache_path(store_copy, md5)
+    cached.chmod(0o644)  # DVC keeps its objects read-only
+    cached.write_bytes(cached.read_bytes()[:-10] + b"0123456789")
+    table = Sweep(store_copy, pipeline="sweep").trials(["loss"], verify=True)
+    assert table["verified"].tolist().count(False) == 1  # what is read no longer matches its md5
     # the deleted one is read from the DVC cache by its md5 (the same content), and verifies there
     [gone] = table.loc[table["url"].str.endswith(Path(parquet[1]).name, na=False), "trial_id"]
     steps = Sweep(store_copy, pipeline="sweep").steps(["loss"])

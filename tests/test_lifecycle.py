@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ray_cmf import Cmf, InvalidArgumentError, MetricBuffer, RayCmfError, Store, StoreError, Sweep
+from ray_cmf.audit import audit
 from ray_cmf.cleanup import collect
 from ray_cmf.cli import main
 from ray_cmf.query import QueryError, parse
@@ -509,11 +510,11 @@ def _identical_series(store_dir: Path, names: tuple[str, ...]) -> list[dict[str,
     """Executions ``names`` of one pipeline, each committing the same rows as series ``s``; those rows."""
     rows = _rows(1.0)
     for name in names:
-        cmf = Cmf(pipeline_name="same", store=store_dir)
-        cmf.create_execution("trial", execution_name=name)
-        for row in rows:
-            cmf.log_metric("s", row)
-        cmf.commit_metrics("s")
+        with Cmf(pipeline_name="same", store=store_dir) as cmf:  # ended: gc refuses while one runs
+            cmf.create_execution("trial", execution_name=name)
+            for row in rows:
+                cmf.log_metric("s", row)
+            cmf.commit_metrics("s")
     return rows
 
 
@@ -576,6 +577,20 @@ def test_gc_frees_a_deleted_trials_file_whose_content_a_live_trial_holds_in_a_fi
     code, audit = _cli(capsys, "verify", "--store", str(store_dir))
     assert code == 0 and {r["status"] for r in audit} == {"ok"}
     assert "not in cache" not in Store(store_dir).dvc.status()
+
+
+def test_a_file_edited_by_hand_in_the_store_still_reads_back_what_was_logged(tmp_path: Path) -> None:
+    """Another trial's bytes copied over a trial's Parquet file made every read give that trial the other's
+    values, with the md5 of its own (found by a new user; verify did flag the file). Reads take the content
+    the md5 names, from the DVC cache."""
+    store_dir = tmp_path / "store"
+    store = write_trials(store_dir, [Trial("k1", {}, {"": _rows(100.0)}), Trial("k2", {}, {"": _rows(200.0)})])
+    urls = {f.trial_id: f.url for f in Sweep(store_dir).files()}
+    store.resolve(urls["k1"]).write_bytes(store.resolve(urls["k2"]).read_bytes())
+    sweep = Sweep(store_dir)
+    assert sweep.steps(trials=["k1"])["loss"].tolist() == [r["loss"] for r in _rows(100.0)]
+    assert sweep.trials(verify=True)["verified"].tolist() == [True, True]  # what is read is what was logged
+    assert {f.url: f.status for f in audit(store)}[urls["k1"]] == "modified"  # which verify says
 
 
 def test_a_series_that_matched_another_trials_content_extends_it_at_its_next_commit(tmp_path: Path) -> None:
