@@ -21,11 +21,12 @@ _AUDITED_TYPES = (STEP_METRICS_TYPE, DATASET_TYPE, MODEL_TYPE, ENVIRONMENT_TYPE)
 
 @dataclass(frozen=True)
 class Finding:
-    """One audited file: ``ok`` or what is wrong with it."""
+    """One audited file: ``ok`` (or ``superseded``, see :attr:`ok`) or what is wrong with it: ``missing``,
+    ``modified``, ``dvc-mismatch``, ``cache-missing``, ``cache-modified``, ``symlink-out``, ``remote-missing``."""
 
     url: str
     md5: str
-    status: str  # ok | superseded | missing | modified | dvc-mismatch | cache-missing | symlink-out | remote-missing
+    status: str
     rows_lost: int = 0  # rows its logger could not hand over (the file is intact; the series has holes)
 
     @property
@@ -98,8 +99,11 @@ def _tracked_status(store: Store, md5: str, path: Path) -> str:
     dvc_file = path.with_name(path.name + ".dvc")
     if dvc_file.exists() and _dvc_md5(dvc_file) != md5:
         return "dvc-mismatch"
-    if dvc_file.exists() and not cache_path(store.root, md5).is_file():
+    cached = cache_path(store.root, md5)
+    if dvc_file.exists() and not cached.is_file():
         return "cache-missing"
+    if cached.is_file() and file_md5(cached) != md5:  # what every read takes
+        return "cache-modified"
     return "ok"
 
 

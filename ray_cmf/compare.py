@@ -403,10 +403,8 @@ class Sweep:
         several: one per Train rank, say), in execution order, then in the order a trial's series were first
         committed (a read orders them by the step each starts at, see :func:`_series_in_step_order`)."""
         if self._files is None:
-            artifacts = {
-                a.id: a
-                for a in self._step_artifacts()
-                if property_of(a, "metrics_name") == self.metrics_name and not collected(a)
+            artifacts = {  # freed versions too: a series whose newest version gc freed reads as freed
+                a.id: a for a in self._step_artifacts() if property_of(a, "metrics_name") == self.metrics_name
             }
             executions = self.executions()  # and the Train runs inside trials
             runs = {run.id: run for inside in self._runs.values() for run in inside}
@@ -421,6 +419,8 @@ class Sweep:
                 held = latest.get(execution.id, {})
                 several_runs = len({run for run, _ in held}) > 1
                 for (run, instance), artifact in held.items():
+                    if collected(artifact):
+                        continue
                     label = _run_series(runs[run], instance) if several_runs and run is not None else instance
                     file = self._file(execution, stage, label, properties(artifact))
                     if file is not None:
@@ -432,12 +432,26 @@ class Sweep:
         if self.store.escapes(path):
             log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
             return None
-        cached = cache_path(self.store.root, props["Commit"])
-        if cached.is_file():  # the content the md5 names: a file edited by hand in the store reads as logged
-            path = cached
-        elif not path.exists():  # committed elsewhere: the same content by its md5, fetched
-            path = self.store.fetch(props["Commit"]) or path
-        return TrialFile(self.key(execution), execution, stage, path, props["Commit"], props["url"], instance)
+        content = self._content(path, props["Commit"])
+        if content is None:
+            return None
+        return TrialFile(self.key(execution), execution, stage, content, props["Commit"], props["url"], instance)
+
+    def _content(self, path: Path, md5: str) -> Path | None:
+        """Where a committed file's content is read: the DVC cache object its md5 names (a file edited by hand
+        in the store reads as logged); else the file, if it still holds that content; else the remote's copy
+        (a file committed elsewhere). None, with a warning, for a file that holds other content and no copy."""
+        cached = cache_path(self.store.root, md5)
+        if cached.is_file():
+            return cached
+        if not path.is_file():
+            return self.store.fetch(md5) or path  # a missing file reads as missing
+        if file_md5(path) == md5:
+            return path
+        fetched = self.store.fetch(md5)
+        if fetched is None:
+            log.warning("ray_cmf: skipping %s: it does not match its md5 %s (edited since it was committed)", path, md5)
+        return fetched
 
     def _several(self, spilled: Iterable[tuple[str, str]] = ()) -> set[str]:
         """The trials that hold more than one series of this name (where there are any, rows carry a
@@ -575,12 +589,13 @@ class Sweep:
 
         ``metrics`` limits the summarised (and read) columns; ``mode`` says whether lower (``min``) or
         higher (``max``) is best, for all metrics or per metric (default: the sweep's, see :meth:`modes`;
-        ``min`` for the others); ``verify=True`` re-hashes every file
-        against its recorded md5. ``<metric>_best`` is the best finite value (a diverged value, NaN or
-        ±inf, never ranks best) and ``<metric>_final`` the last value logged (non-finite included); over
-        every series of a trial that holds several. ``steps`` counts the trial's rows. What a trial logged
-        with ``log_execution_metrics(name, values)`` shows as ``metrics/<name>/<key>`` columns (of a name
-        logged twice, each key's later value: keys only the earlier call had stay).
+        ``min`` for the others); ``verify=True`` re-hashes what reads take of every file (its DVC cache
+        object, else the file) against its recorded md5. ``<metric>_best`` is the best finite value (a
+        diverged value, NaN or ±inf, never ranks best) and ``<metric>_final`` the last value logged
+        (non-finite included); over every series of a trial that holds several. ``steps`` counts the
+        trial's rows. What a trial logged with ``log_execution_metrics(name, values)`` shows as
+        ``metrics/<name>/<key>`` columns (of a name logged twice, each key's later value: keys only the
+        earlier call had stay).
 
         ``where`` keeps the trials an expression holds for (``'config/lr < 0.01 and status == "COMPLETE"'``;
         see :mod:`ray_cmf.query`); one that reads only recorded columns (config, status, tags, times) is

@@ -510,12 +510,16 @@ def _identical_series(store_dir: Path, names: tuple[str, ...]) -> list[dict[str,
     """Executions ``names`` of one pipeline, each committing the same rows as series ``s``; those rows."""
     rows = _rows(1.0)
     for name in names:
-        with Cmf(pipeline_name="same", store=store_dir) as cmf:  # ended: gc refuses while one runs
-            cmf.create_execution("trial", execution_name=name)
-            for row in rows:
-                cmf.log_metric("s", row)
-            cmf.commit_metrics("s")
+        _identical_series_of(store_dir, name, rows)
     return rows
+
+
+def _identical_series_of(store_dir: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    with Cmf(pipeline_name="same", store=store_dir) as cmf:  # ended: gc refuses while one runs
+        cmf.create_execution("trial", execution_name=name)
+        for row in rows:
+            cmf.log_metric("s", row)
+        cmf.commit_metrics("s")
 
 
 def test_trials_that_commit_identical_series_leave_one_file_that_gc_frees_with_the_last(
@@ -579,7 +583,9 @@ def test_gc_frees_a_deleted_trials_file_whose_content_a_live_trial_holds_in_a_fi
     assert "not in cache" not in Store(store_dir).dvc.status()
 
 
-def test_a_file_edited_by_hand_in_the_store_still_reads_back_what_was_logged(tmp_path: Path) -> None:
+def test_a_file_edited_by_hand_in_the_store_still_reads_back_what_was_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Another trial's bytes copied over a trial's Parquet file made every read give that trial the other's
     values, with the md5 of its own (found by a new user; verify did flag the file). Reads take the content
     the md5 names, from the DVC cache."""
@@ -591,6 +597,40 @@ def test_a_file_edited_by_hand_in_the_store_still_reads_back_what_was_logged(tmp
     assert sweep.steps(trials=["k1"])["loss"].tolist() == [r["loss"] for r in _rows(100.0)]
     assert sweep.trials(verify=True)["verified"].tolist() == [True, True]  # what is read is what was logged
     assert {f.url: f.status for f in audit(store)}[urls["k1"]] == "modified"  # which verify says
+    md5s = {f.trial_id: f.md5 for f in sweep.files()}
+    cached = store.dvc.cache_path(md5s["k1"])
+    cached.chmod(0o644)  # DVC keeps its objects read-only
+    cached.unlink()  # and the edited file is all that is left of k1's content
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        assert Sweep(store_dir).trials().set_index("trial_id")["steps"].to_dict() == {"k1": 0, "k2": 5}
+    assert "does not match its md5" in caplog.text  # never read as k1's
+    cached = store.dvc.cache_path(md5s["k2"])
+    cached.chmod(0o644)
+    cached.write_bytes(b"other bytes")  # k2's object, what reads take, no longer holds what was logged
+    assert {f.url: f.status for f in audit(store)}[urls["k2"]] == "cache-modified"  # what reads take is checked
+
+
+def test_an_undeleted_trial_whose_newest_version_gc_freed_reads_no_older_version_as_current(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``e1`` committed 3 rows, then 5; ``e2`` the same 3 rows (so it holds ``e1``'s first version). gc freed
+    ``e1``'s newest version only, and the undeleted ``e1`` read its first version's 3 rows as its series
+    (found by a new user): its series reads as freed, as the README says, 0 steps."""
+    store_dir = tmp_path / "store"
+    rows = _rows(1.0)
+    with Cmf(pipeline_name="same", store=store_dir) as cmf:
+        cmf.create_execution("trial", execution_name="e1")
+        for row in rows[:3]:
+            cmf.log_metric("s", row)
+        cmf.commit_metrics("s")
+        for row in rows[3:]:
+            cmf.log_metric("s", row)
+        cmf.commit_metrics("s")
+    _identical_series_of(store_dir, "e2", rows[:3])
+    Sweep(store_dir).delete(["e1"])
+    assert _cli(capsys, "gc", "--store", str(store_dir))[1]["files"] == 1
+    Sweep(store_dir).undelete(["e1"])
+    assert Sweep(store_dir).trials().set_index("trial_id")["steps"].to_dict() == {"e1": 0, "e2": 3}
 
 
 def test_a_series_that_matched_another_trials_content_extends_it_at_its_next_commit(tmp_path: Path) -> None:

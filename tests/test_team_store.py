@@ -371,7 +371,7 @@ def test_verify_names_an_object_missing_from_the_remote(
     _runs(store, 2)
     assert main(["push", "--store", str(store), "--add-remote", f"s3://{BUCKET}/gone", "--endpoint-url", s3]) == 0
     [file] = [f for f in Sweep(store, metrics_name="steps").files() if f.trial_id == "run-1"]
-    url = Store(store).url(file.path)
+    url = file.url  # (file.path is where reads take it: the DVC cache object)
     boto3.client("s3", endpoint_url=s3).delete_object(
         Bucket=BUCKET, Key=f"gone/files/md5/{file.md5[:2]}/{file.md5[2:]}"
     )
