@@ -106,7 +106,7 @@ from ray_cmf.series_format import (
     unify,
 )
 from ray_cmf.store import Store
-from ray_cmf.versioning import cache_path, file_md5
+from ray_cmf.versioning import file_md5
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -432,26 +432,10 @@ class Sweep:
         if self.store.escapes(path):
             log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
             return None
-        content = self._content(path, props["Commit"])
+        content = self.store.content(path, props["Commit"])
         if content is None:
             return None
         return TrialFile(self.key(execution), execution, stage, content, props["Commit"], props["url"], instance)
-
-    def _content(self, path: Path, md5: str) -> Path | None:
-        """Where a committed file's content is read: the DVC cache object its md5 names (a file edited by hand
-        in the store reads as logged); else the file, if it still holds that content; else the remote's copy
-        (a file committed elsewhere). None, with a warning, for a file that holds other content and no copy."""
-        cached = cache_path(self.store.root, md5)
-        if cached.is_file():
-            return cached
-        if not path.is_file():
-            return self.store.fetch(md5) or path  # a missing file reads as missing
-        if file_md5(path) == md5:
-            return path
-        fetched = self.store.fetch(md5)
-        if fetched is None:
-            log.warning("ray_cmf: skipping %s: it does not match its md5 %s (edited since it was committed)", path, md5)
-        return fetched
 
     def _several(self, spilled: Iterable[tuple[str, str]] = ()) -> set[str]:
         """The trials that hold more than one series of this name (where there are any, rows carry a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import threading
 import uuid
@@ -41,7 +42,9 @@ from ray_cmf.exits import holder
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, collected, config_json, properties
 from ray_cmf.remote import Remote
 from ray_cmf.series_format import FinishedFile
-from ray_cmf.versioning import DvcRepo, cache_path, tree_md5
+from ray_cmf.versioning import DvcRepo, cache_path, file_md5, tree_md5
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=64)
@@ -461,6 +464,48 @@ class Store:
         Without an execution, the pipeline's: by ``commit``, or the newest version when one execution alone
         has committed that name (which execution is meant is otherwise ambiguous, and that is an error).
         """
+        return str(self._find_version(pipeline, metrics_name, commit, execution_id, instance)["url"])
+
+    def series_content(
+        self,
+        pipeline: str,
+        metrics_name: str,
+        commit: str | None = None,
+        execution_id: int | None = None,
+        instance: str | None = None,
+    ) -> Path:
+        """Where the content of the version :meth:`find_series` names is read (see :meth:`content`)."""
+        props = self._find_version(pipeline, metrics_name, commit, execution_id, instance)
+        content = self.content(self.resolve(str(props["url"])), str(props["Commit"]))
+        if content is None:
+            raise StoreError(f"{props['url']} does not match its md5 {props['Commit']}, and no copy of it is kept")
+        return content
+
+    def content(self, path: Path, md5: str) -> Path | None:
+        """Where a committed file's content is read: the DVC cache object its md5 names (a file edited by hand
+        in the store reads as logged); else the file, if it still holds that content; else the remote's copy
+        (a file committed elsewhere). None, with a warning, for a file that holds other content and no copy."""
+        cached = cache_path(self.root, md5)
+        if cached.is_file():
+            return cached
+        if not path.is_file():
+            return self.fetch(md5) or path  # a missing file reads as missing
+        if file_md5(path) == md5:
+            return path
+        fetched = self.fetch(md5)
+        if fetched is None:
+            log.warning("ray_cmf: skipping %s: it does not match its md5 %s (edited since it was committed)", path, md5)
+        return fetched
+
+    def _find_version(
+        self,
+        pipeline: str,
+        metrics_name: str,
+        commit: str | None,
+        execution_id: int | None,
+        instance: str | None,
+    ) -> dict[str, Any]:
+        """The properties of the version :meth:`find_series` names."""
         lineage = self.lineage
         if execution_id is not None:
             outputs, where = lineage.outputs([execution_id]), f"execution {execution_id}"
@@ -485,7 +530,7 @@ class Store:
                 "from the Cmf of one of them (create_execution(..., execution_name=NAME, create_new_execution=False)), "
                 "by its md5 (commit=...), or compare them with ray_cmf.Sweep"
             )
-        return str(versions[-1][1]["url"])
+        return versions[-1][1]
 
     def newest_version(self, execution_id: int, metrics_name: str, instance: str = "") -> Path | None:
         """The file of the newest committed version of an execution's series (its ``instance``), or None when

@@ -409,7 +409,7 @@ class StoreWriter:
         """A committed series of an execution (the latest, or the version whose md5 is ``commit``; of its series
         ``instance`` when given), read where the store is (see :meth:`Store.find_series`)."""
         live = self._open(store)
-        return pq.read_table(live.resolve(live.find_series(pipeline, metrics_name, commit, execution_id, instance)))
+        return pq.read_table(live.series_content(pipeline, metrics_name, commit, execution_id, instance))
 
     # -- series --------------------------------------------------------------------------------------
     def _series_of(self, key: SeriesKey) -> _Series:

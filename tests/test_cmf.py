@@ -232,6 +232,19 @@ def test_verify_re_hashes_datasets_and_models_outside_the_store(store_dir: Path,
     assert {f.status for f in audit(cmf.store) if f.md5 in md5[:2]} == {"missing"}
 
 
+def test_read_metrics_reads_what_was_logged_though_the_file_was_edited_by_hand(store_dir: Path) -> None:
+    """Reads take the content the md5 names (the DVC cache object), read_metrics as Sweep does."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    for step in range(3):
+        cmf.log_metric("m", {"step": step, "loss": 1.0 / (step + 1)})
+    artifact = cmf.commit_metrics("m")
+    other = Cmf(pipeline_name="p", store=store_dir)
+    other.log_metric("m", {"step": 0, "loss": 99.0})
+    edited = cmf.store.resolve(properties(artifact)["url"])
+    edited.write_bytes(other.store.resolve(properties(other.commit_metrics("m"))["url"]).read_bytes())
+    assert cmf.read_metrics("m")["loss"].tolist() == [1.0, 0.5, 1.0 / 3]
+
+
 def test_log_execution_metrics(store_dir: Path) -> None:
     cmf = Cmf(pipeline_name="p", store=store_dir)
     with pytest.raises(InvalidNameError, match="a name is a string, not a dict: pass the name first"):
