@@ -449,38 +449,6 @@ class Store:
             )
 
     # -- reads ---------------------------------------------------------------------------------------
-    def find_series(
-        self,
-        pipeline: str,
-        metrics_name: str,
-        commit: str | None = None,
-        execution_id: int | None = None,
-        instance: str | None = None,
-    ) -> str:
-        """The url of the newest committed version of ``metrics_name`` (or of its version ``commit``) that
-        ``execution_id`` produced: of its series ``instance`` when given (one logger's, where several logged
-        the name).
-
-        Without an execution, the pipeline's: by ``commit``, or the newest version when one execution alone
-        has committed that name (which execution is meant is otherwise ambiguous, and that is an error).
-        """
-        return str(self._find_version(pipeline, metrics_name, commit, execution_id, instance)["url"])
-
-    def series_content(
-        self,
-        pipeline: str,
-        metrics_name: str,
-        commit: str | None = None,
-        execution_id: int | None = None,
-        instance: str | None = None,
-    ) -> Path:
-        """Where the content of the version :meth:`find_series` names is read (see :meth:`content`)."""
-        props = self._find_version(pipeline, metrics_name, commit, execution_id, instance)
-        content = self.content(self.resolve(str(props["url"])), str(props["Commit"]))
-        if content is None:
-            raise StoreError(f"{props['url']} does not match its md5 {props['Commit']}, and no copy of it is kept")
-        return content
-
     def content(self, path: Path, md5: str) -> Path | None:
         """Where a committed file's content is read: the DVC cache object its md5 names (a file edited by hand
         in the store reads as logged); else the file, if it still holds that content; else the remote's copy
@@ -497,15 +465,21 @@ class Store:
             log.warning("ray_cmf: skipping %s: it does not match its md5 %s (edited since it was committed)", path, md5)
         return fetched
 
-    def _find_version(
+    def find_version(
         self,
         pipeline: str,
         metrics_name: str,
-        commit: str | None,
-        execution_id: int | None,
-        instance: str | None,
+        commit: str | None = None,
+        execution_id: int | None = None,
+        instance: str | None = None,
     ) -> dict[str, Any]:
-        """The properties of the version :meth:`find_series` names."""
+        """The properties (``url``, ``Commit``: its md5, ...) of the newest committed version of
+        ``metrics_name`` (or of its version ``commit``) that ``execution_id`` produced: of its series
+        ``instance`` when given (one logger's, where several logged the name).
+
+        Without an execution, the pipeline's: by ``commit``, or the newest version when one execution alone
+        has committed that name (which execution is meant is otherwise ambiguous, and that is an error).
+        """
         lineage = self.lineage
         if execution_id is not None:
             outputs, where = lineage.outputs([execution_id]), f"execution {execution_id}"

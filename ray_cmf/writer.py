@@ -407,9 +407,13 @@ class StoreWriter:
         instance: str | None = None,
     ) -> pa.Table:
         """A committed series of an execution (the latest, or the version whose md5 is ``commit``; of its series
-        ``instance`` when given), read where the store is (see :meth:`Store.find_series`)."""
+        ``instance`` when given), read where the store is (see :meth:`Store.find_version`, :meth:`Store.content`)."""
         live = self._open(store)
-        return pq.read_table(live.series_content(pipeline, metrics_name, commit, execution_id, instance))
+        version = live.find_version(pipeline, metrics_name, commit, execution_id, instance)
+        content = live.content(live.resolve(str(version["url"])), str(version["Commit"]))
+        if content is None:
+            raise StoreError(f"{version['url']} does not match its md5 {version['Commit']}, and no copy of it is kept")
+        return pq.read_table(content)
 
     # -- series --------------------------------------------------------------------------------------
     def _series_of(self, key: SeriesKey) -> _Series:

@@ -74,7 +74,7 @@ def test_end_commits_what_a_dead_logger_left(store_dir: Path) -> None:
     client, key = _writer(store_dir)
     client.call(StoreWriter.append, key=key, session="dead", first_row=1, batch=_batch(1, 6))
     client.call(StoreWriter.end, binding=key.binding, props={"status": "FAILED"}, state="FAILED")
-    url = Store(store_dir).find_series("p", "steps")
+    url = Store(store_dir).find_version("p", "steps")["url"]
     assert pq.read_table(Store(store_dir).resolve(url)).num_rows == 6
     assert not list((store_dir / SPILL_DIR).iterdir())
 
@@ -89,7 +89,7 @@ def test_series_committed_at_the_end_by_design_warn_nothing(store_dir: Path, cap
         client.call(StoreWriter.end, binding=key.binding, state="COMPLETE")
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert any(SYSTEM_METRICS_NAME in r.getMessage() for r in caplog.records)  # said, at INFO
-    url = Store(store_dir).find_series("p", SYSTEM_METRICS_NAME)
+    url = Store(store_dir).find_version("p", SYSTEM_METRICS_NAME)["url"]
     assert pq.read_table(Store(store_dir).resolve(url)).num_rows == 2
 
 
