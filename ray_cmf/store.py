@@ -365,7 +365,7 @@ class Store:
             if also_output_of is not None:
                 self.lineage.link(also_output_of, artifact.id, "output", instance)
         shared = self.file_of(artifact)
-        if shared != finished.path and shared.is_file():
+        if shared.is_file() and finished.path.is_file() and not shared.samefile(finished.path):  # another copy
             finished.path.unlink(missing_ok=True)
             finished.path.with_name(finished.path.name + ".dvc").unlink(missing_ok=True)
         return artifact
