@@ -228,9 +228,8 @@ def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tu
 def _paths(store: Store, artifact: Artifact, live_md5s: set[str]) -> list[Path]:
     """The bytes an artifact holds alone in the store: its file and ``.dvc`` file (when inside the store) and
     its DVC cache object, unless a live execution's file has the same content (``live_md5s``)."""
-    props = properties(artifact)
-    path = store.resolve(str(props.get("url", artifact.uri)))
-    md5 = str(props.get("Commit"))
+    path = store.file_of(artifact)
+    md5 = str(properties(artifact).get("Commit"))
     paths = [] if md5 in live_md5s else [cache_path(store.root, md5)]
     if path.is_relative_to(store.root / ARTIFACTS_DIR) and not store.escapes(path):
         paths = [path, path.with_name(path.name + ".dvc"), *paths]
