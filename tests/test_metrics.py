@@ -80,6 +80,23 @@ def test_nan_policy_exclude_counts_and_propagate_flows() -> None:
     top = Max(nan_policy="exclude")
     top.update(torch.tensor([1.0, float("inf")]))
     assert top.compute()["value"].item() == 1.0
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_accuracy_under_propagate_is_nan_once_a_score_or_label_is_nan(top_k: int) -> None:
+    """A NaN score ranks as torch ranks NaN (argmax takes it): the sample counted as a hit, and the accuracy
+    read 1.0 under ``nan_policy="propagate"``, whose NaN must flow into the value. An infinite score still
+    ranks (it is a value); a NaN among padding (``ignore_index``) rows is no sample and changes nothing."""
+    scores = torch.tensor([[0.1, 0.9, 0.0], [float("nan"), 0.2, 0.1], [0.3, float("inf"), 0.0]])
+    accuracy = Accuracy(top_k=top_k, nan_policy="propagate")
+    accuracy.update(scores, torch.tensor([1, 0, 1]))
+    assert math.isnan(accuracy.compute()["value"].item())
+    padded = Accuracy(top_k=top_k, ignore_index=-100, nan_policy="propagate")
+    padded.update(scores, torch.tensor([1, -100, 1]))
+    assert padded.compute()["value"].item() == 1.0
+    labels = Accuracy(nan_policy="propagate")
+    labels.update(torch.tensor([1.0, float("nan"), float("inf")]), torch.tensor([1.0, 2.0, 3.0]))
+    assert math.isnan(labels.compute()["value"].item())
     with pytest.raises(ValueError, match="nan_policy"):
         Sum(nan_policy="ignore")
 
@@ -180,6 +197,29 @@ def test_every_histogram_quantile_lies_within_the_values_seen(data: list[float])
         if 0.0 <= truth < 10.0:
             assert abs(estimate - truth) <= 1.0 + 1e-9, (q, truth, estimate)
     assert out["p0"].item() == min(data) and out["p100"].item() == max(data)
+
+
+@settings(max_examples=300, deadline=None)
+@example(bins=10, low=0.0, width=1.0, data=[0.3])  # a new user's: bin 3, where numpy and exact arithmetic say 2
+@example(bins=10, low=0.0, width=1.0, data=[0.7, 0.6, 0.9])
+@given(
+    bins=st.integers(1, 50),
+    low=st.floats(-100, 100, allow_subnormal=False),
+    width=st.floats(1e-3, 1e3),
+    data=st.lists(st.floats(-1e3, 1e3, allow_subnormal=False), max_size=30),
+)
+def test_histogram_counts_are_numpys(bins: int, low: float, width: float, data: list[float]) -> None:
+    """A value lies in the bin whose edges (numpy's, ``linspace(low, high, bins + 1)``) hold it: counts equal
+    ``numpy.histogram``'s, also for a value on an edge that ``(x - low) / width * bins`` rounds past. Values
+    at ``high`` or above are the overflow bin's (numpy's last bin is closed on the right)."""
+    high = low + width
+    edges = np.linspace(low, high, bins + 1)
+    h = Histogram(bins=bins, low=low, high=high)
+    h.update(torch.tensor(data, dtype=torch.float64))
+    counts = h.compute()["counts"].tolist()
+    inside = [x for x in data if low <= x < edges[-1]]
+    assert counts[1:-1] == np.histogram(inside, bins=edges)[0].tolist()
+    assert (counts[0], counts[-1]) == (sum(x < low for x in data), sum(x >= edges[-1] for x in data))
 
 
 @example(low=-1.7, high=-0.7, data=[-1.2, 3.39])  # a new user's: p100 read 3.3899999999999997, an ulp low

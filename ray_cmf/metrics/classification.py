@@ -17,7 +17,8 @@ class Accuracy(Metric):
 
     ``preds_or_logits`` is either class scores of shape ``(N, C)`` (or ``(N, C, ...)``) or predicted labels
     with the target's shape. Samples whose scores are not all finite, or whose predicted label is NaN or
-    inf, are excluded and counted (under ``nan_policy="exclude"``). Tied scores rank by class index.
+    inf, are excluded and counted (under ``nan_policy="exclude"``); under ``"propagate"`` infinite scores
+    rank as values and a NaN score or label makes the value NaN. Tied scores rank by class index.
     Samples whose target is ``ignore_index`` (``-100`` for padding, as ``cross_entropy`` has it) are not
     samples at all; any other target that is no class counts as a wrong prediction.
 
@@ -82,13 +83,18 @@ class Accuracy(Metric):
         if self.ignore_index is not None:
             counted = target != self.ignore_index
             keep = counted if keep is None else keep & counted
-        if preds.dim() == target.dim():  # predicted labels: a NaN or inf one is no label (left out and counted)
+        labels = preds.dim() == target.dim()
+        if labels:  # predicted labels: a NaN or inf one is no label (left out and counted)
             hit = (preds == target) & (target >= 0) & (target == target.long())  # a target that names a class
             bad = nonfinite(preds) if self._needs_mask(preds) else None
         else:
             hit = preds.argmax(dim=2) == target if self.top_k == 1 else self._in_top_k(preds.movedim(2, -1), target)
             bad = nonfinite(preds).any(dim=2) if self._needs_mask(preds) else None
         dims = per_member(hit)
+        if self.nan_policy == "propagate" and preds.is_floating_point():  # a NaN sample makes the value NaN
+            nan = preds.isnan() if labels else preds.isnan().any(dim=2)
+            nan = nan if keep is None else nan & keep
+            states["correct"].add_(torch.where(nan.any(dims), math.nan, 0.0))
         if bad is not None:
             bad = bad if keep is None else bad & keep
             excluded = bad.sum(dims)

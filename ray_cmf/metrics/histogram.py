@@ -51,6 +51,7 @@ class Histogram(Metric):
         if len(set(quantiles)) < len(quantiles):
             raise ValueError(f"quantiles must differ, got {list(quantiles)!r}")
         self.bins, self.low, self.high = bins, float(low), float(high)
+        self._edges: torch.Tensor | None = None  # see _bounds
         self.quantiles = tuple(quantiles)
         self._estimated = tuple(dict.fromkeys((*self.quantiles, 0.5)))  # the median is the value, asked for or not
         self.add_state("counts", torch.zeros(bins + 2), "sum")
@@ -82,10 +83,28 @@ class Histogram(Metric):
             for name, which in zip(_NONFINITE, (value == -math.inf, value == math.inf, value.isnan()), strict=True):
                 states[name].add_((which if keep is None else which & keep).sum(1))
         weight = torch.ones_like(value) if keep is None else keep.to(STATE_DTYPE)
+        states["counts"].scatter_add_(1, self._bin_of(value), weight)
+
+    def _bin_of(self, value: torch.Tensor) -> torch.Tensor:
+        """Each value's index in ``counts``: the bin whose edges hold it. The arithmetic guess can round
+        past an edge (0.3 in 10 bins over [0, 1) to bin 3), so one step towards the edges corrects it: the
+        counts are ``numpy.histogram``'s. +inf and NaN land in the overflow bin, -inf in the underflow one."""
         scaled = ((value - self.low) / (self.high - self.low) * self.bins).floor()
-        # +inf and NaN land in the overflow bin, -inf in the underflow bin (they count only under "propagate")
-        index = torch.nan_to_num(scaled, nan=self.bins, posinf=self.bins, neginf=-1).clamp(-1, self.bins) + 1
-        states["counts"].scatter_add_(1, index.long(), weight)
+        index = (torch.nan_to_num(scaled, nan=self.bins, posinf=self.bins, neginf=-1).clamp(-1, self.bins) + 1).long()
+        bounds = self._bounds(value.device)
+        index -= (value < bounds[index]).long()
+        index += (value >= bounds[index + 1]).long()
+        return index.clamp_(max=self.bins + 1)
+
+    def _bounds(self, device: torch.device) -> torch.Tensor:
+        """Where each index of ``counts`` starts, and ends the last: -inf, numpy's ``linspace(low, high,
+        bins + 1)`` edges (computed its way, so the same doubles), +inf. Made on ``device`` (no host copy), once."""
+        if self._edges is None or self._edges.device != device:
+            step = (self.high - self.low) / self.bins
+            edges = torch.arange(self.bins + 3, dtype=STATE_DTYPE, device=device).sub_(1).mul_(step).add_(self.low)
+            edges[0], edges[-2], edges[-1] = -math.inf, self.high, math.inf
+            self._edges = edges
+        return self._edges
 
     def _extend_range(self, states: Mapping[str, torch.Tensor], value: torch.Tensor, keep: torch.Tensor | None) -> None:
         """Widen each member's range seen to the finite values of ``value`` ``(members, n)`` that ``keep``
