@@ -298,7 +298,13 @@ def _as_trials(groups: Any) -> Any:
 def cmd_compare(args: argparse.Namespace) -> int:
     sweep = _picked(args)
     mode = sweep.mode_for(args.metric[0], args.mode)
-    best = sweep.best(args.metric[0], mode, n=args.top)
+    if args.mode is None and args.metric[0] not in sweep.modes():
+        print(
+            f"ray-cmf compare: no logger recorded which way {args.metric[0]!r} is best: ranked lowest first "
+            "(--mode max ranks highest first)",
+            file=sys.stderr,
+        )
+    best = sweep.best(args.metric[0], mode, n=args.top, also=args.metric[1:])
     columns = _summary_columns(best, args.metric, stable=args.json)
     _emit(args, _trial_rows(args, best, columns), f"top {args.top} by {args.metric[0]} ({mode})")
     return EXIT_OK
@@ -306,19 +312,37 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _shown_sweep(args: argparse.Namespace) -> Any:
     """``show``'s sweep: a trial is shown whatever its series are called. Without ``--metrics-name``, where
-    the pipeline's series is not obvious, its last rows are of the first series the trial holds (by name),
-    and stderr says so."""
+    the pipeline's series is not obvious or the trial has no rows of it (a trial that logged only its own
+    series), its last rows are of the first series the trial holds rows of (by name), and stderr says so."""
     try:
-        return _sweep(args, args.trial)
+        sweep = _sweep(args, args.trial)
     except MetricsNotFoundError as exc:
         if args.metrics_name is not None or not exc.held:
             raise
-        sweeps = (_sweep(argparse.Namespace(**{**vars(args), "metrics_name": name}), args.trial) for name in exc.held)
-        sweep = next((s for s in sweeps if len(s.steps(trials=[args.trial], live=True))), None)
-        sweep = sweep or _sweep(argparse.Namespace(**{**vars(args), "metrics_name": exc.held[0]}), args.trial)
-        others = [name for name in exc.held if name != sweep.metrics_name]
-        print(f"ray-cmf show: the last rows are {sweep.metrics_name!r}'s (--metrics-name: {others})", file=sys.stderr)
+        return _with_rows_of_trial(args, exc.held, None)
+    if args.metrics_name is not None or _rows_of_trial(sweep, args.trial):
         return sweep
+    others = [name for name in sweep.series_names() if name != sweep.metrics_name]
+    return _with_rows_of_trial(args, others, sweep)
+
+
+def _rows_of_trial(sweep: Any, trial: str) -> int:
+    """How many rows ``trial`` has in ``sweep``'s series (0 for a trial the sweep does not hold)."""
+    if trial not in {sweep.key(e) for e, _ in sweep.executions()}:
+        return 0
+    return len(sweep.steps(trials=[trial], live=True))
+
+
+def _with_rows_of_trial(args: argparse.Namespace, names: list[str], default: Any) -> Any:
+    """The sweep of the first series of ``names`` that ``args.trial`` has rows of, else ``default`` (None:
+    the first name's); stderr names it where it is not the pipeline's default."""
+    sweeps = (_sweep(argparse.Namespace(**{**vars(args), "metrics_name": name}), args.trial) for name in names)
+    sweep = next((s for s in sweeps if _rows_of_trial(s, args.trial)), None)
+    if sweep is None:
+        return default or _sweep(argparse.Namespace(**{**vars(args), "metrics_name": names[0]}), args.trial)
+    others = [name for name in (*names, *([default.metrics_name] if default else [])) if name != sweep.metrics_name]
+    print(f"ray-cmf show: the last rows are {sweep.metrics_name!r}'s (--metrics-name: {others})", file=sys.stderr)
+    return sweep
 
 
 def _last_rows(steps: Any, rows: int) -> Any:

@@ -871,15 +871,19 @@ class Sweep:
         """``mode`` if given, else the sweep's mode for ``metric`` (see :meth:`modes`), else ``min``."""
         return check_mode(mode) if mode is not None else self.modes().get(metric, "min")
 
-    def best(self, metric: str, mode: str | None = None, n: int = 1, *, live: bool = False) -> pd.DataFrame:
+    def best(
+        self, metric: str, mode: str | None = None, n: int = 1, *, also: Iterable[str] = (), live: bool = False
+    ) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``; default: the sweep's, see :meth:`modes`),
         best first (of tied trials, the earlier first, as ``top_rank`` and :meth:`trials` order them); trials
         without a finite value of it come last, and a trial ``restart_errored`` replaced (status ``REPLACED``)
-        is none. ``live``: running trials' uncommitted rows count (see :meth:`trials`)."""
+        is none. ``also``: other metrics whose summaries the rows carry (each under the sweep's mode).
+        ``live``: running trials' uncommitted rows count (see :meth:`trials`)."""
         mode = self.mode_for(metric, mode)
         if n < 1:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
-        table = self.trials([metric], mode={metric: mode}, live=live)
+        metrics = list(dict.fromkeys([metric, *also]))
+        table = self.trials(metrics, mode={**self.modes(), metric: mode}, live=live)
         table = table[table["status"] != REPLACED]  # its results were discarded: another trial took its place
         return sort_trials(table, f"{metric}_best", {metric: mode}).head(n).reset_index(drop=True)  # as trials sorts
 

@@ -110,10 +110,11 @@ def _subscripts(path: tuple[str, ...]) -> str:
 
 
 def _leaves(config: Mapping[str, Any], path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """Each non-mapping value of a nested config with its path of keys, each level in sorted key order."""
+    """Each non-mapping value of a nested config with its path of keys, each level in sorted key order; an
+    empty mapping is a value (``{}``), not a level of no keys, so that it reads back."""
     for key in sorted(config, key=str):
         value = config[key]
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and value:
             yield from _leaves(value, (*path, str(key)))
         else:
             yield (*path, str(key)), value

@@ -29,7 +29,7 @@ import numpy as np
 
 from ray_cmf._atomic import write_text
 from ray_cmf._cells import cell_texts, number_text, quoted
-from ray_cmf._json import dumps, jsonable
+from ray_cmf._json import JsonText, dumps, jsonable
 from ray_cmf._names import check_mode
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
@@ -205,7 +205,6 @@ def _curves(
     y_all = floats(column)[trials.order]
     logged = ~column.isna().to_numpy()[trials.order]  # a null is a row without this metric, not a divergence
     span = Span.of(y_all, curves=[y_all[rows][logged[rows]] for _, _, rows in trials.spans])
-    edges = span.edges()
     traces = []
     for number, (label, trial_id, rows) in enumerate(trials.spans):
         x, y = x_all[rows][logged[rows]], y_all[rows][logged[rows]]
@@ -227,24 +226,34 @@ def _curves(
                     f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
                 }
             )
-        odd = span.marks(y, max_points)
-        if len(odd):
-            kinds = [span.side(float(v)) for v in y[odd]]
-            traces.append(
-                {
-                    "type": "scatter",
-                    "mode": "markers",
-                    "name": f"{label} (off the plot)",  # NaN, inf, or outside the span
-                    "legendgroup": label,
-                    "meta": trial_id,
-                    "x": x[odd].tolist(),
-                    "y": [edges[k] for k in kinds],
-                    "text": [jsonable(float(v)) for v in y[odd]],
-                    "marker": {"color": colour, "size": 9, "symbol": [_DIVERGED[k] for k in kinds]},
-                    "hovertemplate": f"<b>{name}</b><br>step %{{x}}<br>{html.escape(metric)} %{{text}}<extra></extra>",
-                }
-            )
+        traces += _off_the_plot(span, x, y, max_points, label, trial_id, colour, f"{html.escape(metric)} %{{text}}")
     return traces
+
+
+def _off_the_plot(
+    span: Span, x: np.ndarray, y: np.ndarray, max_points: int, label: str, meta: str, colour: str, hover: str
+) -> list[dict[str, Any]]:
+    """The trace that marks a curve's values outside ``span`` (NaN, inf, a climb far beyond the others) at the
+    plot's edge, each with its value on hover (``hover``: what follows the step there); none if it has none."""
+    odd = span.marks(y, max_points)
+    if not len(odd):
+        return []
+    kinds = [span.side(float(v)) for v in y[odd]]
+    edges = span.edges()
+    return [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": f"{label} (off the plot)",  # NaN, inf, or outside the span
+            "legendgroup": label,
+            "meta": meta,
+            "x": x[odd].tolist(),
+            "y": [edges[k] for k in kinds],
+            "text": [jsonable(float(v)) for v in y[odd]],
+            "marker": {"color": colour, "size": 9, "symbol": [_DIVERGED[k] for k in kinds]},
+            "hovertemplate": f"<b>{html.escape(label)}</b><br>step %{{x}}<br>{hover}<extra></extra>",
+        }
+    ]
 
 
 @dataclass
@@ -268,7 +277,9 @@ def _group_curves(
     steps: pd.DataFrame, metric: str, groups: dict[str, str], mode: str, max_points: int
 ) -> list[dict[str, Any]]:
     """Per group: the mean over its trials' finite values at each step, and two bands the page chooses
-    between (min to max, and ±1 standard deviation; legend groups ``band-minmax`` and ``band-std``)."""
+    between (min to max, and ±1 standard deviation; legend groups ``band-minmax`` and ``band-std``). The
+    means take the :class:`~ray_cmf.frames.Span` trial curves take: a mean far beyond the other groups' (a
+    group that diverged) is marked at the plot's edge, and the bands stop at it."""
     import pandas as pd
 
     values = floats(steps[metric])
@@ -279,11 +290,16 @@ def _group_curves(
             "y": np.where(drawable(values), values, np.nan),
         }
     ).dropna()
+    stats_of = [
+        (label, rows.groupby("step")["y"].agg(["mean", "std", "min", "max", "count"]))
+        for label, rows in frame.groupby("group", sort=False)
+    ]
+    means = [stats["mean"].to_numpy() for _, stats in stats_of]
+    span = Span.of(np.concatenate(means), curves=means) if means else Span(0.0, 1.0)
     traces: list[dict[str, Any]] = []
-    for number, (label, rows) in enumerate(frame.groupby("group", sort=False)):
-        stats = rows.groupby("step")["y"].agg(["mean", "std", "min", "max", "count"])
+    for number, (label, stats) in enumerate(stats_of):
         x, mean = stats.index.to_numpy(), stats["mean"].to_numpy()
-        keep = downsample(x, mean, max_points, mode)
+        keep = downsample(x, np.where(span.holds(mean), mean, np.nan), max_points, mode)
         spread = stats["std"].fillna(0.0).to_numpy()[keep]
         colour = PALETTE[number % len(PALETTE)]
         xs = x[keep].tolist()
@@ -299,7 +315,7 @@ def _group_curves(
                         "legendgroup": band,
                         "meta": label,
                         "x": xs,
-                        "y": edge.tolist(),
+                        "y": np.clip(edge, span.low, span.high).tolist(),
                         "line": {"width": 0, "color": colour},
                         "fill": fill,
                         "fillcolor": _translucent(colour),
@@ -321,6 +337,9 @@ def _group_curves(
                 "hovertemplate": f"<b>{html.escape(label)}</b><br>step %{{x}}<br>mean {html.escape(metric)} "
                 "%{y:.5g} over %{customdata} trials<extra></extra>",
             }
+        )
+        traces += _off_the_plot(
+            span, x, mean, max_points, label, label, colour, f"mean {html.escape(metric)} %{{text}}"
         )
     return traces
 
@@ -388,7 +407,10 @@ def _category_labels(values: pd.Series) -> dict[tuple[str, str], str]:
     and its type where another category reads the same."""
     categories = sorted({_category(v) for v in values.dropna()}, key=lambda c: (c[1], c[0]))
     texts = Counter(text for _, text in categories)
-    return {(kind, text): text if texts[text] == 1 else f"{text} ({kind})" for kind, text in categories}
+    named = {JsonText.__name__: "JSON"}  # a list's JSON text beside a text that reads the same
+    return {
+        (kind, text): text if texts[text] == 1 else f"{text} ({named.get(kind, kind)})" for kind, text in categories
+    }
 
 
 def _config_notes(trials: pd.DataFrame, metric: str | None) -> dict[str, str]:

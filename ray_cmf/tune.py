@@ -684,6 +684,11 @@ class CmfRayLogger(tune.Callback):
 
     @_hook
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """A trial ended without an error: by itself, or stopped by Tune. A trainable that returns ends with a
+        last result Tune marks ``done`` (never shown to callbacks); a scheduler that cuts a trial by itself
+        (HyperBand's ``stop_trial``) leaves its last result not ``done``: that trial was stopped."""
+        if not (getattr(trial, "last_result", None) or {}).get("done"):
+            self._state(trial).stopped = True
         self._end(trial, "COMPLETE")
 
     @_hook

@@ -134,6 +134,26 @@ def test_plots_are_written(sweep: dict[str, Any], tmp_path: Path) -> None:
         s.plot_curves("loss", tmp_path / "x.png", color_by="nope")
 
 
+def test_compare_shows_every_metric_it_is_given(sweep: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """``--metric`` is repeatable, ranked by the first: compare showed the first metric's columns only (a new
+    user's ``--metric val_loss --metric acc``), where ``trials`` shows each."""
+    store = str(sweep["store"])
+    argv = ("--store", store, "--metric", "loss", "--metric", "lr_echo", "--json")
+    code, out, _ = _cli(capsys, "compare", *argv, "--top", "2")
+    rows = json.loads(out)
+    assert code == 0 and [r["config/lr"] for r in rows] == [0.1, 0.2]
+    assert [(r["loss_best"], r["lr_echo_best"], r["lr_echo_final"]) for r in rows] == [
+        (0.1 / RESULTS, 0.1, 0.1),
+        (0.2 / RESULTS, 0.2, 0.2),
+    ]
+    code, out, _ = _cli(capsys, "trials", *argv)
+    assert code == 0 and all("lr_echo_best" in r for r in json.loads(out))
+    code, _, err = _cli(capsys, "compare", "--store", store, "--metric", "lr_echo", "--json")
+    assert code == 0 and "no logger recorded which way 'lr_echo' is best: ranked lowest first" in err
+    code, _, err = _cli(capsys, "compare", "--store", store, "--metric", "loss", "--json")  # the logger's metric
+    assert code == 0 and "recorded which way" not in err
+
+
 def test_cli_json_and_exit_codes(sweep: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     store = str(sweep["store"])
     code, out, _ = _cli(capsys, "compare", "--store", store, "--metric", "loss", "--top", "2", "--json")

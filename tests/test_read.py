@@ -268,6 +268,25 @@ def test_the_default_series_is_the_obvious_one_or_an_error_that_lists_them(
         assert "loss" in capsys.readouterr().out
 
 
+def test_show_gives_the_last_rows_of_a_series_the_trial_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trial that reported no Tune result but logged its own series (``get_cmf()``'s ``fine``): ``show``
+    printed "last 5 rows: none" (a new user's), since the pipeline's default series is Tune's results. Without
+    ``--metrics-name`` it now shows the rows of a series the trial holds, and says which on stderr."""
+    root = tmp_path / "store"
+    write_trials(root, [Trial("a", {}, {"": [{"training_iteration": 1, "loss": 0.5}]}), Trial("b")])
+    write_trials(root, [Trial("b", {}, {"": [{"step": 0, "x": 1.5}, {"step": 1, "x": 2.5}]})], metrics_name="fine")
+    code, shown = _cli(capsys, "show", "b", "--store", str(root))
+    assert code == 0 and [row["x"] for row in shown["last_rows"]] == [1.5, 2.5]
+    assert main(["show", "b", "--store", str(root)]) == 0
+    assert "'fine'" in capsys.readouterr().err
+    code, shown = _cli(capsys, "show", "a", "--store", str(root))
+    assert code == 0 and [row["loss"] for row in shown["last_rows"]] == [0.5]
+    code, shown = _cli(capsys, "show", "b", "--store", str(root), "--metrics-name", "tune_results")
+    assert code == 0 and shown["last_rows"] == []  # asked for: Tune's results, which it has none of
+
+
 def test_output_paths_and_counts_that_cannot_be_used_are_clear_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -403,6 +422,7 @@ _CONFIG_VALUES = st.one_of(
     floats,
     st.text(st.characters(exclude_categories=("Cs",)), max_size=4),
     st.lists(st.integers(-3, 3), max_size=3),
+    st.just({}),
 )
 
 
@@ -419,6 +439,7 @@ def _same_config(logged: Any, read: Any) -> bool:
 @example(values=[2**53 + 1, 0.5], key="k")  # a new user's: the int read back as 2**53, and --where could not find it
 @example(values=[1, 2.5, _ABSENT], key="k")  # the int read back as the float 1.0
 @example(values=[[1, 2], "[1, 2]"], key="k")  # a list, and the text of one
+@example(values=[{}, _ABSENT, "{}"], key="k")  # a new user's: an empty dict read as no value, as the key absent
 @given(
     values=st.lists(st.one_of(st.just(_ABSENT), _CONFIG_VALUES), min_size=1, max_size=4),
     key=st.sampled_from(["k", "学习率", "β 2"]),
@@ -430,7 +451,8 @@ def test_each_trials_config_value_reads_back_as_recorded_whatever_the_others_hol
     ``Sweep.config`` read it. An int beside another trial's float read back as a float (2**53 + 1 as 2**53,
     which ``--where`` then could not find). The table holds a list as its JSON text, a cell to sort, group and
     query by, marked as one (a ``JsonText``) so that the text of a list is not read as a list; ``Sweep.config``
-    gives the list itself, where it gave the same text as for a config of that text."""
+    gives the list itself, where it gave the same text as for a config of that text. An empty dict is a value
+    too (a nested dict's keys are flattened: it has none), read as ``{}``, not as a key the trial lacks."""
     rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
     trials = [Trial(f"t{i}", {} if v is _ABSENT else {key: v}, rows) for i, v in enumerate(values)]
     store = write_trials(tmp_path_factory.mktemp("store"), trials)
@@ -445,7 +467,7 @@ def test_each_trials_config_value_reads_back_as_recorded_whatever_the_others_hol
         if logged is _ABSENT:
             assert read is None and key not in own, (trial, read, own)
             continue
-        shown = JsonText(json.dumps(logged)) if isinstance(logged, list) else logged  # a text is a plain str
+        shown = JsonText(json.dumps(logged)) if isinstance(logged, list | dict) else logged  # a text: a plain str
         assert _same_config(shown, read) and _same_config(logged, own[key]), (trial, logged, read, own)
         if type(logged) is int:
             assert _same_config(logged, by_id[trial][f"config/{key}"]), by_id[trial]

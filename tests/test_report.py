@@ -287,6 +287,12 @@ def test_parallel_coordinates_keep_true_1_and_text_1_apart(tmp_path: Path) -> No
     }
     assert picked == {"t": "True", "f": "False", "one": "1 (int)", "text": "1 (str)"}, flag
     assert "same" in dims  # True and 1 differ
+    lists = [
+        Trial(name, {"width": width}, _losses(i + 1.0)) for i, (name, width) in enumerate((("l", [32]), ("s", "[32]")))
+    ]
+    data = _data(Sweep(write_trials(tmp_path / "lists", lists)).report(tmp_path / "l.html").read_text())
+    [width] = [d for d in data["parcoords"]["dimensions"] if d["label"] == "width"]
+    assert sorted(width["ticktext"]) == ["[32] (JSON)", "[32] (str)"]  # not the class name JsonText
 
 
 def test_the_table_shows_a_count_by_its_final_value_only(tmp_path: Path) -> None:
@@ -446,6 +452,32 @@ def test_a_slowly_diverging_trial_leaves_the_other_curves_readable(tmp_path: Pat
     steps = sweep.steps(["loss"], exact=True)
     span = Span.of(floats_of(steps["loss"]), curves=[floats_of(f["loss"]) for _, f in steps.groupby("trial_id")])
     assert span.high < 100.0 and span.holds(np.array([2.3, 10.0])).all()
+
+
+def test_a_diverged_group_leaves_the_other_groups_curves_readable(tmp_path: Path) -> None:
+    """Grouped, a group whose trials climbed to 1e240 drew its mean, and its band, up there: the axis ran to
+    1e240 and every other group's mean was a flat line at 0 (a new user's). The groups' curves now take the
+    span the trial curves take: the others are drawn whole, the climb is marked at the edge beyond it."""
+    from tests._stores import Trial, write_trials
+
+    def losses(values: list[float]) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    learning = [
+        Trial(f"{kind}{seed}", {"kind": kind, "seed": seed}, losses([scale / (1 + s + seed) for s in range(6)]))
+        for kind, scale in (("a", 1.0), ("b", 1.5))
+        for seed in (0, 1)
+    ]
+    climbing = [Trial(f"up{seed}", {"kind": "up", "seed": seed}, losses([1.0, 10.0**80, 10.0**240])) for seed in (0, 1)]
+    sweep = Sweep(write_trials(tmp_path / "store", [*learning, *climbing]))
+    data = _data(sweep.report(tmp_path / "g.html", group_by="config/kind").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    drawn = [y for t in section["traces"] if "(off the plot)" not in t.get("name", "") for y in t["y"] if y is not None]
+    assert max(drawn) < 10.0, max(drawn)  # every band and mean within the learning groups' reach
+    means = {t["name"]: t["y"] for t in section["traces"] if "name" in t and "(off the plot)" not in t["name"]}
+    assert len(means["kind=a"]) == 6 and len(means["kind=b"]) == 6, means
+    marked = {t["meta"]: t["text"] for t in section["traces"] if t.get("name", "").endswith("(off the plot)")}
+    assert marked["kind=up"] == [1e80, 1e240], marked
 
 
 def test_flat_curves_at_different_levels_are_all_drawn(tmp_path: Path) -> None:

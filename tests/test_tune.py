@@ -732,21 +732,54 @@ def test_a_trial_that_tune_stopped_reads_as_stopped(
     logger = CmfRayLogger("stopped", store=str(tmp_path / "store"), metric="loss")
     tune.Tuner(
         _reports,
-        param_space={"reports": tune.grid_search([1, 5])},
+        param_space={"reports": tune.grid_search([0, 1, 5])},
         run_config=tune.RunConfig(
             name="stopped", storage_path=str(tmp_path / "results"), callbacks=[logger], stop={"training_iteration": 2}
         ),
     ).fit()
     table = Sweep(tmp_path / "store").trials().set_index("config/reports")
-    assert table.loc[1, "status"] == table.loc[5, "status"] == "COMPLETE"
-    assert (table.loc[1, "stopped"], table.loc[5, "stopped"]) == (False, True)
+    assert table.loc[0, "status"] == table.loc[1, "status"] == table.loc[5, "status"] == "COMPLETE"
+    assert (table.loc[0, "stopped"], table.loc[1, "stopped"], table.loc[5, "stopped"]) == (False, False, True)
     assert table.loc[5, "steps"] == 2
     capsys.readouterr()  # Tune's own output
     assert main(["trials", "--store", str(tmp_path / "store"), "--json"]) == 0
     shown = {row["config/reports"]: row["stopped"] for row in json.loads(capsys.readouterr().out)}
-    assert shown == {1: False, 5: True}
+    assert shown == {0: False, 1: False, 5: True}
     page = Sweep(tmp_path / "store").report(tmp_path / "r.html").read_text()
     assert "<th>stopped</th>" in page and "<td>True</td>" in page
+
+
+def _reports_scaled(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    for i in range(12):
+        time.sleep(0.02)
+        tune.report({"loss": config["scale"] / (i + 1)})
+
+
+def test_trials_hyperband_cut_read_as_stopped(ray_session: None, tmp_path: Path) -> None:
+    """HyperBand stops the trials it cuts from a bracket itself (``stop_trial``), not by its answer to their
+    result: their last result says nothing of it, and half of a sweep it stopped read ``stopped=False``, as if
+    they had run to their end (a new user's, with Tune's defaults). A trial that ended on its own is not."""
+    from ray import tune
+    from ray.tune.schedulers import HyperBandScheduler
+
+    from ray_cmf import CmfRayLogger, Sweep
+
+    tune.Tuner(
+        tune.with_resources(_reports_scaled, {"cpu": 0.5}),
+        param_space={"scale": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=HyperBandScheduler(max_t=9)),
+        run_config=tune.RunConfig(
+            name="hb",
+            storage_path=str(tmp_path / "results"),
+            callbacks=[CmfRayLogger("hb", store=str(tmp_path / "store"))],
+            verbose=0,
+        ),
+    ).fit()
+    table = Sweep(tmp_path / "store").trials()
+    assert (table["status"] == "COMPLETE").all() and (table["steps"] <= 9).all(), table[["steps", "status"]]
+    assert table["stopped"].tolist() == [True] * 4, table[["config/scale", "steps", "stopped"]]
 
 
 def test_a_metric_no_result_holds_is_warned_about(
