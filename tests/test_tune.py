@@ -452,8 +452,9 @@ def test_restore_continues_the_same_executions_without_dups_or_holes(tmp_path: P
 
 TERMINATED_DRIVER = textwrap.dedent(
     """
-    import sys, time
+    import faulthandler, signal, sys, time
     from pathlib import Path
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a driver that hangs is
     import ray
     from ray import tune
     from ray_cmf import CmfRayLogger
@@ -486,18 +487,28 @@ def test_a_sweep_whose_driver_is_terminated_commits_every_row_its_trials_logged(
     running trial's process hand its rows over first, as a trial's own end does."""
     store, progress = tmp_path / "store", tmp_path / "progress"
     progress.mkdir()
-    driver = subprocess.Popen(
-        [sys.executable, "-c", TERMINATED_DRIVER, str(store), str(progress), str(tmp_path / "results")],
-        env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
-        start_new_session=True,
-    )
+    with open(tmp_path / "stderr", "wb") as stderr:
+        driver = subprocess.Popen(
+            [sys.executable, "-c", TERMINATED_DRIVER, str(store), str(progress), str(tmp_path / "results")],
+            env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+            start_new_session=True,
+            stderr=stderr,
+        )
     try:
-        deadline = time.monotonic() + 120
+        started = time.monotonic()
         logged = lambda: [int(f.read_text() or 0) for f in progress.iterdir()]  # noqa: E731
-        while time.monotonic() < deadline and (len(logged()) < 2 or min(logged()) < 12):
+        while time.monotonic() < started + 120 and (len(logged()) < 2 or min(logged()) < 12):
             time.sleep(0.05)
+        waited, before = time.monotonic() - started, logged()
         driver.send_signal(signal.SIGTERM)  # the driver only, as a scheduler's SIGTERM reaches it
-        driver.wait(timeout=120)
+        try:
+            driver.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            driver.send_signal(signal.SIGUSR1)  # its threads' stacks, to stderr
+            time.sleep(3)
+            trace = (tmp_path / "stderr").read_text(errors="replace")[-12_000:]
+            when = f"{waited:.0f} s after its start, its trials at steps {before}"
+            pytest.fail(f"the driver did not end within 120 s of SIGTERM ({when}):\n{trace}")
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
