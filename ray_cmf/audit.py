@@ -21,8 +21,9 @@ _AUDITED_TYPES = (STEP_METRICS_TYPE, DATASET_TYPE, MODEL_TYPE, ENVIRONMENT_TYPE)
 
 @dataclass(frozen=True)
 class Finding:
-    """One audited file: ``ok`` (or ``superseded``, see :attr:`ok`) or what is wrong with it: ``missing``,
-    ``modified``, ``dvc-mismatch``, ``cache-missing``, ``cache-modified``, ``symlink-out``, ``remote-missing``."""
+    """One audited file: ``ok`` (or ``superseded`` or ``remote-only``, see :attr:`ok`) or what is wrong with
+    it: ``missing``, ``modified``, ``dvc-mismatch``, ``cache-missing``, ``cache-modified``, ``symlink-out``,
+    ``remote-missing``."""
 
     url: str
     md5: str
@@ -31,8 +32,9 @@ class Finding:
 
     @property
     def ok(self) -> bool:
-        """No fault: the file holds this version, or (a file the store keeps no copy of) a later one."""
-        return self.status in ("ok", "superseded")
+        """No fault: the file holds this version, or (a file the store keeps no copy of) a later one, or it is
+        not here but on the remote (another machine's file of a team store: reads and ``pull`` fetch it)."""
+        return self.status in ("ok", "superseded", "remote-only")
 
 
 def _dvc_md5(dvc_file: Path) -> str | None:
@@ -75,8 +77,10 @@ def audit(store: Store, *, remote: bool = False) -> Iterator[Finding]:
             status = _untracked_status(md5, untracked[path], versions[path])
         else:
             status = _tracked_status(store, md5, path)
-        if status == "ok" and pushed is not None and not md5.endswith(".dir") and not pushed.exists(md5):
-            status = "remote-missing"
+        if pushed is not None and not md5.endswith(".dir") and status in ("ok", "missing"):
+            on_remote = pushed.exists(md5)
+            status = "remote-missing" if status == "ok" and not on_remote else status
+            status = "remote-only" if status == "missing" and on_remote else status
         yield Finding(url, md5, status, lost)
 
 

@@ -10,6 +10,8 @@ variables and files, never from the store.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,14 +48,30 @@ class Remote:
         """Where DVC keeps the object of ``md5`` on this remote."""
         return object_path(self._root(), md5)
 
+    @contextlib.contextmanager
+    def _answering(self) -> Iterator[None]:
+        """Say which remote failed, and how, where a call to it fails otherwise than by a missing object (an
+        endpoint that does not answer, credentials it refuses): one line, not the client library's traceback."""
+        try:
+            yield
+        except (FileNotFoundError, StoreError):
+            raise
+        except Exception as exc:
+            where = f"{self.url} (endpoint {self.endpoint_url})" if self.endpoint_url else self.url
+            raise StoreError(
+                f"The store's remote {where} failed: {type(exc).__name__}: {exc}. Is it up, and are the "
+                "credentials (AWS_ACCESS_KEY_ID, ~/.aws) right? `ray-cmf push --add-remote` changes it"
+            ) from exc
+
     def exists(self, md5: str) -> bool:
         """Whether the remote holds the object of ``md5``."""
-        return bool(self._fs().exists(self.object_path(md5)))
+        with self._answering():
+            return bool(self._fs().exists(self.object_path(md5)))
 
     def fetch(self, md5: str, dest: Path) -> Path:
         """Download the object of ``md5`` to ``dest`` (atomically; read-only, as DVC's cache keeps it)."""
         try:
-            with atomic_write(dest, readonly=True) as pending:
+            with self._answering(), atomic_write(dest, readonly=True) as pending:
                 self._fs().get_file(self.object_path(md5), str(pending.tmp))
         except FileNotFoundError as exc:
             raise StoreError(f"The remote {self.url} has no object for md5 {md5}; was the store pushed?") from exc
@@ -61,19 +79,21 @@ class Remote:
 
     def upload(self, md5: str, src: Path) -> bool:
         """Put ``src`` on the remote as the object of ``md5``, unless it is there already; True if uploaded."""
-        fs, target = self._fs(), self.object_path(md5)
-        if fs.exists(target):
-            return False
-        fs.put_file(str(src), target)
-        return True
+        with self._answering():
+            fs, target = self._fs(), self.object_path(md5)
+            if fs.exists(target):
+                return False
+            fs.put_file(str(src), target)
+            return True
 
     def remove(self, md5: str) -> bool:
         """Delete the object of ``md5`` from the remote; True if it was there."""
-        fs, target = self._fs(), self.object_path(md5)
-        if not fs.exists(target):
-            return False
-        fs.rm_file(target)
-        return True
+        with self._answering():
+            fs, target = self._fs(), self.object_path(md5)
+            if not fs.exists(target):
+                return False
+            fs.rm_file(target)
+            return True
 
     def to_config(self) -> dict[str, str]:
         return {"url": self.url, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}

@@ -31,6 +31,7 @@ from ray_cmf._atomic import write_text
 from ray_cmf._cells import cell_texts, number_text, quoted
 from ray_cmf._json import JsonText, dumps, jsonable
 from ray_cmf._names import check_mode
+from ray_cmf.constants import REPLACED
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import InvalidArgumentError, RayCmfError
 from ray_cmf.frames import (
@@ -183,7 +184,7 @@ def _label(key: Any) -> tuple[str, str]:
     if isinstance(key, str):
         return key, key
     trial, *rest = key
-    part = next((p for p in rest if p not in ("", "nan", "<NA>")), "")
+    part = next((p for p in rest if isinstance(p, str) and p not in ("", "nan", "<NA>")), "")  # NaN: missing
     if len(rest) == 1 and part and part.isdigit():  # only a rank column tells the rows apart
         part = f"rank{part}"
     return (f"{trial} ({part})" if part else trial), trial
@@ -641,11 +642,12 @@ def content(
         not_drawn = _not_drawn(sweep.metrics_name, steps) if live else _unsummarised(sweep, trials)
     for number, section in enumerate(sections):
         section.key = f"curve-{number}"
+    kept = trials[trials["status"] != REPLACED]  # a replaced trial's results were discarded: no config's outcome
     data: dict[str, Any] = {
         "sections": [section.as_data() for section in sections],
-        "parcoords": _parcoords(trials, primary) if primary else None,
-        "params": _params(trials, primary) if primary else [],
-        "notes": _config_notes(trials, primary),
+        "parcoords": _parcoords(kept, primary) if primary else None,
+        "params": _params(kept, primary) if primary else [],
+        "notes": _config_notes(kept, primary),
         "primary": primary,
         "mode": mode,
         "status": dict(zip(trials["trial_id"].astype(str), trials["status"].astype(str), strict=True)),

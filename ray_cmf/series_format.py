@@ -57,6 +57,7 @@ class SpillManifest:
     pid: int = dataclasses.field(default_factory=os.getpid)
     host: str = dataclasses.field(default_factory=socket.gethostname)
     base: str | None = None  # the previous committed version, which the next one extends
+    base_unknown: bool = False  # the lineage was unreachable when the spill began: find ``base`` before committing
     also_output_of: int | None = None  # the Tune trial of a Train run's series: its versions are the trial's too
 
     def write(self, directory: Path) -> None:
@@ -85,13 +86,23 @@ class Spill:
         self.pending = sum(batch.num_rows for batch in read_segments(self.directory)) if self._count else 0
         adopted = SpillManifest.read(self.directory) if (self.directory / SPILL_MANIFEST).exists() else manifest
         self.base: Path | None = Path(adopted.base) if adopted is not None and adopted.base else None
-        base_rows = pq.ParquetFile(self.base).metadata.num_rows if self.base is not None and self.base.exists() else 0
-        self.rows = base_rows + self.pending  # the series so far: pending segments after the base version
+        self.base_unknown = adopted is not None and adopted.base_unknown
+        self.rows = self._base_rows() + self.pending  # the series so far: pending segments after the base version
+
+    def _base_rows(self) -> int:
+        return pq.ParquetFile(self.base).metadata.num_rows if self.base is not None and self.base.exists() else 0
+
+    def settle_base(self, base: Path | None) -> None:
+        """Name the version that a spill begun with an unknown base extends (see ``SpillManifest.base_unknown``),
+        found once the lineage answers again."""
+        self.base, self.base_unknown, self._manifest_written = base, False, False
+        self.rows = self._base_rows() + self.pending
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Append one batch; it is in the OS page cache (and survives a process kill) on return."""
         if self.manifest is not None and not self._manifest_written:
-            replace(self.manifest, base=str(self.base) if self.base else None).write(self.directory)
+            base = str(self.base) if self.base else None
+            replace(self.manifest, base=base, base_unknown=self.base_unknown).write(self.directory)
             self._manifest_written = True
         if self._stream is None or not batch.schema.equals(self._schema):
             self._close_segment()
@@ -121,6 +132,8 @@ class Spill:
         :func:`ray_cmf.recover`: a file is never left behind that no one has recorded.
         """
         self._close_segment()
+        if self.base_unknown:
+            raise RuntimeError(f"the spill {self.directory} extends a version not known yet: settle_base() first")
         base = pq.ParquetFile(self.base) if self.base is not None else None
         schemas = [base.schema_arrow] if base is not None and base.metadata.num_rows else []
         schemas += [batch.schema for batch in read_segments(self.directory)]  # a pass that keeps no rows

@@ -159,6 +159,13 @@ class Store:
         entry = self._config().get("remote")
         return Remote(**entry) if entry else None
 
+    def require_lineage(self) -> None:
+        """Open a server's MLMD database now (a SQLite file opens as it is first written): a server that does
+        not answer, or refuses the user, is an error before a sweep or a run starts, not warnings as it
+        records nothing."""
+        if is_url(self.mlmd):
+            self.lineage  # noqa: B018 (opened for its errors)
+
     def require_remote(self) -> Remote:
         """The store's remote; a StoreError that says how to set one when there is none."""
         remote = self.remote

@@ -608,6 +608,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage else None
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.store = Store(store, mlmd=file_path) if file_path is not None else _store_name(store)
+        if self.store is not None:
+            self.store.require_lineage()
         if push and self.store is not None:
             self.store.require_remote()  # before the run starts
         self.push = push

@@ -142,13 +142,15 @@ class _HandOver:
         if self.done:
             return
         self.done = True
+        if _TRIAL_CMFS.get(self.trial_id) is self.cmf:
+            del _TRIAL_CMFS[self.trial_id]
+        steps = ([self.sampler.stop] if self.sampler is not None else []) + [self.cmf.log_seeds, self.cmf.close]
         try:
-            if _TRIAL_CMFS.get(self.trial_id) is self.cmf:
-                del _TRIAL_CMFS[self.trial_id]
-            if self.sampler is not None:
-                self.sampler.stop()
-            self.cmf.log_seeds()  # torch's seed as the trainable left it
-            self.cmf.close()
+            for step in steps:  # torch's seed as the trainable left it, then its rows
+                try:
+                    step()
+                except Exception as exc:  # logging never fails the trial: what is not handed over stays spilled
+                    log.warning("ray_cmf: trial %s could not hand over all it logged: %r", self.trial_id, exc)
         finally:
             self.finished.set()
 
@@ -479,7 +481,8 @@ class CmfRayLogger(tune.Callback):
         self.pipeline_stage = check_name("pipeline_stage", pipeline_stage) if pipeline_stage is not None else None
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.metric, self.mode, self.top_n = metric, mode or "min", top_n
-        self.store = Store(store, mlmd=file_path)  # resolved here, on the driver; a name only, never opened here
+        self.store = Store(store, mlmd=file_path)  # resolved here, on the driver
+        self.store.require_lineage()
         self.root, self.mlmd = str(self.store.root), self.store.mlmd
         self.data_dir = _existing("data_dir", data_dir) if data_dir is not None else None
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds

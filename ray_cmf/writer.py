@@ -157,6 +157,7 @@ class StoreWriter:
         self._sweeps: set[str | None] = set()  # the sweeps whose CmfRayLogger runs (None: one saved before ids)
         self._pushing: set[Store] = set()  # stores whose committed files go to their remote as they commit
         self._uploads: list[Future[bool]] = []
+        self._pushed: set[tuple[Store, str]] = set()  # (store, md5) of the files sent to its remote, or on their way
         self._uploader: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # guards the dicts above, never held during I/O
         if store is not None:
@@ -238,7 +239,7 @@ class StoreWriter:
                 except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
                     log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
             if environment is not None:  # the callback's and the workers' records complete each other
-                live.log_environment(execution.id, environment)
+                self._log_environment(live, execution.id, environment)
             return binding
 
     def sweep_runs(self, *, sweep: str | None, running: bool) -> None:
@@ -290,7 +291,7 @@ class StoreWriter:
             return None
         live = self._open(binding.store)
         if environment is not None:
-            live.log_environment(binding.execution_id, environment)
+            self._log_environment(live, binding.execution_id, environment)
         with self._lock:
             node_sampled = (kind, name) in self._node_sampled
         return Joined(
@@ -375,7 +376,13 @@ class StoreWriter:
 
     def record_environment(self, *, execution_id: int, environment: Environment, store: Store | None = None) -> None:
         """Record what an execution ran on (see :mod:`ray_cmf.environment`); the package list is shared."""
-        self._open(store).log_environment(execution_id, environment)
+        self._log_environment(self._open(store), execution_id, environment)
+
+    def _log_environment(self, live: Store, execution_id: int, environment: Environment) -> None:
+        """Record an environment, and push its package list where the store's files are pushed as they go."""
+        package_list = live.log_environment(execution_id, environment)
+        if package_list is not None:
+            self._push(live, package_list)
 
     def log_file(
         self,
@@ -426,10 +433,28 @@ class StoreWriter:
             return series
         b = key.binding
         dest = live.series_path(b.pipeline, b.stage, b.name, key.metrics_name, key.instance)
-        committed = live.newest_version(b.execution_id, key.metrics_name, key.instance)  # I/O: outside the lock
+        try:
+            committed = live.newest_version(b.execution_id, key.metrics_name, key.instance)  # I/O: outside the lock
+        except Exception as exc:  # the lineage is down: spill the rows all the same, and find the base later
+            log.warning(
+                "ray_cmf: the lineage did not answer (%s): the rows of %r of %r are spilled, for a commit or "
+                "`ray-cmf recover` once it answers",
+                exc,
+                key.metrics_name,
+                key.binding.name,
+            )
+            committed, unknown = None, True
+        else:
+            unknown = False
         base = str(committed) if committed is not None else None
         manifest = SpillManifest(
-            key.metrics_name, b.execution_id, str(dest), key.instance, base=base, also_output_of=b.trial_execution_id
+            key.metrics_name,
+            b.execution_id,
+            str(dest),
+            key.instance,
+            base=base,
+            base_unknown=unknown,
+            also_output_of=b.trial_execution_id,
         )
         made = _Series(Spill(live.spill_dir(key.spill_name), manifest), dest)
         with self._lock:
@@ -545,11 +570,16 @@ class StoreWriter:
         return sum(1 for upload in pending if not upload.result())
 
     def _push(self, live: Store, artifact: Artifact) -> None:
+        """Upload an artifact's file in the background, where the store pushes as it goes (once a writer: a
+        package list or a series that several executions share is sent once)."""
         if live not in self._pushing:
             return
         md5 = str(properties(artifact)["Commit"])
         assert self._uploader is not None
         with self._lock:
+            if (live, md5) in self._pushed:
+                return
+            self._pushed.add((live, md5))
             self._uploads.append(self._uploader.submit(_upload, live, md5))
 
     def _commit_series(
@@ -567,6 +597,10 @@ class StoreWriter:
         with series.lock:
             if not (series.spill.rows if every else series.spill.pending):
                 return None
+            if series.spill.base_unknown:
+                series.spill.settle_base(
+                    live.newest_version(manifest.execution_id, manifest.metrics_name, manifest.instance)
+                )
             artifact = series.spill.finish(
                 series.dest,
                 lambda finished: live.commit_metrics(

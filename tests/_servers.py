@@ -56,13 +56,43 @@ def free_port() -> int:
 
 @dataclass
 class Postgres:
-    """A running server: ``url(user, password, db)`` builds the MLMD URLs the tests use."""
+    """A running server: ``url(user, password, db)`` builds the MLMD URLs the tests use; ``stop()`` and
+    ``start()`` take it down and bring it back on its data (an outage)."""
 
     scheme = "postgresql"
     password_env = "PGPASSWORD"
     port: int
-    process: subprocess.Popen[bytes]
     bin: Path
+    data: Path  # the directory of its data, socket and log
+    process: subprocess.Popen[bytes] | None = None  # while started
+
+    def start(self) -> None:
+        """Start the server on its data and port, as the postgres user, and wait until it answers."""
+        self.process = subprocess.Popen(
+            [
+                str(self.bin / "postgres"),
+                "-D",
+                str(self.data / "pgdata"),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.data / "pgsock"),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=100",
+            ],
+            user="postgres",
+            group="postgres",
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.data / "postgres.log", "ab"),  # noqa: SIM115 (the server keeps it open)
+        )
+        _wait_until_ready(self.process, lambda: self.sql("SELECT 1"), self.data / "postgres.log")
+
+    def stop(self) -> None:
+        """A fast shutdown (SIGINT) of the server started here, by its pid; SIGKILL after 30 s."""
+        if self.process is not None:
+            _stop(self.process, signal.SIGINT)
 
     def url(self, user: str = "postgres", password: str | None = ADMIN_PASSWORD, db: str = "mlmd") -> str:
         secret = f":{password}" if password else ""
@@ -120,29 +150,12 @@ def postgres() -> Iterator[Postgres]:
         check=True,
         capture_output=True,
     )
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            str(binaries / "postgres"),
-            "-D",
-            str(data),
-            "-p",
-            str(port),
-            "-k",
-            str(sockets),
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            "max_connections=100",
-        ],
-        user="postgres",
-        group="postgres",
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "postgres.log", "wb"),  # noqa: SIM115 (the server keeps it open)
-    )
-    server = Postgres(port, process, binaries)
-    with _running(process, lambda: server.sql("SELECT 1"), tmp / "postgres.log", signal.SIGINT):  # a fast shutdown
+    server = Postgres(free_port(), binaries, tmp)
+    server.start()
+    try:
         yield server
+    finally:
+        server.stop()
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -151,23 +164,33 @@ def _running(process: subprocess.Popen[bytes], ready: Callable[[], object], log:
     """Wait (up to 60 s) until ``ready()`` stops raising, then yield; in the end stop the server by the pid
     started here (``stop``, then SIGKILL after 30 s)."""
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                ready()
-                break
-            except subprocess.CalledProcessError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{process.args[0]} did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(0.2)
+        _wait_until_ready(process, ready, log)
         yield
     finally:
-        process.send_signal(stop)
+        _stop(process, stop)
+
+
+def _wait_until_ready(process: subprocess.Popen[bytes], ready: Callable[[], object], log: Path) -> None:
+    """Wait (up to 60 s) until ``ready()`` stops raising; an error with the server's log if it never does."""
+    deadline = time.monotonic() + 60
+    while True:
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            ready()
+            return
+        except subprocess.CalledProcessError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{process.args[0]} did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.2)
+
+
+def _stop(process: subprocess.Popen[bytes], signum: int) -> None:
+    """Stop a server started here by its pid (``signum``, then SIGKILL after 30 s)."""
+    process.send_signal(signum)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def mariadb_skip_reason() -> str | None:

@@ -1077,6 +1077,9 @@ def test_a_replaced_trial_is_ranked_after_every_other_in_each_best_first_table(
     assert [page.index(f'data-trial="{t}"') for t in ("new", "other", "old")] == sorted(
         page.index(f'data-trial="{t}"') for t in ("new", "other", "old")
     )
+    data = json.loads(re.search(r"let DATA = (.*);\n", page).group(1))  # type: ignore[union-attr]
+    [x] = [d for d in data["parcoords"]["dimensions"] if d["label"] == "x"]  # nor in what config does (a new user's)
+    assert len(x["values"]) == 2 and [p["trace"]["text"] for p in data["params"]] == [["new", "other"]]
 
 
 def test_the_reports_table_shows_a_logged_nan_apart_from_a_missing_value(tmp_path: Path) -> None:

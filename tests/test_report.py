@@ -454,6 +454,27 @@ def test_a_slowly_diverging_trial_leaves_the_other_curves_readable(tmp_path: Pat
     assert span.high < 100.0 and span.holds(np.array([2.3, 10.0])).all()
 
 
+def test_a_trial_of_several_series_beside_one_of_one(tmp_path: Path) -> None:
+    """One execution holds two series of a name (two Cmf objects of it; a restored trial's kept samples) and
+    another holds one: the report raised ``'float' object has no attribute 'isdigit'`` (a new user's, after
+    most restores), since the second execution's series column is missing, which pandas keeps as NaN."""
+    store = tmp_path / "store"
+    loggers = [Cmf(pipeline_name="rep", store=store) for _ in range(3)]
+    for cmf, name in zip(loggers, ("run1", "run1", "run2"), strict=True):
+        cmf.create_execution("Train", {"lr": 0.1}, execution_name=name)
+    for step in range(5):
+        for i, cmf in enumerate(loggers):
+            cmf.log_metric("m", {"step": step, "loss": (i + 1.0) / (step + 1)})
+    for cmf in loggers:
+        cmf.commit_metrics("m")
+        cmf.close()
+    data = _data(Sweep(store, metrics_name="m").report(tmp_path / "r.html").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    curves = sorted((t["meta"], t["name"]) for t in section["traces"])
+    assert [meta for meta, _ in curves] == ["run1", "run1", "run2"] and curves[2][1] == "run2", curves
+    assert curves[0][1] != curves[1][1] and all(name.startswith("run1 (") for _, name in curves[:2]), curves
+
+
 def test_a_diverged_group_leaves_the_other_groups_curves_readable(tmp_path: Path) -> None:
     """Grouped, a group whose trials climbed to 1e240 drew its mean, and its band, up there: the axis ran to
     1e240 and every other group's mean was a flat line at 0 (a new user's). The groups' curves now take the

@@ -18,6 +18,7 @@ from ray_cmf.constants import STORE_CONFIG
 from ray_cmf.lineage import properties
 from tests._require import require
 from tests._servers import (
+    ADMIN_PASSWORD,
     FAKE_AWS,
     MariaDB,
     Postgres,
@@ -185,6 +186,13 @@ def test_clear_errors(db: Postgres | MariaDB, tmp_path: Path, case: str, says: s
     with pytest.raises(StoreError, match=says) as raised:
         Cmf(filepath=url, pipeline_name="pg", store=tmp_path / "store")
     assert "secret" not in str(raised.value) and "not-it" not in str(raised.value)
+    # the loggers say so as they are built, before any trial or run starts: a new user's sweep with a wrong
+    # password ran to its end and recorded nothing, with only warnings in its log
+    from ray_cmf import CmfRayLogger, CmfTrainCallback
+
+    for logger in (CmfRayLogger, CmfTrainCallback):
+        with pytest.raises(StoreError, match=says):
+            logger("pg", file_path=url, store=str(tmp_path / "store"))
 
 
 DRIVER = textwrap.dedent(
@@ -307,6 +315,67 @@ def test_a_tune_sweep_records_into_a_server(db: Postgres | MariaDB, ray_session:
     assert leaked == []  # not in the store, nor in Tune's experiment state (tuner.pkl)
 
 
+def test_a_database_that_goes_down_fails_no_trial_and_loses_no_row(
+    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The team's server stops while the trials run (a new user stopped PostgreSQL mid-sweep): every trial
+    failed, with ML-Metadata's InternalError, raised in the trainable by the hand-over at its end (the
+    trial's seeds, recorded through the writer); the rest of that hand-over never ran, and the writer, which
+    asks the lineage which version a series extends before it spills the series' first rows, lost them all.
+    Logging never fails training: the trials complete, their rows wait in the spill, and ``recover``
+    commits every one once the server is back."""
+    import threading
+    import time
+
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import get_cmf
+
+    ready, go, store = tmp_path / "ready", tmp_path / "go", tmp_path / "store"
+    ready.mkdir()
+
+    def trainable(config: dict) -> None:
+        cmf = get_cmf(system_metrics=None)
+        for step in range(3):
+            cmf.log_metric("fine", {"step": step, "x": config["lr"] * step})
+            tune.report({"loss": config["lr"] / (step + 1)})
+        (ready / str(config["lr"])).touch()
+        while not go.exists():
+            time.sleep(0.05)
+        cmf.log_metric("fine", {"step": 3, "x": -1.0})  # while the server is down
+
+    with postgres() as server:
+
+        def stop_the_server_once_the_trials_wait() -> None:
+            while len(list(ready.iterdir())) < 2:
+                time.sleep(0.05)
+            server.stop()
+            go.touch()
+
+        stopper = threading.Thread(target=stop_the_server_once_the_trials_wait, daemon=True)
+        stopper.start()
+        url = server.url(db="down")
+        logger = CmfRayLogger("down", file_path=url, store=str(store), system_metrics=None)
+        grid = tune.Tuner(
+            tune.with_resources(trainable, {"cpu": 0.5}),
+            param_space={"lr": tune.grid_search([0.1, 0.2])},
+            run_config=tune.RunConfig(
+                name="down", storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0
+            ),
+        ).fit()
+        stopper.join(timeout=60)
+        assert grid.num_errors == 0, [str(r.error)[-500:] for r in grid if r.error]
+        assert [p for p in (store / "spill").rglob("*.arrows")]  # the rows wait for `recover`
+        server.start()
+        monkeypatch.setenv(server.password_env, ADMIN_PASSWORD)  # the store's config holds the URL without it
+        assert main(["recover", "--store", str(store)]) == 0
+        for name, steps in (("fine", [0, 1, 2, 3]), ("tune_results", [1, 2, 3])):
+            rows = Sweep(Store(store, mlmd=url), pipeline="down", metrics_name=name).steps()
+            for lr, got in rows.groupby("trial_id")["step"]:
+                assert got.tolist() == steps, (name, lr, got.tolist())
+
+
 # -- files on an S3-compatible server (moto, on 127.0.0.1) ---------------------------------------------
 BUCKET = "team-bucket"
 
@@ -357,9 +426,28 @@ def test_push_to_s3_then_compare_and_pull_on_a_machine_without_the_files(
     expected = Sweep(store, metrics_name="steps").steps()
     fetched = Sweep(elsewhere, metrics_name="steps").steps()
     assert fetched.equals(expected) and not (elsewhere / "artifacts").exists()  # read from the DVC cache
+    capsys.readouterr()
+    assert main(["verify", "--store", str(elsewhere), "--remote", "--json"]) == 0  # read "missing" (exit 1)
+    assert {row["status"] for row in json.loads(capsys.readouterr().out)} == {"remote-only"}
     assert main(["pull", "--store", str(elsewhere), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 4  # three series and the package list
     assert main(["verify", "--store", str(elsewhere), "--json"]) == 0
+
+
+def test_a_remote_that_does_not_answer_is_one_clear_error(
+    s3: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An S3 endpoint that is down: ``verify --remote`` and ``trials`` on a machine without the files printed
+    some 80 lines of botocore and aiohttp traceback (a new user's). They say which remote failed, and how."""
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    _runs(store, 1)
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    Store(elsewhere, mlmd=str(store / "mlmd.sqlite")).set_remote(f"s3://{BUCKET}/down", down)
+    for command in (["verify", "--remote"], ["trials", "--metrics-name", "steps"]):
+        capsys.readouterr()
+        assert main([*command, "--store", str(elsewhere)]) == 2, command
+        err = capsys.readouterr().err
+        assert f"remote s3://{BUCKET}/down (endpoint {down}) failed" in err and "Traceback" not in err, err
 
 
 def test_verify_names_an_object_missing_from_the_remote(
@@ -399,6 +487,9 @@ def test_a_sweep_pushes_each_committed_file_as_it_goes(
     run_grid(trainable, {"lr": [0.1, 0.2]}, tmp_path / "results", logger)
     files = Sweep(store, pipeline="auto").files()
     assert len(files) == 2 and all(Store(store).remote.exists(f.md5) for f in files)  # no `ray-cmf push` ran
+    capsys.readouterr()
+    assert main(["verify", "--store", str(store), "--remote", "--json"]) == 0  # the package list went too (it did not)
+    assert {row["status"] for row in json.loads(capsys.readouterr().out)} == {"ok"}
     with pytest.raises(StoreError, match="no remote"):  # refused when it is built, before any trial starts
         CmfRayLogger("auto", store=str(tmp_path / "bare"), push=True)
 
