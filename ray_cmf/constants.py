@@ -11,6 +11,7 @@ ARTIFACTS_DIR = "artifacts"
 SPILL_DIR = "spill"
 ENVIRONMENTS_DIR = "environments"  # package lists, one file per distinct environment
 SPILL_MANIFEST = "manifest.json"
+PENDING_ENDS_DIR = "ends"  # under SPILL_DIR: how executions were to end when the lineage did not answer
 SEGMENT_GLOB = "seg-*.arrows"
 
 SEQUENCE_COLUMN = "SequenceNumber"

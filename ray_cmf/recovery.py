@@ -42,12 +42,28 @@ def _register(store: Store, manifest: SpillManifest, finished: FinishedFile) -> 
 def mark_crashed(store: Store) -> list[Execution]:
     """Mark every RUNNING execution whose holder died on this machine (SIGKILL, a lost node's job) as FAILED
     with status ``CRASHED``: nothing else will ever end it. Executions held on other machines are left."""
+    ended = _end_as_noted(store)
     crashed = []
     for execution in store.lineage.store.get_executions():
-        if abandoned(state_name(execution), properties(execution)):
+        if execution.id not in ended and abandoned(state_name(execution), properties(execution)):
             crashed.append(store.update_execution(execution.id, {"status": CRASHED}, "FAILED"))
             log.info("ray_cmf.recover: execution %r crashed (its process is gone); marked %s", execution.name, CRASHED)
     return crashed
+
+
+def _end_as_noted(store: Store) -> set[int]:
+    """End each execution whose end its writer noted but the lineage never learned (it did not answer), as
+    noted, where nothing has run it since; returns their ids. Every note is dropped."""
+    ended = set()
+    for note in store.pending_ends():
+        execution_id = int(note["execution_id"])
+        [execution] = store.lineage.store.get_executions_by_id([execution_id]) or [None]
+        if execution is not None and abandoned(state_name(execution), properties(execution)):
+            store.update_execution(execution_id, note["props"], note["state"])
+            ended.add(execution_id)
+            log.info("ray_cmf.recover: execution %r ended %s, as its writer noted", execution.name, note["state"])
+        store.forget_end(execution_id)
+    return ended
 
 
 def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool = False) -> list[Artifact]:

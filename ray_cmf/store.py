@@ -31,6 +31,7 @@ from ray_cmf.constants import (
     ERROR_PROPERTY,
     EXECUTION_METRICS_TYPE,
     MLMD_FILE,
+    PENDING_ENDS_DIR,
     SPILL_DIR,
     STEP_METRICS_TYPE,
     STORE_CONFIG,
@@ -312,6 +313,23 @@ class Store:
         remove = [ERROR_PROPERTY] if state in ("RUNNING", "COMPLETE") else []
         with self._lock:
             return self.lineage.update_execution(execution_id, props, state, config=config, remove=remove)
+
+    def note_end(self, execution_id: int, props: Mapping[str, Any] | None, state: str | None) -> Path:
+        """Write down how an execution is about to end, before its lineage is told: if the lineage does not
+        answer, :func:`ray_cmf.recover` ends it so (not ``CRASHED``) once it does. Returns the note, which
+        :meth:`forget_end` drops once the lineage has it."""
+        note = self.root / SPILL_DIR / PENDING_ENDS_DIR / f"{execution_id}.json"
+        write_text(note, config_json({"execution_id": execution_id, "props": dict(props or {}), "state": state}))
+        return note
+
+    def forget_end(self, execution_id: int) -> None:
+        """Drop the note of how an execution was to end (it ended so, or it starts again)."""
+        (self.root / SPILL_DIR / PENDING_ENDS_DIR / f"{execution_id}.json").unlink(missing_ok=True)
+
+    def pending_ends(self) -> list[dict[str, Any]]:
+        """The notes of executions whose end the lineage never learned (see :meth:`note_end`)."""
+        notes = sorted((self.root / SPILL_DIR / PENDING_ENDS_DIR).glob("*.json"))
+        return [json.loads(note.read_text()) for note in notes]
 
     def patch_executions(
         self, execution_ids: Sequence[int], props: Mapping[str, Any], remove: Iterable[str] = ()

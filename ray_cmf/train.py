@@ -810,14 +810,16 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
                 handed_over_rows.result()
                 binding = rt.binding.result()
                 key = SeriesKey(binding, self.metrics_name)
-                rt.writer.call(
-                    StoreWriter.commit,
-                    key=key,
-                    props=None if end else props,
-                    state=None if end else state,
-                )
-                if end:
-                    rt.writer.call(StoreWriter.end, binding=binding, props=props, state=state)
+                try:
+                    rt.writer.call(
+                        StoreWriter.commit,
+                        key=key,
+                        props=None if end else props,
+                        state=None if end else state,
+                    )
+                finally:  # also where the commit failed: the writer notes how the run ended, for `recover`
+                    if end:
+                        rt.writer.call(StoreWriter.end, binding=binding, props=props, state=state)
             except Exception as exc:  # logging never kills training
                 log.warning("ray_cmf: committing the reports of run %r failed: %s", rt.run, exc)
 

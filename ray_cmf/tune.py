@@ -746,9 +746,11 @@ class CmfRayLogger(tune.Callback):
             handed_over(stopping, HAND_OVER_WAIT_S)  # the system metrics reach the writer before the end
         buffer.close()  # every row is with the writer now
         series = key()
-        if buffer.rows:
-            self._rt.writer.call(StoreWriter.commit, key=series)
-        self._rt.writer.call(StoreWriter.end, binding=series.binding, props=props, state=status)
+        try:
+            if buffer.rows:
+                self._rt.writer.call(StoreWriter.commit, key=series)
+        finally:  # also where the commit failed: the writer notes how the trial ended, for `recover`
+            self._rt.writer.call(StoreWriter.end, binding=series.binding, props=props, state=status)
 
     @_hook
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:

@@ -225,6 +225,7 @@ class StoreWriter:
             attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
             binding = replace(binding, attempt=attempt, trial_execution_id=within)
             live.update_execution(execution.id, props, "RUNNING")
+            live.forget_end(execution.id)  # it starts again: how an earlier start was to end is no longer news
             with self._lock:
                 first = (kind, name) not in self._bindings
                 self._bindings[(kind, name)] = (binding, token)
@@ -524,10 +525,14 @@ class StoreWriter:
                 for (store, spill_name), s in self._series.items()
                 if store == live and s.spill.manifest and s.spill.manifest.execution_id == binding.execution_id
             ]
+        if state:  # kept for `recover` until the lineage has it: an outage must not turn the end into CRASHED
+            live.note_end(binding.execution_id, props, state)
         for spill_name, series in dangling:
             self._commit_dangling(live, spill_name, series)
         if props or state:
             live.update_execution(binding.execution_id, props, state)
+        if state:
+            live.forget_end(binding.execution_id)
 
     def end_runs(self, *, state: str, error: str | None = None) -> list[str]:
         """The driver is ending while Train runs it started have not: end each as ``state`` (with ``error``

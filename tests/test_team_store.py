@@ -315,27 +315,19 @@ def test_a_tune_sweep_records_into_a_server(db: Postgres | MariaDB, ray_session:
     assert leaked == []  # not in the store, nor in Tune's experiment state (tuner.pkl)
 
 
-def test_a_database_that_goes_down_fails_no_trial_and_loses_no_row(
-    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The team's server stops while the trials run (a new user stopped PostgreSQL mid-sweep): every trial
-    failed, with ML-Metadata's InternalError, raised in the trainable by the hand-over at its end (the
-    trial's seeds, recorded through the writer); the rest of that hand-over never ran, and the writer, which
-    asks the lineage which version a series extends before it spills the series' first rows, lost them all.
-    Logging never fails training: the trials complete, their rows wait in the spill, and ``recover``
-    commits every one once the server is back."""
-    import threading
-    import time
-
+OUTAGE_DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import ray
     from ray import tune
-
     from ray_cmf import CmfRayLogger
     from ray_cmf.tune import get_cmf
 
-    ready, go, store = tmp_path / "ready", tmp_path / "go", tmp_path / "store"
-    ready.mkdir()
+    url, store, results, ready, go = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
 
-    def trainable(config: dict) -> None:
+    def trainable(config):
         cmf = get_cmf(system_metrics=None)
         for step in range(3):
             cmf.log_metric("fine", {"step": step, "x": config["lr"] * step})
@@ -345,35 +337,63 @@ def test_a_database_that_goes_down_fails_no_trial_and_loses_no_row(
             time.sleep(0.05)
         cmf.log_metric("fine", {"step": 3, "x": -1.0})  # while the server is down
 
-    with postgres() as server:
+    logger = CmfRayLogger("down", file_path=url, store=store, system_metrics=None)
+    grid = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 0.5}),
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        run_config=tune.RunConfig(name="down", storage_path=results, callbacks=[logger], verbose=0),
+    ).fit()
+    print("trial errors:", grid.num_errors)
+    """
+)
 
-        def stop_the_server_once_the_trials_wait() -> None:
-            while len(list(ready.iterdir())) < 2:
+
+def test_a_database_that_goes_down_fails_no_trial_and_loses_no_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The team's server stops while the trials run (a new user stopped PostgreSQL mid-sweep): every trial
+    failed, with ML-Metadata's InternalError, raised in the trainable by the hand-over at its end (the
+    trial's seeds, recorded through the writer); the rest of that hand-over never ran, and the writer, which
+    asks the lineage which version a series extends before it spills the series' first rows, lost them all.
+    Logging never fails training: the trials complete, their rows wait in the spill, and once the server is
+    back ``recover`` commits every one and ends the trials as they ended (COMPLETE, not CRASHED)."""
+    import time
+
+    ready, go, store = tmp_path / "ready", tmp_path / "go", tmp_path / "store"
+    ready.mkdir()
+    with postgres() as server:
+        url = server.url(db="down")
+        argv = [url, str(store), str(tmp_path / "results"), str(ready), str(go)]
+        driver = subprocess.Popen(
+            [sys.executable, "-c", OUTAGE_DRIVER, *argv],
+            env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while len(list(ready.iterdir())) < 2 and driver.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             server.stop()
             go.touch()
-
-        stopper = threading.Thread(target=stop_the_server_once_the_trials_wait, daemon=True)
-        stopper.start()
-        url = server.url(db="down")
-        logger = CmfRayLogger("down", file_path=url, store=str(store), system_metrics=None)
-        grid = tune.Tuner(
-            tune.with_resources(trainable, {"cpu": 0.5}),
-            param_space={"lr": tune.grid_search([0.1, 0.2])},
-            run_config=tune.RunConfig(
-                name="down", storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0
-            ),
-        ).fit()
-        stopper.join(timeout=60)
-        assert grid.num_errors == 0, [str(r.error)[-500:] for r in grid if r.error]
-        assert [p for p in (store / "spill").rglob("*.arrows")]  # the rows wait for `recover`
+            out, _ = driver.communicate(timeout=180)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, 9)
+                driver.wait()
+        assert driver.returncode == 0 and "trial errors: 0" in out, out[-3000:]
+        assert [p for p in (store / "spill").rglob("*.arrows")], out[-3000:]  # the rows wait for `recover`
         server.start()
         monkeypatch.setenv(server.password_env, ADMIN_PASSWORD)  # the store's config holds the URL without it
         assert main(["recover", "--store", str(store)]) == 0
+        sweep = Sweep(Store(store, mlmd=url), pipeline="down")
+        trials = sweep.trials()
+        assert trials["status"].tolist() == ["COMPLETE", "COMPLETE"] and trials["recovered"].all(), trials
         for name, steps in (("fine", [0, 1, 2, 3]), ("tune_results", [1, 2, 3])):
             rows = Sweep(Store(store, mlmd=url), pipeline="down", metrics_name=name).steps()
-            for lr, got in rows.groupby("trial_id")["step"]:
-                assert got.tolist() == steps, (name, lr, got.tolist())
+            assert sorted(rows.groupby("trial_id")["step"].apply(list).tolist()) == [steps, steps], (name, rows)
 
 
 # -- files on an S3-compatible server (moto, on 127.0.0.1) ---------------------------------------------
