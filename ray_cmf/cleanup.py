@@ -46,6 +46,7 @@ from ray_cmf.lineage import (
     trial_id_of,
     trial_keys,
 )
+from ray_cmf.remote import Remote
 from ray_cmf.series_format import SpillManifest, discard_spill
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path
@@ -115,7 +116,8 @@ def collect(
     counted_as = _dead(lineage, executions, older_than)
     dead = set(counted_as)
     out = Collected(refused=refused)
-    doomed, live_md5s, out.kept_shared = _doomed(lineage, executions, dead)
+    doomed, freed_before, live_md5s, out.kept_shared = _doomed(lineage, executions, dead)
+    doomed += _left_over(store, freed_before, live_md5s, pushed)
     out.files = [str(properties(a).get("url", a.uri)) for a in doomed]
     spills = _spills(store, dead)
     out.spills = len(spills)
@@ -195,9 +197,12 @@ def _stage_of(lineage: Lineage) -> dict[int, int]:
     }
 
 
-def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tuple[list[Artifact], set[str], int]:
-    """The metric files that only dead executions hold (those an interrupted gc marked, too); the md5s that
-    live executions hold, whose cache objects stay; and how many files of dead executions stay because a live
+def _doomed(
+    lineage: Lineage, executions: list[Execution], dead: set[int]
+) -> tuple[list[Artifact], list[Artifact], set[str], int]:
+    """The metric files that only dead executions hold (those an interrupted gc marked, too); those of them
+    that a gc freed already (on another machine, maybe: see :func:`_left_over`); the md5s that live
+    executions hold, whose cache objects stay; and how many files of dead executions stay because a live
     execution holds the same artifact or path."""
     events = lineage.store.get_events_by_execution_ids([e.id for e in executions]) if executions else []
     holders: dict[int, set[int]] = {}
@@ -211,9 +216,12 @@ def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tu
             props = properties(artifact)
             live_md5s.add(str(props.get("Commit")))
             live_urls.add(str(props.get("url", artifact.uri)))
-    doomed, shared = [], 0
+    doomed, freed, shared = [], [], 0
     for artifact in artifacts:
-        if artifact.type_id != type_id or artifact.state == mlpb.Artifact.DELETED or not holders[artifact.id] & dead:
+        if artifact.type_id != type_id or not holders[artifact.id] & dead:
+            continue
+        if artifact.state == mlpb.Artifact.DELETED:
+            freed.append(artifact)
             continue
         held_alive = (
             bool(holders[artifact.id] - dead) or str(properties(artifact).get("url", artifact.uri)) in live_urls
@@ -222,7 +230,23 @@ def _doomed(lineage: Lineage, executions: list[Execution], dead: set[int]) -> tu
             shared += 1
         else:
             doomed.append(artifact)
-    return doomed, live_md5s, shared
+    return doomed, freed, live_md5s, shared
+
+
+def _left_over(store: Store, freed: list[Artifact], live_md5s: set[str], pushed: Remote | None) -> list[Artifact]:
+    """The freed files whose bytes are still here, or (``pushed``) on the remote: a team's gc on one machine
+    frees what that machine and the remote hold, and the store that wrote the files keeps its copies (which a
+    push of it would send back) until a gc there frees them too."""
+    return [
+        artifact
+        for artifact in freed
+        if any(path.is_file() for path in _paths(store, artifact, live_md5s))
+        or (
+            pushed is not None
+            and (md5 := str(properties(artifact).get("Commit", ""))) not in live_md5s
+            and pushed.exists(md5)
+        )
+    ]
 
 
 def _paths(store: Store, artifact: Artifact, live_md5s: set[str]) -> list[Path]:

@@ -298,13 +298,13 @@ def _as_trials(groups: Any) -> Any:
 def cmd_compare(args: argparse.Namespace) -> int:
     sweep = _picked(args)
     mode = sweep.mode_for(args.metric[0], args.mode)
-    if args.mode is None and args.metric[0] not in sweep.modes():
+    best = sweep.best(args.metric[0], mode, n=args.top, also=args.metric[1:])
+    if args.mode is None and args.metric[0] not in sweep.modes():  # a metric it knows (best() checked)
         print(
             f"ray-cmf compare: no logger recorded which way {args.metric[0]!r} is best: ranked lowest first "
             "(--mode max ranks highest first)",
             file=sys.stderr,
         )
-    best = sweep.best(args.metric[0], mode, n=args.top, also=args.metric[1:])
     columns = _summary_columns(best, args.metric, stable=args.json)
     _emit(args, _trial_rows(args, best, columns), f"top {args.top} by {args.metric[0]} ({mode})")
     return EXIT_OK

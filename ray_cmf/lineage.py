@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import itertools
 import json
 import logging
@@ -72,6 +73,7 @@ _CREATION_RACES = (  # what ML-Metadata says when another process creates the sa
 )
 _DEADLOCKS = ("Deadlock found", "deadlock detected")  # MySQL's and PostgreSQL's: the transaction was rolled back
 _DEADLOCK_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)  # seconds between the tries of a call that a deadlock rolled back
+_SOURCE_ERROR = "metadata source error"  # what ML-Metadata says of a server's error, a lost connection's too
 
 
 def flatten_config(config: Mapping[str, Any], *, as_json: bool = True, warn: bool = False) -> dict[str, Any]:
@@ -256,27 +258,43 @@ def _created_or_found(create: Callable[[], T], find: Callable[[], T | None]) -> 
 class _Restarting:
     """A database server's MetadataStore whose calls run again when the server rolled their transaction back
     on a deadlock (two writers of one database at once, as a team's drivers are): what MySQL's "try
-    restarting transaction" asks of its clients. Each ML-Metadata call is one transaction."""
+    restarting transaction" asks of its clients. Each ML-Metadata call is one transaction.
 
-    def __init__(self, store: metadata_store.MetadataStore) -> None:
-        self._store = store
+    A call that fails with a source error (the server restarted, and ML-Metadata keeps its dead connection
+    for ever) connects again, and runs once more where the server answers: its transaction was rolled back.
+    """
+
+    def __init__(self, connect: Callable[[], metadata_store.MetadataStore]) -> None:
+        self._connect = connect
+        self._store = connect()
 
     def __getattr__(self, name: str) -> Any:
-        call = getattr(self._store, name)
-        if not callable(call):
-            return call
+        if not callable(getattr(self._store, name)):
+            return getattr(self._store, name)
 
         def restarting(*args: Any, **kwargs: Any) -> Any:
+            reconnected = False
             for pause in (*_DEADLOCK_PAUSES, None):
                 try:
-                    return call(*args, **kwargs)
+                    return getattr(self._store, name)(*args, **kwargs)
                 except Exception as exc:
+                    if not reconnected and _SOURCE_ERROR in str(exc) and self._reconnected():
+                        reconnected = True
+                        continue
                     if pause is None or not any(deadlock in str(exc) for deadlock in _DEADLOCKS):
                         raise
                     time.sleep(pause)
             raise AssertionError("unreachable")
 
         return restarting
+
+    def _reconnected(self) -> bool:
+        """Whether a new connection to the server could be made (it replaces the old one)."""
+        try:
+            self._store = self._connect()
+        except StoreError:
+            return False
+        return True
 
 
 def _set(target: Any, props: Mapping[str, Any] | None, dialect: Dialect) -> None:
@@ -302,8 +320,8 @@ class Lineage:
                 raise StoreError(f"No MLMD database at {path}; run a sweep or Cmf commit first")
             if not readonly:
                 path.parent.mkdir(parents=True, exist_ok=True)
-        connected = self._connect(readonly)
-        self.store: metadata_store.MetadataStore = _Restarting(connected) if is_url(self.target) else connected
+        connect = functools.partial(self._connect, readonly)
+        self.store: metadata_store.MetadataStore = _Restarting(connect) if is_url(self.target) else connect()
         self._dialect = Dialect.of(self.target)
         self._type_ids: dict[tuple[str, str], int] = {}
 

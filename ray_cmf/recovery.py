@@ -53,15 +53,16 @@ def mark_crashed(store: Store) -> list[Execution]:
 
 def _end_as_noted(store: Store) -> set[int]:
     """End each execution whose end its writer noted but the lineage never learned (it did not answer), as
-    noted, where nothing has run it since; returns their ids. Every note is dropped."""
+    noted (its state, and properties such as its top-N rank), where nothing has run it since; returns the
+    ids of those it gave a state. Every note is dropped."""
     ended = set()
     for note in store.pending_ends():
-        execution_id = int(note["execution_id"])
+        execution_id, state = int(note["execution_id"]), note["state"]
         [execution] = store.lineage.store.get_executions_by_id([execution_id]) or [None]
         if execution is not None and abandoned(state_name(execution), properties(execution)):
-            store.update_execution(execution_id, note["props"], note["state"])
-            ended.add(execution_id)
-            log.info("ray_cmf.recover: execution %r ended %s, as its writer noted", execution.name, note["state"])
+            store.update_execution(execution_id, note["props"], state)
+            ended.update([execution_id] if state else [])
+            log.info("ray_cmf.recover: execution %r ended %s, as its writer noted", execution.name, state)
         store.forget_end(execution_id)
     return ended
 

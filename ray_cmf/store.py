@@ -314,21 +314,26 @@ class Store:
         with self._lock:
             return self.lineage.update_execution(execution_id, props, state, config=config, remove=remove)
 
-    def note_end(self, execution_id: int, props: Mapping[str, Any] | None, state: str | None) -> Path:
-        """Write down how an execution is about to end, before its lineage is told: if the lineage does not
-        answer, :func:`ray_cmf.recover` ends it so (not ``CRASHED``) once it does. Returns the note, which
-        :meth:`forget_end` drops once the lineage has it."""
-        note = self.root / SPILL_DIR / PENDING_ENDS_DIR / f"{execution_id}.json"
-        write_text(note, config_json({"execution_id": execution_id, "props": dict(props or {}), "state": state}))
-        return note
+    def note_end(
+        self, execution_id: int, props: Mapping[str, Any] | None, state: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        """Write down how an execution is about to end (``props``, ``state``), before its lineage is told: if
+        it does not answer, :func:`ray_cmf.recover` ends it so (not ``CRASHED``) once it does. Returns what is
+        noted now, with what an earlier end the lineage never learned noted (its state, unless this one has
+        one): what to tell the lineage. :meth:`forget_end` drops the note once the lineage has it."""
+        note = self.root / PENDING_ENDS_DIR / f"{execution_id}.json"
+        earlier = json.loads(note.read_text()) if note.is_file() else {"props": {}, "state": None}
+        merged, state = {**earlier["props"], **(props or {})}, state or earlier["state"]
+        write_text(note, config_json({"execution_id": execution_id, "props": merged, "state": state}))
+        return merged, state
 
     def forget_end(self, execution_id: int) -> None:
         """Drop the note of how an execution was to end (it ended so, or it starts again)."""
-        (self.root / SPILL_DIR / PENDING_ENDS_DIR / f"{execution_id}.json").unlink(missing_ok=True)
+        (self.root / PENDING_ENDS_DIR / f"{execution_id}.json").unlink(missing_ok=True)
 
     def pending_ends(self) -> list[dict[str, Any]]:
         """The notes of executions whose end the lineage never learned (see :meth:`note_end`)."""
-        notes = sorted((self.root / SPILL_DIR / PENDING_ENDS_DIR).glob("*.json"))
+        notes = sorted((self.root / PENDING_ENDS_DIR).glob("*.json"))
         return [json.loads(note.read_text()) for note in notes]
 
     def patch_executions(

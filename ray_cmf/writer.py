@@ -525,13 +525,15 @@ class StoreWriter:
                 for (store, spill_name), s in self._series.items()
                 if store == live and s.spill.manifest and s.spill.manifest.execution_id == binding.execution_id
             ]
-        if state:  # kept for `recover` until the lineage has it: an outage must not turn the end into CRASHED
-            live.note_end(binding.execution_id, props, state)
+        if props or state:  # noted until the lineage has it: an outage must not lose it (nor make it CRASHED)
+            try:
+                props, state = live.note_end(binding.execution_id, props, state)
+            except OSError as exc:  # the end goes on: the lineage may well answer
+                log.warning("ray_cmf: could not note how %r ends, for recover: %s", binding.name, exc)
         for spill_name, series in dangling:
             self._commit_dangling(live, spill_name, series)
         if props or state:
             live.update_execution(binding.execution_id, props, state)
-        if state:
             live.forget_end(binding.execution_id)
 
     def end_runs(self, *, state: str, error: str | None = None) -> list[str]:

@@ -315,6 +315,24 @@ def test_a_tune_sweep_records_into_a_server(db: Postgres | MariaDB, ray_session:
     assert leaked == []  # not in the store, nor in Tune's experiment state (tuner.pkl)
 
 
+def test_a_writer_carries_on_once_a_restarted_server_answers(tmp_path: Path) -> None:
+    """PostgreSQL restarted under a running writer (a new user's): every later write failed with ML-Metadata's
+    "PostgreSQL metadata source error", for as long as the writer lived, since ML-Metadata keeps its dead
+    connection. The writer connects again: a commit after the restart is recorded."""
+    with postgres() as server:
+        cmf = Cmf(filepath=server.url(db="restarted"), pipeline_name="p", store=tmp_path / "store")
+        cmf.create_execution("train", execution_name="run")
+        _log(cmf, "before", 3)
+        assert cmf.commit_metrics("before") is not None
+        server.stop()
+        server.start()
+        _log(cmf, "after", 4)
+        assert cmf.commit_metrics("after") is not None
+        cmf.close()
+        sweep = Sweep(Store(tmp_path / "store", mlmd=server.url(db="restarted")), metrics_name="after")
+        assert sweep.trials()["steps"].tolist() == [4] and sweep.trials()["status"].tolist() == ["COMPLETE"]
+
+
 OUTAGE_DRIVER = textwrap.dedent(
     """
     import sys, time
@@ -337,7 +355,7 @@ OUTAGE_DRIVER = textwrap.dedent(
             time.sleep(0.05)
         cmf.log_metric("fine", {"step": 3, "x": -1.0})  # while the server is down
 
-    logger = CmfRayLogger("down", file_path=url, store=store, system_metrics=None)
+    logger = CmfRayLogger("down", file_path=url, store=store, system_metrics=None, metric="loss", top_n=1)
     grid = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 0.5}),
         param_space={"lr": tune.grid_search([0.1, 0.2])},
@@ -356,7 +374,8 @@ def test_a_database_that_goes_down_fails_no_trial_and_loses_no_row(
     trial's seeds, recorded through the writer); the rest of that hand-over never ran, and the writer, which
     asks the lineage which version a series extends before it spills the series' first rows, lost them all.
     Logging never fails training: the trials complete, their rows wait in the spill, and once the server is
-    back ``recover`` commits every one and ends the trials as they ended (COMPLETE, not CRASHED)."""
+    back ``recover`` commits every one and ends the trials as they ended (COMPLETE, not CRASHED, with their
+    top-N rank, which the sweep's end could not record either)."""
     import time
 
     ready, go, store = tmp_path / "ready", tmp_path / "go", tmp_path / "store"
@@ -391,6 +410,8 @@ def test_a_database_that_goes_down_fails_no_trial_and_loses_no_row(
         sweep = Sweep(Store(store, mlmd=url), pipeline="down")
         trials = sweep.trials()
         assert trials["status"].tolist() == ["COMPLETE", "COMPLETE"] and trials["recovered"].all(), trials
+        ranks = trials.set_index("config/lr")[["in_top_n", "top_rank"]].to_dict(orient="index")
+        assert ranks == {0.1: {"in_top_n": True, "top_rank": 1}, 0.2: {"in_top_n": False, "top_rank": None}}
         for name, steps in (("fine", [0, 1, 2, 3]), ("tune_results", [1, 2, 3])):
             rows = Sweep(Store(store, mlmd=url), pipeline="down", metrics_name=name).steps()
             assert sorted(rows.groupby("trial_id")["step"].apply(list).tolist()) == [steps, steps], (name, rows)
@@ -563,3 +584,35 @@ def test_tags_deletion_and_gc_on_a_team_store_and_its_s3_remote(
     [row] = Sweep(elsewhere, metrics_name="steps").trials().to_dict(orient="records")
     assert row["trial_id"] == "run-1" and row["tag/team"] == "vision" and row["note"] == "the baseline"
     assert row["steps"] == 5  # read from the remote by md5: this machine holds no file
+
+
+def test_a_store_that_kept_copies_of_what_gc_freed_elsewhere_frees_them(
+    pg: Postgres, s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gc run on another machine frees a deleted trial's objects on the remote, but the store that wrote the
+    files keeps its copies, which its next push sent back for good, since its own gc found nothing to free (a
+    new user's). A gc there frees its copies, and their objects on the remote again."""
+    url = pg.url("team", "team-secret", "cmf_gc_elsewhere")
+    store = tmp_path / "store"
+    for run in range(2):
+        cmf = Cmf(filepath=url, pipeline_name="pg", store=store)
+        cmf.create_execution("train", execution_name=f"run-{run}")
+        _log(cmf, "steps", 5 + run)
+        cmf.commit_metrics("steps")
+        cmf.close()
+    assert main(["push", "--store", str(store), "--add-remote", f"s3://{BUCKET}/gcx", "--endpoint-url", s3]) == 0
+    monkeypatch.setenv(pg.password_env, "team-secret")
+    elsewhere = tmp_path / "elsewhere"
+    Store(elsewhere, mlmd=url).set_remote(f"s3://{BUCKET}/gcx", s3)
+    assert main(["delete", "run-1", "--store", str(elsewhere), "--metrics-name", "steps", "--yes"]) == 0
+    files = {f.trial_id: f for f in Sweep(store, metrics_name="steps", include_deleted=True).files()}
+    remote, kept = Store(store).require_remote(), store / files["run-1"].url
+    assert main(["gc", "--store", str(elsewhere), "--remote"]) == 0
+    assert not remote.exists(files["run-1"].md5) and kept.is_file()  # its copy stays in the store that wrote it
+    assert main(["push", "--store", str(store)]) == 0 and remote.exists(files["run-1"].md5)  # sent back
+    capsys.readouterr()
+    assert main(["gc", "--store", str(store), "--remote", "--json"]) == 0
+    freed = json.loads(capsys.readouterr().out)
+    assert freed["files"] == 1 and freed["remote_objects"] == 1, freed
+    assert not kept.exists() and not remote.exists(files["run-1"].md5) and remote.exists(files["run-0"].md5)
+    assert main(["verify", "--store", str(store), "--remote"]) == 0
