@@ -6,6 +6,7 @@ that loads only the columns asked for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -825,7 +826,24 @@ class Sweep:
             else " (no trial has committed rows of it yet: a running sweep's are read with live=True, a crashed "
             "one's are committed by `ray-cmf recover`)"
         )
-        return RayCmfError(f"Unknown metric(s) {unknown}; the series has {known}{hint}")
+        elsewhere = self._series_with(unknown)
+        if elsewhere:
+            hint += (
+                f"; {elsewhere} hold{'s' if len(elsewhere) == 1 else ''} them: name it (metrics_name=, --metrics-name)"
+            )
+        return RayCmfError(f"Unknown metric(s) {unknown} in series {self.metrics_name!r}; it has {known}{hint}")
+
+    def _series_with(self, metrics: list[str]) -> list[str]:
+        """The pipeline's other series that hold every one of ``metrics`` (committed), by name."""
+        holding = []
+        for name in self.series_names():
+            if name == self.metrics_name:
+                continue
+            other = Sweep(self.store, self.pipeline, self.stage, name, include_deleted=self.include_deleted)
+            with contextlib.suppress(RayCmfError):
+                if set(metrics) <= set(other._known_schema().names):
+                    holding.append(name)
+        return holding
 
     def _summary_from_scan(
         self, metrics: Iterable[str] | None, mode: str | Mapping[str, str], trials: set[str], live: bool = False

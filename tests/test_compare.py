@@ -101,8 +101,12 @@ def test_best_and_diff(sweep: dict[str, Any]) -> None:
     assert s.diff(a, last).loc["in_top_n"].tolist() == [True, False]
     with pytest.raises(RayCmfError, match="Unknown trial"):
         s.diff(a, "nope")
-    with pytest.raises(RayCmfError, match="Unknown metric"):
+    with pytest.raises(RayCmfError, match="Unknown metric") as unknown:
         s.best("no_such_metric")
+    assert "hold" not in str(unknown.value)
+    with pytest.raises(RayCmfError, match=r"\['fine'\] holds them: name it") as elsewhere:  # a trial's get_cmf() series
+        s.best("sub", also=["it"])
+    assert "Unknown metric(s) ['sub', 'it'] in series 'tune_results'" in str(elsewhere.value)
 
 
 def test_diff_tells_a_nan_config_from_a_missing_key(tmp_path: Path) -> None:
