@@ -255,6 +255,12 @@ def _created_or_found(create: Callable[[], T], find: Callable[[], T | None]) -> 
         return found
 
 
+def lineage_away(error: BaseException) -> bool:
+    """Whether an error says the MLMD server did not answer (down, restarting) or failed a call: what a
+    later try may not meet."""
+    return _SOURCE_ERROR in str(error)
+
+
 class _Restarting:
     """A database server's MetadataStore whose calls run again when the server rolled their transaction back
     on a deadlock (two writers of one database at once, as a team's drivers are): what MySQL's "try
@@ -278,7 +284,7 @@ class _Restarting:
                 try:
                     return getattr(self._store, name)(*args, **kwargs)
                 except Exception as exc:
-                    if not reconnected and _SOURCE_ERROR in str(exc) and self._reconnected():
+                    if not reconnected and lineage_away(exc) and self._reconnected():
                         reconnected = True
                         continue
                     if pause is None or not any(deadlock in str(exc) for deadlock in _DEADLOCKS):

@@ -9,14 +9,17 @@ crash-safe spill, and a commit turns the spill into a versioned Parquet file.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -34,12 +37,14 @@ from ray_cmf.constants import (
 from ray_cmf.environment import Environment
 from ray_cmf.errors import RayCmfError, StoreError
 from ray_cmf.exits import error_properties
-from ray_cmf.lineage import Artifact, Context, Execution, owner_of, properties, state_name
+from ray_cmf.lineage import Artifact, Context, Execution, lineage_away, owner_of, properties, state_name
 from ray_cmf.series_format import Spill, SpillManifest
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+LINEAGE_AWAY_S = 45.0  # how long a registration waits for a lineage that does not answer (get_cmf waits 60 s)
 
 
 class _Session:
@@ -207,41 +212,82 @@ class StoreWriter:
         trial's own, and every version of its series is an output of the trial too. ``token``: what names
         this start of it (Ray Train's run id, a Tune trial's actor id): a process that asks for the binding
         with the token of another start (the same run name used again, a failed attempt) waits for its own
-        (see :meth:`binding`). A registration that fails is remembered, so that the processes waiting for it
+        (see :meth:`binding`). A registration that the lineage does not answer is tried again for up to
+        :data:`LINEAGE_AWAY_S` seconds; one that fails is remembered, so that the processes waiting for it
         learn why.
         """
         with self._registering(kind, name):
-            within = trial.execution_id if trial is not None else None
-            binding, execution = self.execution(
-                pipeline=pipeline,
-                stage=stage,
-                type_name=type_name,
-                name=name,
-                props=props,
-                store=store,
-                owner=owner_of(sweep=sweep, trial=within),
+            return _while_the_lineage_is_away(
+                f"{kind} {name!r}",
+                functools.partial(
+                    self._bind,
+                    kind=kind,
+                    name=name,
+                    pipeline=pipeline,
+                    stage=stage,
+                    type_name=type_name,
+                    props=props,
+                    store=store,
+                    data_dir=data_dir,
+                    environment=environment,
+                    start=start,
+                    node_sampled=node_sampled,
+                    sweep=sweep,
+                    trial=trial,
+                    token=token,
+                ),
             )
-            live = binding.store
-            attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
-            binding = replace(binding, attempt=attempt, trial_execution_id=within)
-            live.update_execution(execution.id, props, "RUNNING")
-            live.forget_end(execution.id)  # it starts again: how an earlier start was to end is no longer news
-            with self._lock:
-                first = (kind, name) not in self._bindings
-                self._bindings[(kind, name)] = (binding, token)
-                self._ended.discard((live, execution.id))
-                if node_sampled:
-                    self._node_sampled.add((kind, name))
-                elif start:
-                    self._node_sampled.discard((kind, name))
-            if data_dir is not None and first:
-                try:
-                    live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
-                except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
-                    log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
-            if environment is not None:  # the callback's and the workers' records complete each other
-                self._log_environment(live, execution.id, environment)
-            return binding
+
+    def _bind(
+        self,
+        *,
+        kind: str,
+        name: str,
+        pipeline: str,
+        stage: str,
+        type_name: str,
+        props: Mapping[str, Any] | None,
+        store: Store | None,
+        data_dir: str | None,
+        environment: Environment | None,
+        start: bool,
+        node_sampled: bool,
+        sweep: str | None,
+        trial: Binding | None,
+        token: str | None,
+    ) -> Binding:
+        """One try of :meth:`bind`."""
+        within = trial.execution_id if trial is not None else None
+        binding, execution = self.execution(
+            pipeline=pipeline,
+            stage=stage,
+            type_name=type_name,
+            name=name,
+            props=props,
+            store=store,
+            owner=owner_of(sweep=sweep, trial=within),
+        )
+        live = binding.store
+        attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
+        binding = replace(binding, attempt=attempt, trial_execution_id=within)
+        live.update_execution(execution.id, props, "RUNNING")
+        live.forget_end(execution.id)  # it starts again: how an earlier start was to end is no longer news
+        with self._lock:
+            first = (kind, name) not in self._bindings
+            self._bindings[(kind, name)] = (binding, token)
+            self._ended.discard((live, execution.id))
+            if node_sampled:
+                self._node_sampled.add((kind, name))
+            elif start:
+                self._node_sampled.discard((kind, name))
+        if data_dir is not None and first:
+            try:
+                live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+            except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
+                log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
+        if environment is not None:  # the callback's and the workers' records complete each other
+            self._log_environment(live, execution.id, environment)
+        return binding
 
     def sweep_runs(self, *, sweep: str | None, running: bool) -> None:
         """A CmfRayLogger's sweep starts (before its first trial) or ends."""
@@ -629,6 +675,22 @@ class StoreWriter:
     def pid(self) -> int:
         """The writer's process id (to watch its memory)."""
         return os.getpid()
+
+
+def _while_the_lineage_is_away(what: str, attempt: Callable[[], T]) -> T:
+    """Run ``attempt`` again while the lineage does not answer (a team's server restarting), for up to
+    :data:`LINEAGE_AWAY_S` seconds: a trial that starts then is registered once it answers (its process
+    waits for that), where it failed at once and left no trace."""
+    deadline = time.monotonic() + LINEAGE_AWAY_S
+    for pause in itertools.chain((0.5, 1.0, 2.0), itertools.repeat(4.0)):
+        try:
+            return attempt()
+        except Exception as exc:
+            if not lineage_away(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.warning("ray_cmf: the lineage does not answer (%s): registering %s again in %g s", exc, what, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def _upload(live: Store, md5: str) -> bool:

@@ -333,6 +333,31 @@ def test_a_writer_carries_on_once_a_restarted_server_answers(tmp_path: Path) -> 
         assert sweep.trials()["steps"].tolist() == [4] and sweep.trials()["status"].tolist() == ["COMPLETE"]
 
 
+def test_a_trial_that_starts_while_the_server_is_down_is_registered_once_it_answers(tmp_path: Path) -> None:
+    """A trial that started while the team's server was down failed at once (its ``get_cmf()`` raised the
+    registration's error) and left no trace in the store (a new user's). The writer tries again while the
+    server stays away briefly (a restart), and the trial's process waits for its registration meanwhile."""
+    import threading
+
+    from ray_cmf.client import WriterClient
+    from ray_cmf.constants import TRIAL_EXECUTION_TYPE
+    from ray_cmf.writer import StoreWriter
+
+    with postgres() as server:
+        url = server.url(db="late")
+        writer = WriterClient(StoreWriter(Store(tmp_path / "store", mlmd=url)))
+        server.stop()
+        back = threading.Timer(3.0, server.start)
+        back.start()
+        binding = writer.call(
+            StoreWriter.bind, kind="trial", name="t1", pipeline="p", stage="s", type_name=TRIAL_EXECUTION_TYPE
+        )
+        back.join()
+        assert binding.name == "t1"
+        assert writer.call(StoreWriter.binding, kind="trial", name="t1") == binding
+        assert [e.name for e, _ in Sweep(Store(tmp_path / "store", mlmd=url), pipeline="p").executions()] == ["t1"]
+
+
 OUTAGE_DRIVER = textwrap.dedent(
     """
     import sys, time
