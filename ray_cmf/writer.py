@@ -9,7 +9,6 @@ crash-safe spill, and a commit turns the spill into a versioned Parquet file.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import os
@@ -216,78 +215,42 @@ class StoreWriter:
         :data:`LINEAGE_AWAY_S` seconds; one that fails is remembered, so that the processes waiting for it
         learn why.
         """
-        with self._registering(kind, name):
-            return _while_the_lineage_is_away(
-                f"{kind} {name!r}",
-                functools.partial(
-                    self._bind,
-                    kind=kind,
-                    name=name,
-                    pipeline=pipeline,
-                    stage=stage,
-                    type_name=type_name,
-                    props=props,
-                    store=store,
-                    data_dir=data_dir,
-                    environment=environment,
-                    start=start,
-                    node_sampled=node_sampled,
-                    sweep=sweep,
-                    trial=trial,
-                    token=token,
-                ),
-            )
 
-    def _bind(
-        self,
-        *,
-        kind: str,
-        name: str,
-        pipeline: str,
-        stage: str,
-        type_name: str,
-        props: Mapping[str, Any] | None,
-        store: Store | None,
-        data_dir: str | None,
-        environment: Environment | None,
-        start: bool,
-        node_sampled: bool,
-        sweep: str | None,
-        trial: Binding | None,
-        token: str | None,
-    ) -> Binding:
-        """One try of :meth:`bind`."""
-        within = trial.execution_id if trial is not None else None
-        binding, execution = self.execution(
-            pipeline=pipeline,
-            stage=stage,
-            type_name=type_name,
-            name=name,
-            props=props,
-            store=store,
-            owner=owner_of(sweep=sweep, trial=within),
-        )
-        live = binding.store
-        attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
-        binding = replace(binding, attempt=attempt, trial_execution_id=within)
-        live.update_execution(execution.id, props, "RUNNING")
-        live.forget_end(execution.id)  # it starts again: how an earlier start was to end is no longer news
-        with self._lock:
-            first = (kind, name) not in self._bindings
-            self._bindings[(kind, name)] = (binding, token)
-            self._ended.discard((live, execution.id))
-            if node_sampled:
-                self._node_sampled.add((kind, name))
-            elif start:
-                self._node_sampled.discard((kind, name))
-        if data_dir is not None and first:
-            try:
-                live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
-            except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
-                log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
-        if environment is not None:  # the callback's and the workers' records complete each other
-            self._log_environment(live, execution.id, environment)
-        return binding
+        def once() -> Binding:
+            within = trial.execution_id if trial is not None else None
+            binding, execution = self.execution(
+                pipeline=pipeline,
+                stage=stage,
+                type_name=type_name,
+                name=name,
+                props=props,
+                store=store,
+                owner=owner_of(sweep=sweep, trial=within),
+            )
+            live = binding.store
+            attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
+            binding = replace(binding, attempt=attempt, trial_execution_id=within)
+            live.update_execution(execution.id, props, "RUNNING")
+            live.forget_end(execution.id)  # it starts again: how an earlier start was to end is no longer news
+            with self._lock:
+                first = (kind, name) not in self._bindings
+                self._bindings[(kind, name)] = (binding, token)
+                self._ended.discard((live, execution.id))
+                if node_sampled:
+                    self._node_sampled.add((kind, name))
+                elif start:
+                    self._node_sampled.discard((kind, name))
+            if data_dir is not None and first:
+                try:
+                    live.log_file(execution.id, DATASET_TYPE, data_dir, "input")
+                except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
+                    log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
+            if environment is not None:  # the callback's and the workers' records complete each other
+                self._log_environment(live, execution.id, environment)
+            return binding
+
+        with self._registering(kind, name):
+            return _while_the_lineage_is_away(f"{kind} {name!r}", once)
 
     def sweep_runs(self, *, sweep: str | None, running: bool) -> None:
         """A CmfRayLogger's sweep starts (before its first trial) or ends."""
