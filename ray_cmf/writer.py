@@ -446,6 +446,8 @@ class StoreWriter:
         try:
             committed = live.newest_version(b.execution_id, key.metrics_name, key.instance)  # I/O: outside the lock
         except Exception as exc:  # the lineage is down: spill the rows all the same, and find the base later
+            if not lineage_away(exc):
+                raise
             log.warning(
                 "ray_cmf: the lineage did not answer (%s): the rows of %r of %r are spilled, for a commit or "
                 "`ray-cmf recover` once it answers",
