@@ -349,10 +349,12 @@ def test_a_trial_that_starts_while_the_server_is_down_is_registered_once_it_answ
         server.stop()
         back = threading.Timer(3.0, server.start)
         back.start()
-        binding = writer.call(
-            StoreWriter.bind, kind="trial", name="t1", pipeline="p", stage="s", type_name=TRIAL_EXECUTION_TYPE
-        )
-        back.join()
+        try:
+            binding = writer.call(
+                StoreWriter.bind, kind="trial", name="t1", pipeline="p", stage="s", type_name=TRIAL_EXECUTION_TYPE
+            )
+        finally:
+            back.join()  # restarted before the server is stopped for good, by the pid it then has
         assert binding.name == "t1"
         assert writer.call(StoreWriter.binding, kind="trial", name="t1") == binding
         assert [e.name for e, _ in Sweep(Store(tmp_path / "store", mlmd=url), pipeline="p").executions()] == ["t1"]
