@@ -336,10 +336,13 @@ def _rows_of_trial(sweep: Any, trial: str) -> int:
 def _with_rows_of_trial(args: argparse.Namespace, names: list[str], default: Any) -> Any:
     """The sweep of the first series of ``names`` that ``args.trial`` has rows of, else ``default`` (None:
     the first name's); stderr names it where it is not the pipeline's default."""
-    sweeps = (_sweep(argparse.Namespace(**{**vars(args), "metrics_name": name}), args.trial) for name in names)
-    sweep = next((s for s in sweeps if _rows_of_trial(s, args.trial)), None)
+
+    def of(name: str) -> Any:
+        return _sweep(argparse.Namespace(**{**vars(args), "metrics_name": name}), args.trial)
+
+    sweep = next((s for s in map(of, names) if _rows_of_trial(s, args.trial)), None)
     if sweep is None:
-        return default or _sweep(argparse.Namespace(**{**vars(args), "metrics_name": names[0]}), args.trial)
+        return default or of(names[0])
     others = [name for name in (*names, *([default.metrics_name] if default else [])) if name != sweep.metrics_name]
     print(f"ray-cmf show: the last rows are {sweep.metrics_name!r}'s (--metrics-name: {others})", file=sys.stderr)
     return sweep

@@ -127,7 +127,6 @@ def _commit_spill(store: Store, directory: Path, force: bool, spills: Spills) ->
     if not spill.pending:
         discard_spill(spill.directory)
         return
-    if spill.base_unknown:  # begun while the lineage was down: the version it extends is found now
-        spill.settle_base(store.newest_version(manifest.execution_id, manifest.metrics_name, manifest.instance))
+    store.settle(spill)  # one begun while the lineage was down: the version it extends is found now
     spills.committed.append(spill.finish(manifest.dest, functools.partial(_register, store, manifest)))
     log.info("ray_cmf.recover: committed %d rows of %r from %s", spill.rows, manifest.metrics_name, spill)

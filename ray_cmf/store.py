@@ -42,7 +42,7 @@ from ray_cmf.errors import MetricsNotFoundError, StoreError
 from ray_cmf.exits import holder
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, collected, config_json, properties
 from ray_cmf.remote import Remote
-from ray_cmf.series_format import FinishedFile
+from ray_cmf.series_format import FinishedFile, Spill
 from ray_cmf.versioning import DvcRepo, cache_path, file_md5, tree_md5
 
 log = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ class Store:
         it does not answer, :func:`ray_cmf.recover` ends it so (not ``CRASHED``) once it does. Returns what is
         noted now, with what an earlier end the lineage never learned noted (its state, unless this one has
         one): what to tell the lineage. :meth:`forget_end` drops the note once the lineage has it."""
-        note = self.root / PENDING_ENDS_DIR / f"{execution_id}.json"
+        note = self._end_note(execution_id)
         earlier = json.loads(note.read_text()) if note.is_file() else {"props": {}, "state": None}
         merged, state = {**earlier["props"], **(props or {})}, state or earlier["state"]
         write_text(note, config_json({"execution_id": execution_id, "props": merged, "state": state}))
@@ -329,7 +329,10 @@ class Store:
 
     def forget_end(self, execution_id: int) -> None:
         """Drop the note of how an execution was to end (it ended so, or it starts again)."""
-        (self.root / PENDING_ENDS_DIR / f"{execution_id}.json").unlink(missing_ok=True)
+        self._end_note(execution_id).unlink(missing_ok=True)
+
+    def _end_note(self, execution_id: int) -> Path:
+        return self.root / PENDING_ENDS_DIR / f"{execution_id}.json"
 
     def pending_ends(self) -> list[dict[str, Any]]:
         """The notes of executions whose end the lineage never learned (see :meth:`note_end`)."""
@@ -535,6 +538,13 @@ class Store:
                 "by its md5 (commit=...), or compare them with ray_cmf.Sweep"
             )
         return versions[-1][1]
+
+    def settle(self, spill: Spill) -> None:
+        """Name the version a spill extends where it began while the lineage did not answer (see
+        ``SpillManifest.base_unknown``): before it is committed, by its writer or by ``recover``."""
+        if spill.base_unknown and spill.manifest is not None:
+            manifest = spill.manifest
+            spill.settle_base(self.newest_version(manifest.execution_id, manifest.metrics_name, manifest.instance))
 
     def newest_version(self, execution_id: int, metrics_name: str, instance: str = "") -> Path | None:
         """The file of the newest committed version of an execution's series (its ``instance``), or None when

@@ -615,10 +615,7 @@ class StoreWriter:
         with series.lock:
             if not (series.spill.rows if every else series.spill.pending):
                 return None
-            if series.spill.base_unknown:
-                series.spill.settle_base(
-                    live.newest_version(manifest.execution_id, manifest.metrics_name, manifest.instance)
-                )
+            live.settle(series.spill)
             artifact = series.spill.finish(
                 series.dest,
                 lambda finished: live.commit_metrics(
