@@ -225,9 +225,14 @@ class StepLogger:
         if own := sorted(_OWN_COLUMNS & set(metrics)):
             raise ValueError(f"metric {own[0]!r} names a column StepLogger fills itself ({sorted(_OWN_COLUMNS)})")
         self.metrics = metrics
-        self.metrics.add(SAMPLES, Sum(nan_policy="propagate"))  # a host-side count: always finite
-        self.metrics.add(STEPS_MAX, Max(nan_policy="propagate"))  # no <name>_nonfinite output to leave out
-        self.metrics.add(STEPS_MIN, Min(nan_policy="propagate"))
+        # synced with the metrics, in their collective, but not theirs: no <name>_nonfinite output to leave out
+        self._counts = {
+            SAMPLES: metrics.hidden_metric(
+                SAMPLES, lambda: Sum(nan_policy="propagate")
+            ),  # a host-side count: always finite
+            STEPS_MAX: metrics.hidden_metric(STEPS_MAX, lambda: Max(nan_policy="propagate")),
+            STEPS_MIN: metrics.hidden_metric(STEPS_MIN, lambda: Min(nan_policy="propagate")),
+        }
         self.sync_every, self.report_every = sync_every, report_every
         self.metrics_name = check_name("metrics_name", metrics_name)
         self.group = group
@@ -242,6 +247,7 @@ class StepLogger:
         self.rank = dist_rank(group)
         self.steps_done = 0
         self._syncs = 0
+        self._unreported: dict[str, float] | None = None  # the last row, where report_every's cadence skipped it
         self._samples = 0
         self._nonfinite: dict[str, float] = {}  # per interval metric: the values it left out so far in the run
         self._last_sync_time: float | None = None  # the interval's start: this start's first step, then each sync
@@ -400,9 +406,9 @@ class StepLogger:
 
     def _launch(self) -> None:
         """Start reducing the interval across ranks (one packed collective) without waiting for it."""
-        self.metrics[SAMPLES].update(float(self._samples))  # summed across ranks in the same packed sync
-        self.metrics[STEPS_MAX].update(float(self.steps_done))
-        self.metrics[STEPS_MIN].update(float(self.steps_done))
+        self._counts[SAMPLES].update(float(self._samples))  # summed across ranks in the same packed sync
+        self._counts[STEPS_MAX].update(float(self.steps_done))
+        self._counts[STEPS_MIN].update(float(self.steps_done))
         self._samples = 0
         self._pending = (self.metrics.sync(self.group, async_op=True), self.steps_done, time.time())
 
@@ -423,7 +429,7 @@ class StepLogger:
         self._pending = None
         if self._watch is not None and not handle.is_completed():
             self._watch.seal()  # the other ranks are late, or dead: rank 0's rows must not wait with it
-        row = self._so_far(self.metrics.to_row(handle.wait()))
+        row = self._so_far(handle.wait().row(hidden=True))
         lowest, highest = row.pop(STEPS_MIN), row.pop(STEPS_MAX)
         if lowest != highest:
             raise RayCmfError(
@@ -456,8 +462,10 @@ class StepLogger:
             self._buffer.append(row)
         self._syncs += 1
         every = self.report_every
-        if report and every is not None and self._context is not None and self._syncs % every == 0:
+        self._unreported = row if every is not None and self._context is not None else None
+        if report and self._unreported is not None and self._syncs % every == 0:
             ray.train.report(row)
+            self._unreported = None
         return row
 
     def _so_far(self, row: dict[str, float]) -> dict[str, float]:
@@ -503,6 +511,10 @@ class StepLogger:
         elif world_size(self.group) > 1:  # the interval is empty: a last sync only checks every rank's step count
             self._launch()
             self._wait()
+        if (
+            self._unreported is not None
+        ):  # the run's last row, off the cadence: Result.metrics and the reports end with it
+            ray.train.report(self._unreported)
         self._finished = True
         if self._sampler is not None:  # its rows reach the writer before this rank's final report
             self._sampler.stop()

@@ -222,6 +222,23 @@ def test_histogram_counts_are_numpys(bins: int, low: float, width: float, data: 
     assert (counts[0], counts[-1]) == (sum(x < low for x in data), sum(x >= edges[-1] for x in data))
 
 
+@settings(max_examples=200, deadline=None)
+@example(data=[0.1, math.nan])  # a new user's: the NaN was counted in the overflow bin
+@given(data=st.lists(st.sampled_from([math.inf, -math.inf, math.nan]) | st.floats(-5.0, 15.0), max_size=20))
+def test_a_propagating_histogram_counts_infinities_in_the_end_bins_and_no_nan(data: list[float]) -> None:
+    """Under ``nan_policy="propagate"`` the bins are ``numpy.histogram``'s, -inf counts below ``low`` and inf at
+    or above ``high``, as they compare; a NaN lies in no bin (NumPy drops it too), and ``count`` is the bins'
+    total."""
+    h = Histogram(bins=5, low=0.0, high=10.0, nan_policy="propagate")
+    h.update(torch.tensor(data, dtype=torch.float64))
+    out = h.compute()
+    counts = out["counts"].tolist()
+    inside = [x for x in data if 0.0 <= x < 10.0]
+    assert counts[1:-1] == np.histogram(inside, bins=np.linspace(0.0, 10.0, 6))[0].tolist()
+    assert (counts[0], counts[-1]) == (sum(x < 0.0 for x in data), sum(x >= 10.0 for x in data))
+    assert out["count"].item() == sum(counts) == sum(not math.isnan(x) for x in data)
+
+
 @example(low=-1.7, high=-0.7, data=[-1.2, 3.39])  # a new user's: p100 read 3.3899999999999997, an ulp low
 @settings(max_examples=200, deadline=None)
 @given(
@@ -287,6 +304,9 @@ def test_a_histogram_refuses_bins_it_cannot_compute() -> None:
             Histogram(bins=4, low=low, high=high)
     with pytest.raises(ValueError, match=r"quantiles must differ, got \[0.5, 0.5\]"):
         Histogram(bins=4, low=0.0, high=1.0, quantiles=(0.5, 0.5))
+    for bins in (2.5, "8", True):  # 2.5 failed inside torch: "zeros(): argument 'size' ... not float"
+        with pytest.raises(TypeError, match=rf"Histogram needs an int number of bins, got bins={bins!r}"):
+            Histogram(bins=bins, low=0.0, high=1.0)  # type: ignore[arg-type]
 
 
 def test_a_histogram_checkpoint_without_the_range_seen_restores() -> None:
@@ -485,6 +505,12 @@ def test_state_dict_round_trip_single_process() -> None:
     assert fresh.to_row() == metrics.to_row()
     with pytest.raises(RayCmfError, match="missing"):
         fresh.load_state_dict({"loss.weight": torch.tensor(1.0)})
+    finer = MetricCollection({"loss": Mean(), "top": Max(), "h": Histogram(8, 0.0, 1.0)})
+    finer.update(loss=torch.tensor(5.0))
+    shape = r"'h.counts' holds \(6,\) values where this metric's state is \(10,\)"  # was torch's "invalid for input"
+    with pytest.raises(RayCmfError, match=rf"Metric state_dict does not match: {shape}"):
+        finer.load_state_dict(state)
+    assert finer.to_row()["loss"] == 5.0  # refused before anything was loaded or reset
     single = Sum()
     single.update(torch.tensor(4.0))
     clone = Sum()

@@ -145,7 +145,7 @@ def _closed_form(step: int, world: int) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def two_workers(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("train")
-    _fit(tmp, "plain", sampling=0.1, report_every=2, system_metrics=0.1, step_sleep=0.02)
+    _fit(tmp, "plain", sampling=0.1, report_every=3, system_metrics=0.1, step_sleep=0.02)
     return tmp
 
 
@@ -177,10 +177,12 @@ def test_run_lineage_and_every_ranks_reports(two_workers: Path) -> None:
     names = {properties(a).get("metrics_name") for a in artifacts}
     assert names == {"train_steps", "train_reports", "system_metrics", None}  # None: the package list
     [run] = _series(two_workers, "train_reports").trials().to_dict(orient="records")  # its train_loop_config
-    assert (run["config/report_every"], run["config/step_sleep"], run["config/system_metrics"]) == (2, 0.02, 0.1)
+    assert (run["config/report_every"], run["config/step_sleep"], run["config/system_metrics"]) == (3, 0.02, 0.1)
     reports = _series(two_workers, "train_reports").steps(["rank", "loss"])
     assert sorted(set(reports["rank"])) == [0, 1]  # every rank, not only rank 0
-    assert len(reports) == 2 * (STEPS // SYNC_EVERY // 2)  # the loop's reports only: StepLogger's final one is not
+    # every 3rd sync's row (steps 15 and 30), then finish() reports the last row (step 40), which the cadence
+    # skipped: the run's reports ended at step 30. StepLogger's final flag is no row.
+    assert reports.groupby("rank")["step"].apply(list).to_dict() == {0: [15, 30, 40], 1: [15, 30, 40]}
     assert reports["loss"].notna().all()  # a row (and its nulls) the loop never reported
 
 
@@ -502,6 +504,41 @@ def test_trials_never_ranks_train_runs_by_their_throughput(
         main(["trials", "--store", str(tmp_path / "store"), "--metrics-name", "train_steps", "--metric", "loss"]) == 0
     )
     assert "sorted by loss_best" in capsys.readouterr().out
+
+
+def test_a_step_loggers_own_counts_stay_out_of_the_users_collection(tmp_path: Path) -> None:
+    """StepLogger syncs its sample and step counts with the user's metrics, in the same collective, but they
+    are not the user's: they were among the collection's keys and in its ``state_dict``, which then loaded
+    into no freshly built collection ("unexpected ['ray_cmf_steps_max.extremum', ...]"), and a second
+    StepLogger on the same collection (an evaluation after training) failed to add them again."""
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    store = str(tmp_path / "store")
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(metrics, sync_every=2, store=store, pipeline_name="p", run_name="train", system_metrics=None)
+    assert list(metrics) == list(metrics.keys()) == ["loss"] and len(metrics) == 1
+    assert [name for name, _ in metrics.items()] == ["loss"] and len(list(metrics.values())) == 1
+    for step in range(3):
+        metrics["loss"].update(torch.tensor(float(step)))
+        steps.step(samples=4)
+    assert set(metrics.compute()) == {"loss", "loss_nonfinite"}
+    state = metrics.state_dict()
+    assert sorted(state) == ["loss.nonfinite", "loss.weight", "loss.weighted_sum"]
+    fresh = MetricCollection({"loss": Mean()})
+    fresh.load_state_dict(state)  # before any StepLogger is built on it, as a restart restores its state first
+    assert fresh.compute()["loss"].item() == 2.0  # the interval since the last sync: step 2's update
+    older = {**state, "samples.total": torch.tensor(0.0), "ray_cmf_steps_max.extremum": torch.tensor(-math.inf)}
+    again = StepLogger(fresh, sync_every=2, store=store, pipeline_name="p", run_name="resumed", system_metrics=None)
+    fresh.load_state_dict(older)  # a checkpoint that holds the counts, as earlier versions wrote them
+    fresh.load_state_dict(state)
+    again.finish()
+    assert steps.finish() is not None
+    evaluation = StepLogger(metrics, sync_every=2, store=store, pipeline_name="p", run_name="eval", system_metrics=None)
+    metrics["loss"].update(torch.tensor(7.0))
+    assert evaluation.sync()["loss"] == 7.0 and evaluation.finish() is not None
+    with pytest.raises(KeyError, match="no metric named 'samples'"):
+        metrics.update(samples=torch.tensor(1.0))
 
 
 def test_no_process_group_local_mode(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -38,29 +38,45 @@ class MetricCollection:
         for name, metric in metrics.items():
             _check_member(name, metric)
         self._metrics = dict(metrics)
+        self._hidden: dict[str, Metric] = {}  # a logger's own metrics (see hidden_metric)
         self._device = torch.device(device) if device is not None else next(iter(self._metrics.values())).device
         self._groups = self._pack()
         self._patterns: dict[Pattern, tuple[list[Metric], bool]] = {}  # per call pattern: its metrics, and
         # whether they all stage their arguments as given (then the call is staged as one)
 
     def _pack(self) -> MetricGroups:
-        for metric in self._metrics.values():
+        members = {**self._metrics, **self._hidden}
+        for metric in members.values():
             metric.to(self._device)
-        return MetricGroups(list(self._metrics.items()), self._device, prefixed=True)
+        return MetricGroups(list(members.items()), self._device, prefixed=True, hidden=self._hidden)
 
     def add(self, name: str, metric: Metric) -> None:
         """Add a metric, repacking the states (values kept). Do it before the first sync: the layout changes."""
+        self._add(name, metric, self._metrics)
+
+    def _add(self, name: str, metric: Metric, into: dict[str, Metric]) -> None:
         _check_member(name, metric)
-        if name in self._metrics:
+        if name in self._metrics or name in self._hidden:
             raise ValueError(f"MetricCollection already has a metric named {name!r}")
         self._unpack()
-        self._metrics[name] = metric
+        into[name] = metric
         self._groups = self._pack()
+
+    def hidden_metric(self, name: str, make: Callable[[], Metric]) -> Metric:
+        """The metric a logger keeps in this collection under ``name`` for itself (``StepLogger``'s sample and
+        step counts), added from ``make()`` if it has none yet. It is synced in the same collective as the
+        metrics, and read in a row that asks for it (``MetricValues.row(hidden=True)``), but it is none of
+        them: not among the keys, ``compute()``, ``to_row()`` or ``state_dict()``."""
+        metric = self._hidden.get(name)
+        if metric is None:
+            metric = make()
+            self._add(name, metric, self._hidden)
+        return metric
 
     def _unpack(self) -> None:
         """Apply the staged updates and release the members from the packed layout (values kept)."""
         self._groups.fold()
-        for metric in self._metrics.values():
+        for metric in (*self._metrics.values(), *self._hidden.values()):
             metric.detach()
 
     # -- mapping -------------------------------------------------------------------------------------

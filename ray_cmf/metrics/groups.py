@@ -9,7 +9,7 @@ whatever the number of metrics. A standalone metric is a group of one, with unpr
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,10 +36,17 @@ class Names:
     """Where each named output of a pack lives, and how a row of scalars is read (built once per pack).
 
     ``scalars`` lists the outputs of one value per metric, (group, output); their values, concatenated, hold
-    ``row_keys[i]`` at ``row_positions[i]``.
+    ``row_keys[i]`` at ``row_positions[i]``. ``shown`` are the keys of every metric but the ``hidden`` ones (a
+    logger's own, see ``MetricCollection``), which only a row that asks for them holds.
     """
 
-    def __init__(self, named: Sequence[tuple[str, int, int]], outputs: Outputs, key: Callable[[str, str], str]):
+    def __init__(
+        self,
+        named: Sequence[tuple[str, int, int]],
+        outputs: Outputs,
+        key: Callable[[str, str], str],
+        hidden: Collection[str] = (),
+    ):
         self.index: dict[str, tuple[int, str, int]] = {}
         whose: dict[str, tuple[str, str]] = {}
         for name, g, member in named:
@@ -48,6 +55,7 @@ class Names:
                 if k in whose:  # one would replace the other in every row
                     raise RayCmfError(f"{k!r} is {_output_of(*whose[k])} and {_output_of(name, output)}: rename one")
                 whose[k], self.index[k] = (name, output), (g, output, member)
+        self.shown = [k for k, (name, _) in whose.items() if name not in hidden]
         self.scalars = [(g, output) for g, out in enumerate(outputs) for output, t in out.items() if t[0].numel() == 1]
         begin, start = 0, {}
         for g, output in self.scalars:
@@ -56,6 +64,7 @@ class Names:
         scalar_keys = [(k, where) for k, where in self.index.items() if (where[0], where[1]) in start]
         self.row_keys = [k for k, _ in scalar_keys]
         self.row_positions = [start[g, output] + member for _, (g, output, member) in scalar_keys]
+        self.row_shown = [whose[k][0] not in hidden for k in self.row_keys]
 
 
 def _output_of(name: str, output: str) -> str:
@@ -65,7 +74,8 @@ def _output_of(name: str, output: str) -> str:
 class MetricValues(Mapping[str, torch.Tensor]):
     """The results of a compute or a sync: ``{name: tensor}``, held per group and indexed on access.
 
-    ``row()`` gives every scalar result as a float, in one transfer from an accelerator.
+    ``row()`` gives every scalar result as a float, in one transfer from an accelerator. A logger's own
+    metrics (see ``MetricCollection``) are not among the keys, and only in a row that asks for them.
     """
 
     def __init__(self, names: Names, outputs: Outputs) -> None:
@@ -76,10 +86,10 @@ class MetricValues(Mapping[str, torch.Tensor]):
         return self.outputs[g][output][member]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.names.index)
+        return iter(self.names.shown)
 
     def __len__(self) -> int:
-        return len(self.names.index)
+        return len(self.names.shown)
 
     def __repr__(self) -> str:
         return f"MetricValues({dict(self)!r})"
@@ -88,15 +98,17 @@ class MetricValues(Mapping[str, torch.Tensor]):
         """One metric's outputs, by their own names."""
         return {output: tensors[member] for output, tensors in self.outputs[g].items()}
 
-    def row(self) -> dict[str, float]:
-        """Every scalar result as a plain float, read in one ``tolist`` (and one transfer from an accelerator)."""
+    def row(self, *, hidden: bool = False) -> dict[str, float]:
+        """Every scalar result as a plain float, read in one ``tolist`` (and one transfer from an accelerator);
+        ``hidden``: a logger's own metrics' too."""
         names = self.names
         if not names.scalars:
             return {}
         parts = [self.outputs[g][output] for g, output in names.scalars]
         flat = torch.cat([part if part.dim() == 1 else part.reshape(-1) for part in parts]).to(STATE_DTYPE)
         values = (flat if flat.device.type == "cpu" else flat.cpu()).tolist()  # host memory needs no transfer
-        return dict(zip(names.row_keys, map(values.__getitem__, names.row_positions), strict=True))
+        row = zip(names.row_keys, map(values.__getitem__, names.row_positions), names.row_shown, strict=True)
+        return {key: value for key, value, shown in row if shown or hidden}
 
 
 class _Group:
@@ -154,11 +166,20 @@ class MetricGroups:
     """Named metrics packed by kind: updates, local and synced values, reset and checkpoints.
 
     ``prefixed`` names outputs ``<name>`` (the value) and ``<name>_<output>``, and states ``<name>.<state>``
-    (a collection); otherwise outputs and states keep their own names (a standalone metric).
+    (a collection); otherwise outputs and states keep their own names (a standalone metric). The ``hidden``
+    metrics (a logger's own) are synced and read like the others, but their values are not listed and their
+    states are not checkpointed: they hold nothing between a logger's syncs.
     """
 
-    def __init__(self, named: Sequence[tuple[str, Metric]], device: torch.device, *, prefixed: bool) -> None:
-        self.device, self.prefixed = device, prefixed
+    def __init__(
+        self,
+        named: Sequence[tuple[str, Metric]],
+        device: torch.device,
+        *,
+        prefixed: bool,
+        hidden: Collection[str] = (),
+    ) -> None:
+        self.device, self.prefixed, self.hidden = device, prefixed, frozenset(hidden)
         kinds: dict[Any, list[tuple[str, Metric]]] = {}
         for name, metric in named:
             kinds.setdefault(metric.kind(), []).append((name, metric))
@@ -210,7 +231,7 @@ class MetricGroups:
             outputs = [{k: v if v._base is None else v.clone() for k, v in out.items()} for out in outputs]
         if self._names is None:  # a kind's outputs never change
             where = [(name, metric._group, metric._member) for name, metric in self.named]
-            self._names = Names(where, outputs, self._key)
+            self._names = Names(where, outputs, self._key, self.hidden)
         return MetricValues(self._names, outputs)
 
     def _key(self, name: str, output: str) -> str:
@@ -274,21 +295,41 @@ class MetricGroups:
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> dict[str, torch.Tensor]:
-        """The global states (a collective: every rank calls it), restorable exactly at any world size."""
+        """The global states (a collective: every rank calls it), restorable exactly at any world size; the
+        hidden metrics' are left out."""
         self.fold()
-        return self.pack.named_states(self.pack.global_states(timeout).clone())
+        states = self.pack.named_states(self.pack.global_states(timeout).clone())
+        return {key: state for key, state in states.items() if key not in self._hidden_states()}
+
+    def _hidden_states(self) -> dict[str, torch.Tensor]:
+        """The hidden metrics' states, by key, at their defaults."""
+        slots = [slot for slot in self.pack.slots if slot.prefix.removesuffix(".") in self.hidden]
+        return {slot.key: slot.owner._state_specs[slot.name].default for slot in slots}
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min)."""
+        """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min).
+        The hidden metrics' states are optional (earlier versions saved them)."""
         absent = {slot.key: slot.owner._state_specs[slot.name].missing for slot in self.pack.slots}
+        absent.update(self._hidden_states())
         saved = {**{k: v for k, v in absent.items() if v is not None}, **state_dict}  # states added since it was saved
         missing, extra = set(absent) - set(saved), set(saved) - set(absent)
         if missing or extra:
             raise RayCmfError(
                 f"Metric state_dict does not match: missing {sorted(missing)}, unexpected {sorted(extra)}"
             )
+        views = self.pack.named_states(self.pack.flat)
+        given = {key: torch.as_tensor(saved[key]) for key in views}
+        if wrong := [key for key, view in views.items() if given[key].numel() != view.numel()]:
+            sizes = (
+                f"{k!r} holds {tuple(given[k].shape)} values where this metric's state is {tuple(views[k].shape)}"
+                for k in wrong
+            )
+            raise RayCmfError(
+                f"Metric state_dict does not match: {'; '.join(sizes)} (it was saved from other settings, such as "
+                "another number of Histogram bins)"
+            )
         self.reset()
         if world_size() > 1 and rank() != 0:
             return
-        for key, view in self.pack.named_states(self.pack.flat).items():
-            view.copy_(torch.as_tensor(saved[key]).to(view.device, STATE_DTYPE).view(view.shape))
+        for key, view in views.items():
+            view.copy_(given[key].to(view.device, STATE_DTYPE).view(view.shape))

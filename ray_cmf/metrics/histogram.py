@@ -22,8 +22,9 @@ class Histogram(Metric):
     finite value seen are kept too: the underflow bin spans ``[smallest, low)`` and the overflow bin
     ``[high, largest]``, and no quantile lies outside ``[smallest, largest]`` (``p0`` and ``p100`` are
     those values exactly). The ``value`` output is the median, whichever quantiles are reported. Under
-    ``nan_policy="propagate"`` infinities are values too (a quantile among them is -inf or inf) and any NaN
-    makes every quantile NaN, as NumPy's are.
+    ``nan_policy="propagate"`` infinities are values too (counted in the end bins; a quantile among them is
+    -inf or inf) and any NaN makes every quantile NaN, as NumPy's are; a NaN lies in no bin under either
+    policy, as in ``numpy.histogram``, so ``count`` is the bins' total.
 
     Example:
         >>> h = Histogram(bins=10, low=0.0, high=1.0)
@@ -42,6 +43,8 @@ class Histogram(Metric):
         self, bins: int, low: float, high: float, quantiles: Sequence[float] = (0.5, 0.9, 0.99), **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
+        if isinstance(bins, bool) or not hasattr(bins, "__index__"):  # an int or a NumPy integer, not 2.5 or "8"
+            raise TypeError(f"Histogram needs an int number of bins, got bins={bins!r}")
         if bins < 1 or not high > low:
             raise ValueError(f"Histogram needs bins >= 1 and high > low, got bins={bins!r}, low={low!r}, high={high!r}")
         if not math.isfinite(float(high) - float(low)):
@@ -50,7 +53,7 @@ class Histogram(Metric):
             raise ValueError(f"quantiles must lie in [0, 1], got {list(quantiles)!r}")
         if len(set(quantiles)) < len(quantiles):
             raise ValueError(f"quantiles must differ, got {list(quantiles)!r}")
-        self.bins, self.low, self.high = bins, float(low), float(high)
+        self.bins, self.low, self.high = int(bins), float(low), float(high)
         self._edges: torch.Tensor | None = None  # see _bounds
         self.quantiles = tuple(quantiles)
         self._estimated = tuple(dict.fromkeys((*self.quantiles, 0.5)))  # the median is the value, asked for or not
@@ -80,15 +83,18 @@ class Histogram(Metric):
             keep = ~bad if keep is None else keep & ~bad
         self._extend_range(states, value, keep)
         if self.nan_policy == "propagate":
-            for name, which in zip(_NONFINITE, (value == -math.inf, value == math.inf, value.isnan()), strict=True):
+            nan = value.isnan()
+            for name, which in zip(_NONFINITE, (value == -math.inf, value == math.inf, nan), strict=True):
                 states[name].add_((which if keep is None else which & keep).sum(1))
+            keep = ~nan if keep is None else keep & ~nan  # in no bin, as numpy.histogram drops it
         weight = torch.ones_like(value) if keep is None else keep.to(STATE_DTYPE)
         states["counts"].scatter_add_(1, self._bin_of(value), weight)
 
     def _bin_of(self, value: torch.Tensor) -> torch.Tensor:
         """Each value's index in ``counts``: the bin whose edges hold it. The arithmetic guess can round
         past an edge (0.3 in 10 bins over [0, 1) to bin 3), so one step towards the edges corrects it: the
-        counts are ``numpy.histogram``'s. +inf and NaN land in the overflow bin, -inf in the underflow one."""
+        counts are ``numpy.histogram``'s. +inf lands in the overflow bin, -inf in the underflow one (and NaN in
+        the overflow one, where the caller gives it no weight)."""
         scaled = ((value - self.low) / (self.high - self.low) * self.bins).floor()
         index = (torch.nan_to_num(scaled, nan=self.bins, posinf=self.bins, neginf=-1).clamp(-1, self.bins) + 1).long()
         bounds = self._bounds(value.device)
@@ -128,10 +134,10 @@ class Histogram(Metric):
             estimates = self._interpolate(states, counts, targets)
         else:  # estimated among the finite values; a position among the infinities is infinite, NaN is NaN
             below, above, nans = (states[name][:, None] for name in _NONFINITE)
-            finite = counts - torch.cat([below, torch.zeros_like(counts[:, 1:-1]), above + nans], 1)
+            finite = counts - torch.cat([below, torch.zeros_like(counts[:, 1:-1]), above], 1)
             estimates = self._interpolate(states, finite, (targets - below).clamp(min=0))
             estimates = torch.where((below > 0) & (targets <= below), -math.inf, estimates)
-            lesser = total[:, None] - above - nans  # the values below inf
+            lesser = total[:, None] - above  # the values below inf
             estimates = torch.where((above > 0) & ((targets > lesser) | (lesser == 0)), math.inf, estimates)
             estimates = torch.where(nans > 0, math.nan, estimates)
         out = {"value": estimates[:, self._estimated.index(0.5)]}
