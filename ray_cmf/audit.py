@@ -12,7 +12,7 @@ from pathlib import Path
 from ray_cmf._progress import track
 from ray_cmf.constants import DATASET_TYPE, ENVIRONMENT_TYPE, MODEL_TYPE, STEP_METRICS_TYPE
 from ray_cmf.errors import StoreError
-from ray_cmf.lineage import Lineage, collected, properties
+from ray_cmf.lineage import collected, properties
 from ray_cmf.store import Store
 from ray_cmf.versioning import cache_path, file_md5, tree_md5
 
@@ -47,7 +47,7 @@ def _dvc_md5(dvc_file: Path) -> str | None:
 
 def _recorded(store: Store) -> Iterator[tuple[str, str, Path, int]]:
     """(url, md5, path, rows lost) of every file artifact that MLMD records for the store."""
-    lineage = Lineage(store.mlmd, readonly=True)
+    lineage = store.reader()
     for type_name in _AUDITED_TYPES:
         if lineage.find_type_id("artifact", type_name) is None:
             continue

@@ -99,7 +99,7 @@ def _sweep(args: argparse.Namespace, *trials: str) -> Any:
     from ray_cmf.compare import Sweep
 
     store = Store(args.store)
-    pipeline = args.pipeline or _pick_pipeline(Lineage(store.mlmd, readonly=True), trials)
+    pipeline = args.pipeline or _pick_pipeline(store.reader(), trials)
     return Sweep(
         store,
         pipeline=pipeline,
@@ -113,7 +113,7 @@ def _existing(args: argparse.Namespace) -> Store:
     """The store a command changes, which must exist: a mistyped ``--store`` would make a new, empty one (and
     ``recover`` would find nothing to recover)."""
     store = Store(args.store)
-    Lineage(store.mlmd, readonly=True)  # names the path where there is no database
+    store.reader()  # names the path where there is no database
     return store
 
 
@@ -215,7 +215,7 @@ def _headline(error: Any) -> str | None:
 
 # -- commands ---------------------------------------------------------------------------------------
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    rows = _pipelines(Lineage(Store(args.store).mlmd, readonly=True))
+    rows = _pipelines(Store(args.store).reader())
     if not rows:
         raise RayCmfError(f"The store {Store(args.store).root} holds no pipelines yet")
     _emit(args, rows, "pipelines")
@@ -507,7 +507,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     store = Store(args.store)
     findings = list(audit(store, remote=args.remote))
-    if not findings and not Lineage(store.mlmd, readonly=True).pipelines():
+    if not findings and not store.reader().pipelines():
         raise RayCmfError(f"The store {store.root} records nothing yet: no pipelines, no files to verify")
     rows = [{"status": f.status, "md5": f.md5, "url": f.url, "rows_lost": f.rows_lost} for f in findings]
     _emit(args, rows, "verify")

@@ -87,7 +87,6 @@ from ray_cmf.lineage import (
     Artifact,
     Context,
     Execution,
-    Lineage,
     collected,
     properties,
     property_of,
@@ -254,7 +253,7 @@ class Sweep:
     ) -> None:
         self.store = store if isinstance(store, Store) else Store(store)
         self.include_deleted = include_deleted
-        self.lineage = Lineage(self.store.mlmd, readonly=True)
+        self.lineage = self.store.reader()
         self.pipeline = pipeline or self._only_pipeline()
         self.stage = stage
         self.stages = self._read_stages()

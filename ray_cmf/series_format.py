@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ray_cmf._atomic import atomic_write, write_text
 from ray_cmf._json import dumps, float_of
-from ray_cmf.constants import SEGMENT_GLOB, SEQUENCE_COLUMN, SPILL_MANIFEST, SUMMARY_KEY
+from ray_cmf.constants import ARTIFACTS_DIR, SEGMENT_GLOB, SEQUENCE_COLUMN, SPILL_MANIFEST, SUMMARY_KEY
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,12 @@ class FinishedFile:
 @dataclass(frozen=True)
 class SpillManifest:
     """What a spill directory belongs to, written beside its segments so :func:`ray_cmf.recover` can
-    commit it after a crash: the series, its execution, its destination and the process that wrote it."""
+    commit it after a crash: the series, its execution, its destination and the process that wrote it.
+
+    A spill directory is ``<store>/spill/<series>``. The files it names (``dest``, ``base``) are written
+    relative to that store, and read as paths in the store where the directory is now: a store that was
+    moved or copied commits its spills into itself.
+    """
 
     metrics_name: str
     execution_id: int
@@ -61,11 +66,37 @@ class SpillManifest:
     also_output_of: int | None = None  # the Tune trial of a Train run's series: its versions are the trial's too
 
     def write(self, directory: Path) -> None:
-        write_text(directory / SPILL_MANIFEST, json.dumps(asdict(self)))
+        root = _store_of(directory)
+        stored = replace(self, dest=_relative(self.dest, root), base=self.base and _relative(self.base, root))
+        write_text(directory / SPILL_MANIFEST, json.dumps(asdict(stored)))
 
     @classmethod
     def read(cls, directory: Path) -> SpillManifest:
-        return cls(**json.loads((directory / SPILL_MANIFEST).read_text()))
+        stored = cls(**json.loads((directory / SPILL_MANIFEST).read_text()))
+        root = _store_of(directory)
+        return replace(stored, dest=_in_store(stored.dest, root), base=stored.base and _in_store(stored.base, root))
+
+
+def _store_of(spill_directory: Path) -> Path:
+    return spill_directory.absolute().parent.parent
+
+
+def _relative(path: str, root: Path) -> str:
+    """``path`` relative to the store ``root`` (as it is, outside it)."""
+    return str(Path(path).relative_to(root)) if Path(path).is_relative_to(root) else path
+
+
+def _in_store(path: str, root: Path) -> str:
+    """A manifest's file as a path in the store at ``root``. An absolute path outside it was written by an
+    earlier version where the store was then: its ``artifacts/<pipeline>/<stage>/<execution>/<file>`` tail
+    names the file here."""
+    written = Path(path)
+    if not written.is_absolute():
+        return str(root / written)
+    tail = written.parts[-5:]
+    if written.is_relative_to(root) or len(tail) < 5 or tail[0] != ARTIFACTS_DIR:
+        return path
+    return str(root.joinpath(*tail))
 
 
 class Spill:

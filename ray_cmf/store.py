@@ -135,19 +135,33 @@ class Store:
 
     def _configured_mlmd(self) -> str:
         """Where the store's config file says its MLMD is (cmflib's ``filepath``), else ``<root>/mlmd.sqlite``."""
-        return str(self._config().get("mlmd") or self.root / MLMD_FILE)
+        return self._kept_mlmd() or str(self.root / MLMD_FILE)
+
+    def _kept_mlmd(self) -> str | None:
+        """The MLMD the config file names: a URL, or a SQLite file, relative to the store directory when it
+        was recorded beside it (an absolute path when it was recorded elsewhere, or by an earlier version)."""
+        kept = self._config().get("mlmd")
+        if not kept or is_url(kept):
+            return kept or None
+        return os.path.normpath(self.root / kept)
 
     def _record_config(self) -> None:
         """Record an MLMD kept outside the store in its config file (never a password), so every tool finds
-        it from the store directory alone."""
-        if self.mlmd != str(self.root / MLMD_FILE):
+        it from the store directory alone. A SQLite file in the directory that holds the store (cmflib's
+        ``Cmf(filepath="mlmd")`` beside ``./cmf_store``) is recorded relative to the store: a copy of the
+        project then records into its own copy of the database, and a moved one finds its own."""
+        if self.mlmd == str(self.root / MLMD_FILE):
+            return
+        if not is_url(self.mlmd) and Path(self.mlmd).is_relative_to(self.root.parent):
+            self._write_config(mlmd=os.path.relpath(self.mlmd, self.root))
+        else:
             self._write_config(mlmd=without_password(self.mlmd))
 
     def _check_mlmd(self) -> None:
         """Refuse to write a store's runs into another MLMD than the one that holds its lineage (its config
         file's, else its own SQLite file where one exists): the store would name the other database, and every
         tool that finds it from the store directory would lose the earlier runs."""
-        kept = self._config().get("mlmd") or ((self.root / MLMD_FILE).is_file() and str(self.root / MLMD_FILE))
+        kept = self._kept_mlmd() or ((self.root / MLMD_FILE).is_file() and str(self.root / MLMD_FILE))
         if kept and database_of(kept) != database_of(self.mlmd):
             raise StoreError(
                 f"The store {self.root} keeps its lineage in {kept}, not in {without_password(self.mlmd)}: pass "
@@ -219,6 +233,20 @@ class Store:
                 self._lineage = Lineage(self.mlmd)
                 self._record_config()  # once it opened: a database that never answered is not the store's
             return self._lineage
+
+    def reader(self) -> Lineage:
+        """The MLMD database opened read-only (for readers beside the writer), which must exist: an error that
+        names it, and the config file that named it where the database is not in the store."""
+        try:
+            return Lineage(self.mlmd, readonly=True)
+        except StoreError:
+            kept = self._kept_mlmd()
+            if kept is None or kept != self.mlmd:
+                raise
+            raise StoreError(
+                f"No MLMD database at {kept}, where the store {self.root} keeps its lineage ({STORE_CONFIG} names it): "
+                f'if the database was moved, give its path as "mlmd" in {self.root / STORE_CONFIG}'
+            ) from None
 
     @property
     def dvc(self) -> DvcRepo:

@@ -462,8 +462,10 @@ class StepLogger:
             self._buffer.append(row)
         self._syncs += 1
         every = self.report_every
-        self._unreported = row if every is not None and self._context is not None else None
-        if report and self._unreported is not None and self._syncs % every == 0:
+        if every is None or self._context is None:
+            return row
+        self._unreported = row
+        if report and self._syncs % every == 0:
             ray.train.report(row)
             self._unreported = None
         return row

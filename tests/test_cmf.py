@@ -378,6 +378,54 @@ def test_a_store_records_an_mlmd_kept_elsewhere(
     assert properties(artifact)["rows"] == 2
 
 
+def test_a_project_copied_or_moved_keeps_its_own_lineage_and_recovers_its_spills(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cmflib's ``Cmf(filepath="mlmd")`` keeps the MLMD beside the store, which named it by its absolute path,
+    as a spill named its files: a copy of the project wrote its runs into the original's database (whose
+    ``verify`` then failed), a moved one could not be read ("No MLMD database at" the old path), and
+    ``recover`` there failed ("lies outside the store"), or wrote into the original store."""
+    import shutil
+
+    from ray_cmf import recover
+    from ray_cmf.cli import main
+
+    project = tmp_path / "project"
+    project.mkdir()
+    crashes = """if True:
+        import os
+        from ray_cmf import Cmf
+        cmf = Cmf(filepath="mlmd", pipeline_name="p")
+        cmf.create_execution("train", execution_name="first")
+        cmf.log_metric("m", {"x": 1})
+        cmf.commit_metrics("m")
+        cmf.log_metric("m", {"x": 2})
+        cmf.metrics["m"].flush()  # spilled, not committed
+        os._exit(0)
+    """
+    subprocess.run([sys.executable, "-c", crashes], cwd=project, check=True)
+    shutil.copytree(project, tmp_path / "copy")
+    project.rename(tmp_path / "moved")
+    for where in ("copy", "moved"):
+        store = tmp_path / where / "cmf_store"
+        [artifact] = recover(Store(store))
+        assert Path(properties(artifact)["url"]).parts[0] == "artifacts" and properties(artifact)["rows"] == 2
+        assert Sweep(store, metrics_name="m").steps()["x"].tolist() == [1, 2], where
+    with Cmf(pipeline_name="p", store=tmp_path / "copy" / "cmf_store") as cmf:
+        cmf.create_execution("train", execution_name="second")
+        cmf.log_metric("m", {"x": 3})
+        cmf.commit_metrics("m")
+    assert sorted(Sweep(tmp_path / "copy" / "cmf_store", metrics_name="m").trials()["trial_id"]) == ["first", "second"]
+    assert Sweep(tmp_path / "moved" / "cmf_store", metrics_name="m").trials()["trial_id"].tolist() == ["first"]
+    for where in ("copy", "moved"):
+        assert main(["verify", "--store", str(tmp_path / where / "cmf_store")]) == 0, capsys.readouterr().out
+    assert not project.exists()  # nothing was written where the project was
+    config = tmp_path / "copy" / "cmf_store" / "ray_cmf.json"  # as an earlier version recorded it, moved since
+    config.write_text(json.dumps({"mlmd": str(tmp_path / "gone" / "mlmd")}))
+    with pytest.raises(StoreError, match=r"No MLMD database at .*gone/mlmd, where the store .* \(ray_cmf\.json names"):
+        Sweep(tmp_path / "copy" / "cmf_store")  # it said "run a sweep or Cmf commit first"
+
+
 def test_a_password_in_an_mlmd_url_is_never_written(tmp_path: Path) -> None:
     store = Store(tmp_path / "store", mlmd="mysql://user:s3cret@127.0.0.1:3306/mlmd")
     store._ensure_root()
