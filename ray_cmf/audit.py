@@ -22,8 +22,8 @@ _AUDITED_TYPES = (STEP_METRICS_TYPE, DATASET_TYPE, MODEL_TYPE, ENVIRONMENT_TYPE)
 @dataclass(frozen=True)
 class Finding:
     """One audited file: ``ok`` (or ``superseded`` or ``remote-only``, see :attr:`ok`) or what is wrong with
-    it: ``missing``, ``modified``, ``dvc-mismatch``, ``cache-missing``, ``cache-modified``, ``symlink-out``,
-    ``remote-missing``."""
+    it: ``missing``, ``modified``, ``dvc-missing``, ``dvc-mismatch``, ``cache-missing``, ``cache-modified``,
+    ``symlink-out``, ``remote-missing``."""
 
     url: str
     md5: str
@@ -75,9 +75,11 @@ def audit(store: Store, *, remote: bool = False) -> Iterator[Finding]:
             if path not in untracked:
                 untracked[path] = tree_md5(path)[0] if path.exists() else None
             status = _untracked_status(md5, untracked[path], versions[path])
+            yield Finding(url, md5, status, lost)  # no copy is kept, so none is pushed: the remote has none
+            continue
         else:
             status = _tracked_status(store, md5, path)
-        if pushed is not None and not md5.endswith(".dir") and status in ("ok", "missing"):
+        if pushed is not None and status in ("ok", "missing"):
             on_remote = pushed.exists(md5)
             status = "remote-missing" if status == "ok" and not on_remote else status
             status = "remote-only" if status == "missing" and on_remote else status
@@ -101,10 +103,12 @@ def _tracked_status(store: Store, md5: str, path: Path) -> str:
     if file_md5(path) != md5:
         return "modified"
     dvc_file = path.with_name(path.name + ".dvc")
-    if dvc_file.exists() and _dvc_md5(dvc_file) != md5:
+    if not dvc_file.exists():
+        return "dvc-missing"  # DVC no longer tracks it
+    if _dvc_md5(dvc_file) != md5:
         return "dvc-mismatch"
     cached = cache_path(store.root, md5)
-    if dvc_file.exists() and not cached.is_file():
+    if not cached.is_file():
         return "cache-missing"
     if cached.is_file() and file_md5(cached) != md5:  # what every read takes
         return "cache-modified"
@@ -113,7 +117,7 @@ def _tracked_status(store: Store, md5: str, path: Path) -> str:
 
 def pull(store: Store) -> list[Path]:
     """Bring back every file of the store that is missing here, from its remote by md5 (into the DVC cache,
-    then its place in the store). Returns the files restored."""
+    then its place in the store, with its ``.dvc`` file). Returns the files restored."""
     remote = store.require_remote()
     restored = []
     recorded = list(_recorded(store))
@@ -125,5 +129,6 @@ def pull(store: Store) -> list[Path]:
             raise StoreError(f"Neither this store nor its remote {remote.url} holds {path} (md5 {md5})")
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cached, path)
+        store.dvc.track(path, md5, path.stat().st_size)  # tracked here too: dvc status, push and gc know it
         restored.append(path)
     return restored

@@ -514,6 +514,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad = [f for f in findings if not f.ok]
     if bad and not args.json:
         print(f"{len(bad)} of {len(findings)} files failed verification", file=sys.stderr)
+    missing = sum(f.status == "missing" for f in findings)
+    if missing and not args.remote and store.remote is not None:  # another machine's store, say
+        print(
+            f"{missing} files are not in the store: `ray-cmf pull` brings them from its remote {store.remote.url}, "
+            "and `ray-cmf verify --remote` checks that the remote holds them",
+            file=sys.stderr,
+        )
     holed = [f for f in findings if f.rows_lost]
     if holed:  # the files are intact, but their loggers said rows never reached the store
         lost = sum(f.rows_lost for f in holed)
@@ -526,7 +533,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     if args.add_remote:
         store.set_remote(args.add_remote, args.endpoint_url)
     with status(f"pushing {store.root} to {store.remote.url if store.remote else 'the DVC remote'}"):
-        report = store.dvc.push()
+        report = store.push()
     _emit(args, [{"remote": store.remote.url if store.remote else "(dvc default)", "dvc": report.strip()}], "dvc push")
     return EXIT_OK
 

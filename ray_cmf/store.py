@@ -190,11 +190,20 @@ class Store:
 
     def set_remote(self, url: str, endpoint_url: str | None = None) -> Remote:
         """Make ``url`` the store's DVC remote (``endpoint_url``: an S3-compatible server) and record it in
-        the config file, so that other machines can fetch files by their md5."""
-        remote = Remote(url, endpoint_url)
-        self.dvc.add_remote("default", url, endpoint_url=endpoint_url)
+        the config file, so that other machines can fetch files by their md5. A relative directory is taken
+        from the current directory, as every other path a command is given."""
+        remote = Remote(url if "://" in url else str(Path(url).absolute()), endpoint_url)
+        self.dvc.add_remote("default", remote.url, endpoint_url=endpoint_url)
         self._write_config(remote=remote.to_config())
         return remote
+
+    def push(self) -> str:
+        """Upload every tracked file to the store's remote (``dvc push``) and return DVC's report. The remote its
+        config file names is DVC's too: a store made by ``pull`` on another machine has no DVC remote yet."""
+        remote = self.remote
+        if remote is not None:
+            self.dvc.add_remote("default", remote.url, endpoint_url=remote.endpoint_url)
+        return self.dvc.push()
 
     def fetch(self, md5: str) -> Path | None:
         """The local copy of the file with this md5: the DVC cache's object, fetched from the remote on

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 from ray_cmf._atomic import atomic_write, write_text
@@ -79,10 +80,26 @@ class DvcRepo:
 
     def __init__(self, root: str | os.PathLike[str], *, scm: bool = False) -> None:
         self.root = Path(root)
-        if not (self.root / ".dvc").is_dir():
+        if not (self.root / ".dvc" / "config").is_file():
             self._init(scm)
 
     def _init(self, scm: bool) -> None:
+        """``dvc init``; a ``.dvc`` that holds only a cache (objects that reads fetched from the remote into a
+        store made on another machine) is set aside meanwhile, since DVC refuses to init over it, and its
+        cache is then the repo's."""
+        fetched = self.root / ".dvc" / "cache"
+        aside = self.root / f".dvc-cache-{uuid.uuid4().hex}"
+        if fetched.is_dir():
+            fetched.rename(aside)
+            shutil.rmtree(self.root / ".dvc", ignore_errors=True)
+        try:
+            self._init_repo(scm)
+        finally:
+            if aside.is_dir():
+                fetched.parent.mkdir(exist_ok=True)
+                aside.rename(fetched)
+
+    def _init_repo(self, scm: bool) -> None:
         from dvc.repo import Repo  # a heavy import, paid once per new store
 
         if scm:
@@ -122,10 +139,17 @@ class DvcRepo:
 
     def add_remote(self, name: str, url: str, *, default: bool = True, endpoint_url: str | None = None) -> None:
         """Configure a DVC remote (``dvc remote add [-d] NAME URL``; ``endpoint_url`` for an S3-compatible
-        server)."""
-        self._cli(["remote", "add", "--force"] + (["-d"] if default else []) + [name, url])
-        if endpoint_url:
-            self._cli(["remote", "modify", name, "endpointurl", endpoint_url])
+        server). Where DVC fails, its config is left as it was (DVC can fail half-way through writing it, as on a
+        path it cannot encode, and leave it empty)."""
+        config = self.root / ".dvc" / "config"
+        kept = config.read_bytes()
+        try:
+            self._cli(["remote", "add", "--force"] + (["-d"] if default else []) + [name, url])
+            if endpoint_url:
+                self._cli(["remote", "modify", name, "endpointurl", endpoint_url])
+        except StoreError:
+            config.write_bytes(kept)
+            raise
 
     def push(self, remote: str | None = None) -> str:
         """Upload every tracked object to the remote (``dvc push``) and return DVC's report."""

@@ -247,6 +247,47 @@ def test_push_to_a_local_remote(store_copy: Path, tmp_path: Path, capsys: pytest
     assert len([p for p in remote.rglob("*") if p.is_file()]) >= 9  # every committed Parquet file
 
 
+def test_a_colleagues_store_made_by_pull_is_a_store_like_any(
+    store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A colleague who copies ``mlmd.sqlite`` and ``ray_cmf.json`` and runs ``pull`` got the files without their
+    ``.dvc`` files and no DVC remote: ``dvc status`` tracked nothing, ``push`` failed ("no remote specified")
+    and ``push --add-remote`` pushed nothing. A relative ``--add-remote`` was recorded as given but set in DVC
+    relative to the store (``verify --remote`` then failed), and a removed ``.dvc`` file read ``ok``."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _cli(capsys, "push", "--store", str(store_copy), "--add-remote", "remote")  # relative to here
+    assert code == 0, err
+    assert json.loads((store_copy / "ray_cmf.json").read_text())["remote"]["url"] == str(tmp_path / "remote")
+    code, out, err = _cli(capsys, "verify", "--store", str(store_copy), "--remote", "--json")
+    assert code == 0, [f for f in json.loads(out) if f["status"] not in ("ok", "superseded")]
+    colleague = tmp_path / "colleague"
+    colleague.mkdir()
+    for name in ("mlmd.sqlite", "ray_cmf.json"):
+        shutil.copy(store_copy / name, colleague / name)
+    code, _, err = _cli(capsys, "pull", "--store", str(colleague))
+    assert code == 0, err
+    pulled = sorted(p.relative_to(colleague) for p in colleague.rglob("*.parquet"))
+    assert (
+        pulled and sorted(p.relative_to(colleague).with_suffix("") for p in colleague.rglob("*.parquet.dvc")) == pulled
+    )
+    dvc = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=colleague, capture_output=True, text=True)
+    assert dvc.returncode == 0 and "up to date" in dvc.stdout, dvc.stdout + dvc.stderr
+    code, out, _ = _cli(capsys, "verify", "--store", str(colleague), "--json")
+    assert code == 0 and {f["status"] for f in json.loads(out)} <= {"ok", "superseded"}
+    code, _, err = _cli(capsys, "push", "--store", str(colleague))  # to the remote its ray_cmf.json names
+    assert code == 0, err
+    again = tmp_path / "second-remote"
+    assert _cli(capsys, "push", "--store", str(colleague), "--add-remote", str(again))[0] == 0
+    assert len([p for p in again.rglob("*") if p.is_file()]) >= len(pulled)
+    config = (colleague / ".dvc" / "config").read_bytes()
+    code, _, err = _cli(capsys, "push", "--store", str(colleague), "--add-remote", str(tmp_path / "remote é"))
+    assert code == 2 and "codec can't encode" in err  # DVC 3's own bug; it emptied .dvc/config (no_scm lost)
+    assert (colleague / ".dvc" / "config").read_bytes() == config
+    next(colleague.rglob("*.parquet.dvc")).unlink()
+    code, out, _ = _cli(capsys, "verify", "--store", str(colleague), "--json")
+    assert code == 1 and [f["status"] for f in json.loads(out)].count("dvc-missing") == 1
+
+
 def test_a_store_from_cmf_alone_is_readable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cmf = Cmf(pipeline_name="plain", store=tmp_path / "store")
     cmf.create_execution("Train", {"lr": 0.5})
