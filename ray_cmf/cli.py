@@ -564,6 +564,13 @@ def cmd_recover(args: argparse.Namespace) -> int:
             f"ray-cmf: skipped {len(spills.skipped)} spills whose writer still runs (--force commits them):{alive}",
             file=sys.stderr,
         )
+    if spills.held:
+        held = "".join(f"\n  {directory} (pid {pid})" for directory, pid in spills.held.items())
+        print(
+            f"ray-cmf: skipped {len(spills.held)} spills that their writer still writes and holds (it commits them "
+            f"itself; --force does not take them):{held}",
+            file=sys.stderr,
+        )
     if spills.failed:
         print(f"ray-cmf: {RecoveryError(spills.failed, spills.committed)}", file=sys.stderr)
         return EXIT_FAILED

@@ -14,10 +14,13 @@ from ray_cmf.constants import RECOVERED, SPILL_DIR, SPILL_MANIFEST
 from ray_cmf.errors import RayCmfError, RecoveryError
 from ray_cmf.exits import CRASHED, abandoned, process_alive
 from ray_cmf.lineage import Artifact, Execution, properties, state_name
-from ray_cmf.series_format import FinishedFile, Spill, SpillManifest, discard_spill
+from ray_cmf.series_format import FinishedFile, Spill, SpillManifest, discard_spill, held_by_a_writer
 from ray_cmf.store import Store
 
 log = logging.getLogger(__name__)
+
+
+HELD_WAIT_S = 2.0  # a writer killed a moment ago lets go of its spill as its last thread ends
 
 
 def _alive(manifest: SpillManifest) -> bool:
@@ -98,6 +101,7 @@ class Spills:
     committed: list[Artifact] = field(default_factory=list)  # the artifacts made
     failed: dict[Path, Exception] = field(default_factory=dict)  # could not be committed, and why
     skipped: dict[Path, int] = field(default_factory=dict)  # the pid of a writer still alive (without force)
+    held: dict[Path, int] = field(default_factory=dict)  # the pid of a writer that still writes it (even with force)
 
 
 def commit_spills(store: Store, *, force: bool = False) -> Spills:
@@ -114,7 +118,8 @@ def commit_spills(store: Store, *, force: bool = False) -> Spills:
 
 
 def _commit_spill(store: Store, directory: Path, force: bool, spills: Spills) -> None:
-    """Commit one dangling spill into ``spills`` (skipped while its writer is alive; discarded if empty)."""
+    """Commit one dangling spill into ``spills`` (skipped while its writer is alive, and with ``force`` too
+    while it writes the spill; discarded if empty)."""
     try:
         manifest = SpillManifest.read(directory)
     except (OSError, ValueError, TypeError) as exc:
@@ -123,6 +128,16 @@ def _commit_spill(store: Store, directory: Path, force: bool, spills: Spills) ->
         log.info("ray_cmf.recover: skipping %s, its writer (pid %s) is alive", directory, manifest.pid)
         spills.skipped[directory] = manifest.pid
         return
+    with held_by_a_writer(directory, wait=HELD_WAIT_S) as held:
+        if held:  # committed and emptied here, it would leave its writer a spill of nothing to commit
+            log.info("ray_cmf.recover: skipping %s, its writer (pid %s) writes it", directory, manifest.pid)
+            spills.held[directory] = manifest.pid
+        else:
+            _commit(store, directory, manifest, spills)
+
+
+def _commit(store: Store, directory: Path, manifest: SpillManifest, spills: Spills) -> None:
+    """Commit a spill no process writes as a recovered version (an empty one is discarded)."""
     spill = Spill(directory, manifest)
     if not spill.pending:
         discard_spill(spill.directory)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import io
 import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -28,7 +30,7 @@ import pyarrow.parquet as pq
 
 from ray_cmf._atomic import atomic_write, write_text
 from ray_cmf._json import dumps, float_of
-from ray_cmf.constants import ARTIFACTS_DIR, SEGMENT_GLOB, SEQUENCE_COLUMN, SPILL_MANIFEST, SUMMARY_KEY
+from ray_cmf.constants import ARTIFACTS_DIR, SEGMENT_GLOB, SEQUENCE_COLUMN, SPILL_LOCK, SPILL_MANIFEST, SUMMARY_KEY
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,10 @@ class FinishedFile:
     md5: str
     size: int
     rows: int
+
+
+HOLD_WAIT_S = 30.0  # how long a writer waits for another process (a recover) to let go of a spill
+_HELD_HERE: set[Path] = set()  # the spill directories this process holds
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class Spill:
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self._schema: pa.Schema | None = None
         self._manifest_written = False
+        self._held: io.TextIOWrapper | None = None  # the lock file, while this process writes the spill
         self._count = len(list(self.directory.glob(SEGMENT_GLOB))) if self.directory.exists() else 0
         self.pending = sum(batch.num_rows for batch in read_segments(self.directory)) if self._count else 0
         adopted = SpillManifest.read(self.directory) if (self.directory / SPILL_MANIFEST).exists() else manifest
@@ -135,6 +142,7 @@ class Spill:
             base = str(self.base) if self.base else None
             replace(self.manifest, base=base, base_unknown=self.base_unknown).write(self.directory)
             self._manifest_written = True
+            self._hold()
         if self._stream is None or not batch.schema.equals(self._schema):
             self._close_segment()
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -182,12 +190,33 @@ class Spill:
                 finished.path.unlink(missing_ok=True)
             raise
         discard_spill(self.directory)
+        self._release()
         self.base, self._count, self._manifest_written, self.pending = finished.path, 0, False, 0
         return accepted
 
     def close(self) -> None:
         """Close the open segment; what was written stays on disk for recovery."""
         self._close_segment()
+        self._release()
+
+    def _hold(self) -> None:
+        """Hold the spill while this process writes it (see :func:`held_by_a_writer`); the OS drops the lock
+        with the process, however it ends. A recover that commits it meanwhile is waited out, for a while."""
+        if self._held is not None or self.directory in _HELD_HERE:  # a writer here that adopts another's spill
+            return
+        lock = open(self.directory / SPILL_LOCK, "a")  # noqa: SIM115 (held until released)
+        if not _locked(lock, HOLD_WAIT_S):
+            lock.close()
+            log.warning("ray_cmf: another process holds the spill %s; writing it all the same", self.directory)
+            return
+        self._held = lock
+        _HELD_HERE.add(self.directory)
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+            _HELD_HERE.discard(self.directory)
 
     def __repr__(self) -> str:
         return f"Spill({str(self.directory)!r})"
@@ -361,6 +390,30 @@ def float_texts(texts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array
     would lose its sign (``-0.0`` and ``3.0`` read back as floats)."""
     whole = pc.match_substring_regex(texts, r"^-?[0-9]+$")
     return pc.if_else(whole, pc.binary_join_element_wise(texts, ".0", ""), texts)
+
+
+@contextlib.contextmanager
+def held_by_a_writer(directory: Path, wait: float = 0.0) -> Iterator[bool]:
+    """Whether a live process writes the spill in ``directory`` (it holds the spill's lock, still after
+    ``wait`` seconds); while the context lasts, one that does not cannot start to."""
+    if directory in _HELD_HERE:  # this process writes it
+        yield True
+        return
+    with open(directory / SPILL_LOCK, "a") as lock:
+        yield not _locked(lock, wait)
+
+
+def _locked(lock: io.TextIOWrapper, wait: float) -> bool:
+    """Take ``lock`` (exclusive), trying for up to ``wait`` seconds; whether it was taken."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def discard_spill(directory: Path) -> None:

@@ -365,16 +365,22 @@ def test_a_store_records_an_mlmd_kept_elsewhere(
     from ray_cmf.cli import main
 
     monkeypatch.chdir(tmp_path)
-    cmf = Cmf(filepath="mlmd", pipeline_name="p")  # MLMD at ./mlmd, the store at ./cmf_store
-    cmf.log_metric("m", {"x": 1})
-    cmf.commit_metrics("m")
-    cmf.log_metric("m", {"x": 2})
-    cmf.metrics["m"].flush()  # spilled, not committed
+    killed = """if True:
+        import os
+        from ray_cmf import Cmf
+        cmf = Cmf(filepath="mlmd", pipeline_name="p")  # MLMD at ./mlmd, the store at ./cmf_store
+        cmf.log_metric("m", {"x": 1})
+        cmf.commit_metrics("m")
+        cmf.log_metric("m", {"x": 2})
+        cmf.metrics["m"].flush()  # spilled, not committed
+        os._exit(0)
+    """
+    subprocess.run([sys.executable, "-c", killed], check=True)
     assert Store("cmf_store").mlmd == str(tmp_path / "mlmd")
     capsys.readouterr()
     assert main(["pipelines", "--store", "cmf_store", "--json"]) == 0
     assert [row["pipeline"] for row in json.loads(capsys.readouterr().out)] == ["p"]
-    [artifact] = recover(Store("cmf_store"), force=True)  # its execution is found in ./mlmd
+    [artifact] = recover(Store("cmf_store"))  # its execution is found in ./mlmd
     assert properties(artifact)["rows"] == 2
 
 

@@ -103,6 +103,45 @@ def test_recover_skips_live_writers_and_is_idempotent(store_dir: Path) -> None:
     assert recover(store) == []
 
 
+LIVE = textwrap.dedent(
+    """
+    import sys
+    from ray_cmf import Cmf
+    cmf = Cmf(pipeline_name="live", store=sys.argv[1])
+    for i in range(1000):
+        cmf.log_metric("s", {"step": i, "v": i * 0.5})
+    cmf.flush()
+    print("flushed", flush=True)
+    sys.stdin.readline()  # while the test recovers the store with --force
+    for i in range(1000, 1500):
+        cmf.log_metric("s", {"step": i, "v": i * 0.5})
+    cmf.commit_metrics("s")
+    print(len(cmf.read_metrics("s")), flush=True)
+    """
+)
+
+
+def test_recover_with_force_leaves_a_spill_its_live_writer_holds(store_dir: Path) -> None:
+    """``recover --force`` committed a live job's spill and deleted it under the writer: the job's own commit
+    then made a version of 0 rows, and every row it logged later was lost, without a word. The writer holds
+    its spill (a lock the OS drops with the process), and no ``--force`` takes a spill that is held."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", LIVE, str(store_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdin is not None and child.stdout is not None
+    assert child.stdout.readline().strip() == "flushed"
+    cli = subprocess.run(
+        [sys.executable, "-m", "ray_cmf.cli", "recover", "--force", "--store", str(store_dir)],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 0 and f"(pid {child.pid})" in cli.stderr and "writes and holds" in cli.stderr, cli.stderr
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == "1500" and child.wait() == 0
+    assert recover(Store(store_dir)) == []
+
+
 def test_a_killed_run_shows_crashed_and_recover_marks_it_recovered(store_dir: Path) -> None:
     """A run SIGKILLed mid-way never ends its execution: readers on its machine show it CRASHED, not RUNNING
     (its process is gone), recover() records that for good, and the run says its rows were recovered."""
