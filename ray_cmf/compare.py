@@ -47,6 +47,7 @@ from ray_cmf.constants import (
     STOPPED_PROPERTY,
     SUMMARY_KEY,
     SYSTEM_METRICS_NAME,
+    TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -242,6 +243,8 @@ class Sweep:
         [['lr-0.1', 0.03333333333333333]]
     """
 
+    metrics_name: str  # the series compared
+
     def __init__(
         self,
         store: str | os.PathLike[str] | Store | None = None,
@@ -251,13 +254,36 @@ class Sweep:
         *,
         include_deleted: bool = False,
     ) -> None:
+        self._open(store, pipeline, stage, metrics_name or RESULTS_METRICS_NAME, include_deleted)
+        held = self.series_names()
+        if held and self.metrics_name not in held and not (metrics_name is None and self._tune_trials_running()):
+            obvious = _obvious_series(held)
+            if metrics_name is None and obvious is not None:
+                self.metrics_name = obvious
+            else:
+                which = repr(metrics_name) if metrics_name is not None else "of Tune results (tune_results)"
+                raise MetricsNotFoundError(
+                    f"No series {which} in pipeline {self.pipeline!r}; it holds {held}: name one of them "
+                    "(metrics_name=..., or --metrics-name)",
+                    held,
+                )
+
+    def _open(
+        self,
+        store: str | os.PathLike[str] | Store | None,
+        pipeline: str | None,
+        stage: str | None,
+        metrics_name: str,
+        include_deleted: bool,
+    ) -> None:
+        """Open the sweep of ``metrics_name``, which is not checked against the series the store holds."""
         self.store = store if isinstance(store, Store) else Store(store)
         self.include_deleted = include_deleted
         self.lineage = self.store.reader()
         self.pipeline = pipeline or self._only_pipeline()
         self.stage = stage
         self.stages = self._read_stages()
-        self.metrics_name = metrics_name or RESULTS_METRICS_NAME
+        self.metrics_name = metrics_name
         self._files: list[TrialFile] | None = None
         self._footer_cache: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] | None = None
         self._executions: list[tuple[Execution, str]] | None = None
@@ -271,18 +297,19 @@ class Sweep:
         self._kept: frozenset[str] | None = None  # the trials of a view (see ``only``); None: every trial
         self._modes: dict[str, str] | None = None  # see ``modes``
         self._declared: dict[str, tuple[dict[str, str], dict[str, str]]] | None = None  # see ``_declarations``
-        held = self.series_names()
-        if held and self.metrics_name not in held:
-            obvious = _obvious_series(held)
-            if metrics_name is None and obvious is not None:
-                self.metrics_name = obvious
-            else:
-                which = repr(metrics_name) if metrics_name is not None else "of Tune results (tune_results)"
-                raise MetricsNotFoundError(
-                    f"No series {which} in pipeline {self.pipeline!r}; it holds {held}: name one of them "
-                    "(metrics_name=..., or --metrics-name)",
-                    held,
-                )
+
+    def _tune_trials_running(self) -> bool:
+        """Whether a Tune trial of the sweep runs: its results are the series to compare by default, also before
+        the first one is recorded (a trial's own series, committed first, would stand in for a moment)."""
+        trial_type = self.lineage.find_type_id("execution", TRIAL_EXECUTION_TYPE)
+        return any(e.type_id == trial_type and state_name(e) == "RUNNING" for e, _ in self.executions())
+
+    def _view(self, include_deleted: bool) -> Sweep:
+        """Another view of the same trials and series, whose series is not checked again: a live sweep's series
+        come and go (a tag or a note, which need only MLMD, must not fail for that)."""
+        view = Sweep.__new__(Sweep)
+        view._open(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted)
+        return view
 
     def _read_stages(self) -> list[Context]:
         """The stages this sweep reads: the pipeline's, or the one named (as the store holds them now)."""
@@ -307,13 +334,13 @@ class Sweep:
 
     def everyone(self) -> Sweep:
         """The same sweep with its deleted trials too."""
-        return Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=True)
+        return self._view(include_deleted=True)
 
     def only(self, trial_ids: Iterable[str]) -> Sweep:
         """The same sweep restricted to some trials (the ones a ``where`` expression picked, say): its table,
         steps, plots and report hold those trials only."""
         keep = frozenset(trial_ids)
-        view = Sweep(self.store, self.pipeline, self.stage, self.metrics_name, include_deleted=self.include_deleted)
+        view = self._view(self.include_deleted)
         view._kept = keep if self._kept is None else keep & self._kept
         view._executions = [(e, s) for e, s in self.executions() if self.key(e) in keep]
         view._keys = self._keys
@@ -601,7 +628,14 @@ class Sweep:
         own = mode is None  # each trial by its own sweep's modes, where the sweeps viewed disagree
         mode = self.modes() if mode is None else mode
         table = self._trial_table(metrics, mode, query, own, live)
-        table["verified"] = [self._verified(trial) if verify else None for trial in table["trial_id"]]
+        import pandas as pd
+
+        verified = pd.Series(
+            [self._verified(trial) if verify else None for trial in table["trial_id"]], index=table.index
+        )
+        table = pd.concat(
+            [table, verified.rename("verified")], axis=1
+        )  # a frame of many tag columns, not one more block
         tail = ["steps", "md5", "url", "verified"]
         table = table[[c for c in table.columns if c not in tail] + [c for c in tail if c in table.columns]]
         if group_by is not None:  # a trial restart_errored replaced is no run of its group: its results were discarded

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,37 @@ def test_a_tag_set_while_the_writer_ends_the_trial_keeps_both(tmp_path: Path) ->
     store.update_execution(execution.id, {"status": "COMPLETE"}, "COMPLETE")  # what the writer's end() does
     [row] = Sweep(store.root).trials().to_dict(orient="records")
     assert row["status"] == "COMPLETE" and row["tag/team"] == "vision"
+
+
+def test_a_running_sweep_keeps_its_series_and_tags_as_its_trials_series_come(tmp_path: Path) -> None:
+    """While a sweep runs, a trial's own series (``get_cmf``'s steps) can be recorded before its first Tune
+    result: ``Sweep(store)`` then compared that series for a moment, and a tag or a note through a Sweep opened
+    before it failed ("No series 'tune_results' ...; it holds ['steps']"), though they need only MLMD."""
+    store = write_trials(tmp_path / "store", [Trial("live", {"lr": 0.1}, status="RUNNING")])
+    early = Sweep(store.root)
+    running = Trial("live", {"lr": 0.1}, {"": _rows(1.0)}, status="RUNNING")
+    write_trials(tmp_path / "store", [running], metrics_name="steps")
+    assert Sweep(store.root).metrics_name == "tune_results"
+    early.tag("live", team="vision")
+    early.note("live", "first")
+    [row] = Sweep(store.root, metrics_name="steps").trials().to_dict(orient="records")
+    assert row["tag/team"] == "vision" and row["note"] == "first"
+    [execution] = store.lineage.store.get_executions()
+    store.update_execution(execution.id, {"status": "COMPLETE"}, "COMPLETE")  # it ended with no result
+    assert Sweep(store.root).metrics_name == "steps"  # then its own series is the obvious one, as before
+
+
+def test_a_sweep_of_many_tags_reads_without_a_warning(tmp_path: Path) -> None:
+    """Trials with many tags of their own printed pandas' "DataFrame is highly fragmented" PerformanceWarning
+    from ray_cmf's own table, at every ``trials``."""
+    store = write_trials(tmp_path / "store", [Trial(f"t{i}", {"lr": i}, {"": _rows(1.0)}) for i in range(3)])
+    sweep = Sweep(store.root)
+    for i in range(3):
+        sweep.tag(f"t{i}", **{f"k{i}_{j}": j for j in range(60)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = Sweep(store.root).trials()
+    assert sum(column.startswith("tag/") for column in table.columns) == 180
 
 
 def test_a_run_tags_itself_with_set_tags(tmp_path: Path) -> None:
