@@ -12,6 +12,7 @@ skip it), its bytes are removed (each removal may already have happened), and it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -112,10 +113,18 @@ def collect(
         if not dry_run:
             raise StoreError(refused)
     pushed = store.require_remote() if remote else None
+    with contextlib.nullcontext() if dry_run else store.collecting():  # no commit registers a file meanwhile
+        return _collect(store, older_than, pushed, dry_run, Collected(refused=refused))
+
+
+def _collect(
+    store: Store, older_than: timedelta | None, pushed: Remote | None, dry_run: bool, out: Collected
+) -> Collected:
+    """:func:`collect`'s work once it may run: what no live trial holds, found and freed into ``out``."""
+    lineage = store.lineage
     executions = lineage.store.get_executions()
     counted_as = _dead(lineage, executions, older_than)
     dead = set(counted_as)
-    out = Collected(refused=refused)
     doomed, freed_before, live_md5s, out.kept_shared = _doomed(lineage, executions, dead)
     doomed += _left_over(store, freed_before, live_md5s, pushed)
     out.files = [str(properties(a).get("url", a.uri)) for a in doomed]

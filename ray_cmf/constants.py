@@ -12,6 +12,7 @@ SPILL_DIR = "spill"
 ENVIRONMENTS_DIR = "environments"  # package lists, one file per distinct environment
 SPILL_MANIFEST = "manifest.json"
 SPILL_LOCK = ".writer.lock"  # held (flock) by the process that writes a spill, dropped with it
+STORE_LOCK = ".gc.lock"  # held shared (flock) by each commit that tracks a file, exclusively by gc as it frees files
 PENDING_ENDS_DIR = ".ends"  # how executions were to end when the lineage did not answer (see Store.note_end)
 SEGMENT_GLOB = "seg-*.arrows"
 

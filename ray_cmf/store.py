@@ -8,13 +8,15 @@ requests to the writer: nothing is opened until a method needs it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from ray_cmf.constants import (
     SPILL_DIR,
     STEP_METRICS_TYPE,
     STORE_CONFIG,
+    STORE_LOCK,
     VALUES_JSON,
 )
 from ray_cmf.environment import Environment
@@ -243,6 +246,27 @@ class Store:
                 self._record_config()  # once it opened: a database that never answered is not the store's
             return self._lineage
 
+    @contextlib.contextmanager
+    def tracking(self) -> Iterator[None]:
+        """While a file is tracked and registered: ``gc`` (see :meth:`collecting`) waits, so it never frees the
+        cache object of content that a commit is registering (the content of a deleted trial's freed file,
+        say) in the moment between the two."""
+        with self._store_lock(fcntl.LOCK_SH):
+            yield
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        """While ``gc`` decides what no live trial holds and frees it: commits wait (see :meth:`tracking`)."""
+        with self._store_lock(fcntl.LOCK_EX):
+            yield
+
+    @contextlib.contextmanager
+    def _store_lock(self, mode: int) -> Iterator[None]:
+        self._ensure_root()
+        with open(self.root / STORE_LOCK, "a") as lock:
+            fcntl.flock(lock, mode)
+            yield
+
     def reader(self) -> Lineage:
         """The MLMD database opened read-only (for readers beside the writer), which must exist: an error that
         names it, and the config file that named it where the database is not in the store."""
@@ -416,6 +440,18 @@ class Store:
 
         The DVC cache copy runs outside the MLMD lock: a large file does not stall other requests.
         """
+        with self.tracking():
+            return self._commit_metrics(execution_id, metrics_name, finished, custom, instance, also_output_of)
+
+    def _commit_metrics(
+        self,
+        execution_id: int,
+        metrics_name: str,
+        finished: FinishedFile,
+        custom: Mapping[str, Any] | None,
+        instance: str,
+        also_output_of: int | None,
+    ) -> Artifact:
         self.dvc.track(finished.path, finished.md5, finished.size)
         with self._lock:
             url = self.url(finished.path)
@@ -481,7 +517,7 @@ class Store:
                 raise StoreError(f"Cannot log {type_name} {str(path)!r}: no such file or directory")
             digest = tree_md5(path)
         md5, size = digest
-        with self._lock:
+        with self.tracking(), self._lock:
             tracked = path.is_file() and path.is_relative_to(self.root)
             if tracked:
                 self.dvc.track(path, md5, size)

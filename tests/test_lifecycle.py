@@ -701,6 +701,27 @@ def test_a_series_identical_to_one_that_gc_freed_is_committed_again(
     assert code == 0 and {r["status"] for r in audit} == {"ok"}
 
 
+def test_a_commit_waits_for_a_gc_that_frees_its_content(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gc --force`` during a sweep freed the cache object of a live trial's file (``verify``: cache-missing):
+    the trial committed content that gc had freed from a deleted trial, and gc, which saw no live artifact of it
+    yet, took the new cache copy between the commit's DVC tracking and its MLMD record. A commit that tracks a
+    file now waits while gc frees files, and gc waits for such a commit."""
+    import threading
+
+    store_dir = tmp_path / "store"
+    _identical_series(store_dir, ("a",))
+    Sweep(store_dir).delete(["a"])
+    with Store(store_dir).collecting():  # as gc holds the store while it frees
+        committing = threading.Thread(target=_identical_series_of, args=(store_dir, "b", _rows(1.0)))
+        committing.start()
+        committing.join(timeout=2.0)
+        assert committing.is_alive()  # the commit waits for gc
+    committing.join()
+    code, audit = _cli(capsys, "verify", "--store", str(store_dir))
+    assert code == 0 and {r["status"] for r in audit} == {"ok"}
+    assert Sweep(store_dir).steps(trials=["b"])["loss"].tolist() == [r["loss"] for r in _rows(1.0)]
+
+
 def test_gc_counts_and_names_each_trial_it_freed_where_ids_recur(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
