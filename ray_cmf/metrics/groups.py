@@ -55,7 +55,7 @@ class Names:
                 if k in whose:  # one would replace the other in every row
                     raise RayCmfError(f"{k!r} is {_output_of(*whose[k])} and {_output_of(name, output)}: rename one")
                 whose[k], self.index[k] = (name, output), (g, output, member)
-        self.shown = [k for k, (name, _) in whose.items() if name not in hidden]
+        self.shown = {k: self.index[k] for k, (name, _) in whose.items() if name not in hidden}
         self.scalars = [(g, output) for g, out in enumerate(outputs) for output, t in out.items() if t[0].numel() == 1]
         begin, start = 0, {}
         for g, output in self.scalars:
@@ -82,7 +82,7 @@ class MetricValues(Mapping[str, torch.Tensor]):
         self.names, self.outputs = names, outputs
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        g, output, member = self.names.index[key]
+        g, output, member = self.names.shown[key]
         return self.outputs[g][output][member]
 
     def __iter__(self) -> Iterator[str]:
