@@ -110,7 +110,7 @@ def _tracked_status(store: Store, md5: str, path: Path) -> str:
     cached = cache_path(store.root, md5)
     if not cached.is_file():
         return "cache-missing"
-    if cached.is_file() and file_md5(cached) != md5:  # what every read takes
+    if file_md5(cached) != md5:  # what every read takes
         return "cache-modified"
     return "ok"
 

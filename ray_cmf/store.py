@@ -65,7 +65,7 @@ def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
 def _location(mlmd: str | os.PathLike[str]) -> str:
     """An MLMD location as the writer must see it: a URL as given, a SQLite path made absolute."""
     text = os.fspath(mlmd)
-    return text if is_url(text) else str(Path(text).absolute())
+    return text if is_url(text) else os.path.normpath(Path(text).absolute())
 
 
 class Store:

@@ -426,6 +426,8 @@ def test_a_project_copied_or_moved_keeps_its_own_lineage_and_recovers_its_spills
     for where in ("copy", "moved"):
         assert main(["verify", "--store", str(tmp_path / where / "cmf_store")]) == 0, capsys.readouterr().out
     assert not project.exists()  # nothing was written where the project was
+    with Cmf(filepath=str(tmp_path / "copy" / "sub" / ".." / "mlmd"), store=tmp_path / "copy" / "cmf_store") as cmf:
+        cmf.create_execution("train", execution_name="third")  # the same database, named another way
     config = tmp_path / "copy" / "cmf_store" / "ray_cmf.json"  # as an earlier version recorded it, moved since
     config.write_text(json.dumps({"mlmd": str(tmp_path / "gone" / "mlmd")}))
     with pytest.raises(StoreError, match=r"No MLMD database at .*gone/mlmd, where the store .* \(ray_cmf\.json names"):
