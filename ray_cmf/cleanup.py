@@ -126,7 +126,7 @@ def _collect(
     counted_as = _dead(lineage, executions, older_than)
     dead = set(counted_as)
     doomed, freed_before, live_md5s, out.kept_shared = _doomed(lineage, executions, dead)
-    doomed += _left_over(store, freed_before, live_md5s, pushed)
+    doomed += _left_over(store, freed_before, live_md5s | {_md5(a) for a in doomed}, pushed)
     out.files = [str(properties(a).get("url", a.uri)) for a in doomed]
     spills = _spills(store, dead)
     out.spills = len(spills)
@@ -140,7 +140,7 @@ def _collect(
                 out.cache_objects += path.is_relative_to(store.root / ".dvc")
                 if not dry_run:
                     path.unlink()
-        md5 = str(properties(artifact).get("Commit", ""))
+        md5 = _md5(artifact)
         if md5 in live_md5s:
             continue  # its content stays, on the remote too
         if pushed is not None and md5 and (pushed.exists(md5) if dry_run else pushed.remove(md5)):
@@ -242,27 +242,28 @@ def _doomed(
     return doomed, freed, live_md5s, shared
 
 
-def _left_over(store: Store, freed: list[Artifact], live_md5s: set[str], pushed: Remote | None) -> list[Artifact]:
+def _left_over(store: Store, freed: list[Artifact], held_md5s: set[str], pushed: Remote | None) -> list[Artifact]:
     """The freed files whose bytes are still here, or (``pushed``) on the remote: a team's gc on one machine
     frees what that machine and the remote hold, and the store that wrote the files keeps its copies (which a
-    push of it would send back) until a gc there frees them too."""
+    push of it would send back) until a gc there frees them too. Content that ``held_md5s`` names is another
+    artifact's (a live one's, or one this gc frees anyway): it leaves no freed file over."""
     return [
         artifact
         for artifact in freed
-        if any(path.is_file() for path in _paths(store, artifact, live_md5s))
-        or (
-            pushed is not None
-            and (md5 := str(properties(artifact).get("Commit", ""))) not in live_md5s
-            and pushed.exists(md5)
-        )
+        if any(path.is_file() for path in _paths(store, artifact, held_md5s))
+        or (pushed is not None and (md5 := _md5(artifact)) not in held_md5s and pushed.exists(md5))
     ]
+
+
+def _md5(artifact: Artifact) -> str:
+    return str(properties(artifact).get("Commit", ""))
 
 
 def _paths(store: Store, artifact: Artifact, live_md5s: set[str]) -> list[Path]:
     """The bytes an artifact holds alone in the store: its file and ``.dvc`` file (when inside the store) and
     its DVC cache object, unless a live execution's file has the same content (``live_md5s``)."""
     path = store.file_of(artifact)
-    md5 = str(properties(artifact).get("Commit"))
+    md5 = _md5(artifact)
     paths = [] if md5 in live_md5s else [cache_path(store.root, md5)]
     if path.is_relative_to(store.root / ARTIFACTS_DIR) and not store.escapes(path):
         paths = [path, path.with_name(path.name + ".dvc"), *paths]

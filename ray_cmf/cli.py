@@ -561,14 +561,15 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if spills.skipped:
         alive = "".join(f"\n  {directory} (pid {pid})" for directory, pid in spills.skipped.items())
         print(
-            f"ray-cmf: skipped {len(spills.skipped)} spills whose writer still runs (--force commits them):{alive}",
+            f"ray-cmf: skipped {_count(len(spills.skipped), 'spill')} whose writer still runs "
+            f"(--force commits them):{alive}",
             file=sys.stderr,
         )
     if spills.held:
         held = "".join(f"\n  {directory} (pid {pid})" for directory, pid in spills.held.items())
         print(
-            f"ray-cmf: skipped {len(spills.held)} spills that their writer still writes and holds (it commits them "
-            f"itself; --force does not take them):{held}",
+            f"ray-cmf: skipped {_count(len(spills.held), 'spill')} that a writer still writes and holds (it commits "
+            f"them itself; --force does not take them):{held}",
             file=sys.stderr,
         )
     if spills.failed:

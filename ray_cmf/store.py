@@ -195,7 +195,7 @@ class Store:
         """Make ``url`` the store's DVC remote (``endpoint_url``: an S3-compatible server) and record it in
         the config file, so that other machines can fetch files by their md5. A relative directory is taken
         from the current directory, as every other path a command is given."""
-        remote = Remote(url if "://" in url else str(Path(url).absolute()), endpoint_url)
+        remote = Remote(url if "://" in url else os.path.normpath(Path(url).absolute()), endpoint_url)
         self.dvc.add_remote("default", remote.url, endpoint_url=endpoint_url)
         self._write_config(remote=remote.to_config())
         return remote
@@ -408,13 +408,20 @@ class Store:
         with self._lock:
             self.lineage.patch_executions(execution_ids, props, remove)
 
-    def start_attempt(self, execution_id: int, counter: str = ATTEMPT_PROPERTY) -> int:
+    def start_attempt(
+        self,
+        execution_id: int,
+        counter: str = ATTEMPT_PROPERTY,
+        props: Mapping[str, Any] | None = None,
+        state: str | None = None,
+    ) -> int:
         """Count one more start of an execution (a trial's or a run's) and return it: 1 for the first.
-        ``counter``: the property that counts them (a Train run's callback counts its own starts)."""
+        ``counter``: the property that counts them (a Train run's callback counts its own starts). ``props``
+        and ``state`` are merged in the same MLMD transaction (see :meth:`update_execution`)."""
         with self._lock:
             recorded = properties(self.lineage.get_execution(execution_id)).get(counter, 0)
             attempt = int(recorded) + 1
-            self.lineage.update_execution(execution_id, {counter: attempt})
+            self.update_execution(execution_id, {**(props or {}), counter: attempt}, state)
             return attempt
 
     def commit_metrics(
@@ -532,10 +539,11 @@ class Store:
                 event,
             )
 
-    def log_environment(self, execution_id: int, environment: Environment) -> Artifact | None:
-        """Merge an environment's properties into the execution and link its package list (one file per
-        distinct list, ``environments/packages-<md5>.txt``, shared by every execution that has it)."""
-        if environment.props:
+    def log_environment(self, execution_id: int, environment: Environment, *, merged: bool = False) -> Artifact | None:
+        """Merge an environment's properties into the execution (``merged``: the caller did, with others) and
+        link its package list (one file per distinct list, ``environments/packages-<md5>.txt``, shared by every
+        execution that has it)."""
+        if environment.props and not merged:
             self.update_execution(execution_id, environment.props)
         if not environment.packages:
             return None

@@ -228,9 +228,13 @@ class StoreWriter:
                 owner=owner_of(sweep=sweep, trial=within),
             )
             live = binding.store
-            attempt = live.start_attempt(execution.id) if start else int(properties(execution).get(ATTEMPT_PROPERTY, 1))
+            running = {**(props or {}), **(environment.props if environment is not None else {})}  # one transaction
+            if start:
+                attempt = live.start_attempt(execution.id, props=running, state="RUNNING")
+            else:
+                attempt = int(properties(execution).get(ATTEMPT_PROPERTY, 1))
+                live.update_execution(execution.id, running, "RUNNING")
             binding = replace(binding, attempt=attempt, trial_execution_id=within)
-            live.update_execution(execution.id, props, "RUNNING")
             live.forget_end(execution.id)  # it starts again: how an earlier start was to end is no longer news
             with self._lock:
                 first = (kind, name) not in self._bindings
@@ -246,7 +250,7 @@ class StoreWriter:
                 except (OSError, RayCmfError) as exc:  # the trial is bound all the same: logging never ends it
                     log.warning("ray_cmf: could not log the data of %s %r: %s", kind, name, exc)
             if environment is not None:  # the callback's and the workers' records complete each other
-                self._log_environment(live, execution.id, environment)
+                self._log_environment(live, execution.id, environment, merged=True)
             return binding
 
         with self._registering(kind, name):
@@ -388,9 +392,10 @@ class StoreWriter:
         """Record what an execution ran on (see :mod:`ray_cmf.environment`); the package list is shared."""
         self._log_environment(self._open(store), execution_id, environment)
 
-    def _log_environment(self, live: Store, execution_id: int, environment: Environment) -> None:
-        """Record an environment, and push its package list where the store's files are pushed as they go."""
-        package_list = live.log_environment(execution_id, environment)
+    def _log_environment(self, live: Store, execution_id: int, environment: Environment, merged: bool = False) -> None:
+        """Record an environment (``merged``: its properties are, see :meth:`Store.log_environment`), and push
+        its package list where the store's files are pushed as they go."""
+        package_list = live.log_environment(execution_id, environment, merged=merged)
         if package_list is not None:
             self._push(live, package_list)
 

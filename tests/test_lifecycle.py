@@ -722,6 +722,21 @@ def test_a_commit_waits_for_a_gc_that_frees_its_content(tmp_path: Path, capsys: 
     assert Sweep(store_dir).steps(trials=["b"])["loss"].tolist() == [r["loss"] for r in _rows(1.0)]
 
 
+def test_a_second_gc_reports_only_what_it_frees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial whose content a gc had freed with another trial: freeing it reported the earlier trial and its
+    file again (gone since the first gc), since the cache object they share was still there, the new trial's."""
+    store_dir = tmp_path / "store"
+    _identical_series(store_dir, ("a",))
+    Sweep(store_dir).delete(["a"])
+    code, first = _cli(capsys, "gc", "--store", str(store_dir))
+    assert code == 0 and [t["trial_id"] for t in first["freed_trials"]] == ["a"]
+    _identical_series(store_dir, ("b",))
+    Sweep(store_dir).delete(["b"])
+    code, second = _cli(capsys, "gc", "--store", str(store_dir))
+    assert code == 0 and [t["trial_id"] for t in second["freed_trials"]] == ["b"] and second["trials"] == 1
+    assert [Path(url).parts[-2] for url in second["urls"]] == ["b"] and second["cache_objects"] == 1
+
+
 def test_gc_counts_and_names_each_trial_it_freed_where_ids_recur(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -476,6 +476,26 @@ def test_accuracy_leaves_out_targets_at_ignore_index(
     assert by_label == pytest.approx(label_hits / kept) if kept else math.isnan(by_label)
 
 
+def test_compute_after_an_asynchronous_sync_gives_its_values() -> None:
+    """``StepLogger.step()`` starts each interval's sync asynchronously: ``compute()`` right after it gave the
+    new, empty interval (NaN and 0) instead of the synced values, until something else completed the sync."""
+    metrics = MetricCollection({"loss": Mean(), "top": Max(), "total": Sum()})
+    metrics.update(loss=torch.tensor(1.0), top=torch.tensor(1.0), total=torch.tensor(1.0))
+    metrics.update(loss=torch.tensor(3.0), top=torch.tensor(3.0), total=torch.tensor(3.0))
+    metrics.sync(async_op=True)
+    assert {k: v.item() for k, v in metrics.compute().items() if not k.endswith("_nonfinite")} == {
+        "loss": 2.0,
+        "top": 3.0,
+        "total": 4.0,
+    }
+    assert metrics["top"].compute()["value"].item() == 3.0
+    metrics.update(top=torch.tensor(0.5))  # from its own next update on, a metric reads its new interval
+    assert metrics.to_row()["top"] == 0.5 and metrics.to_row()["loss"] == 2.0
+    metrics.sync(async_op=True)
+    metrics.reset()  # a sync in flight at a reset gives nothing back
+    assert math.isnan(metrics.compute()["loss"].item()) and metrics.compute()["total"].item() == 0.0
+
+
 def test_a_collection_computes_each_metric_as_the_metric_itself_does() -> None:
     """After a sync, an update of one metric switched the whole collection back to local values: ``compute()``
     gave ``a`` as NaN (its interval, empty) where ``metrics["a"].compute()`` gave the synced 5. Each metric is

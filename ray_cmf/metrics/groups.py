@@ -194,6 +194,7 @@ class MetricGroups:
         self.interval = 0  # syncs so far: a metric updated in the current interval has ``_updated_in`` equal to it
         self.updated = False  # whether any metric was updated since the last sync
         self.synced: MetricValues | None = None
+        self._in_flight: SyncHandle[MetricValues] | None = None  # the latest sync, until it completes
         self._names: Names | None = None
         self._joint: dict[Pattern, _Joint] = {}
 
@@ -240,7 +241,10 @@ class MetricGroups:
         return name if output == "value" else f"{name}_{output}"
 
     def values(self) -> MetricValues:
-        """Each metric's last global values (of the last sync) until its own next update, else its local ones."""
+        """Each metric's last global values (of the last sync) until its own next update, else its local ones.
+        A sync still in flight is waited for (on an accelerator, ordered on the stream: no host sync)."""
+        if self.synced is None and self._in_flight is not None:
+            self._in_flight.wait()
         synced = self.synced
         if synced is not None and not self.updated:
             return synced
@@ -277,16 +281,19 @@ class MetricGroups:
             return values
 
         handle = self.pack.reduce(group, async_op=async_op).then(finish)
-        self.synced, self.interval, self.updated = None, interval, False  # local values until it completes
+        self.synced, self.interval, self.updated = None, interval, False  # its values once it completes
+        self._in_flight = handle
         if not async_op:
             handle.wait()
         return handle
 
     def reset(self) -> None:
-        """Every state back to its default; staged updates and synced values dropped."""
+        """Every state back to its default; staged updates and synced values dropped (those of a sync in flight
+        too)."""
         self.discard_staged()
         self.pack.reset()
-        self.synced = None
+        self.synced, self._in_flight = None, None
+        self.interval += 1  # a sync in flight keeps its values to itself
 
     def discard_staged(self) -> None:
         self._joint.clear()
