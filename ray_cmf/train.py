@@ -225,11 +225,10 @@ class StepLogger:
         if own := sorted(_OWN_COLUMNS & set(metrics)):
             raise ValueError(f"metric {own[0]!r} names a column StepLogger fills itself ({sorted(_OWN_COLUMNS)})")
         self.metrics = metrics
-        # synced with the metrics, in their collective, but not theirs: no <name>_nonfinite output to leave out
+        # synced with the metrics, in their collective, but not theirs; the samples are a host-side count, always
+        # finite, and none of the three has a <name>_nonfinite output to leave out
         self._counts = {
-            SAMPLES: metrics.hidden_metric(
-                SAMPLES, lambda: Sum(nan_policy="propagate")
-            ),  # a host-side count: always finite
+            SAMPLES: metrics.hidden_metric(SAMPLES, lambda: Sum(nan_policy="propagate")),
             STEPS_MAX: metrics.hidden_metric(STEPS_MAX, lambda: Max(nan_policy="propagate")),
             STEPS_MIN: metrics.hidden_metric(STEPS_MIN, lambda: Min(nan_policy="propagate")),
         }
