@@ -262,8 +262,13 @@ class Store:
 
     @contextlib.contextmanager
     def _store_lock(self, mode: int) -> Iterator[None]:
-        self._ensure_root()
-        with open(self.root / STORE_LOCK, "a") as lock:
+        path = self.root / STORE_LOCK
+        try:
+            lock = open(path, "a")  # noqa: SIM115 (closed below)
+        except OSError:
+            self._ensure_root()  # makes a new store; says what is wrong with one that cannot be written
+            lock = open(path, "a")  # noqa: SIM115
+        with lock:
             fcntl.flock(lock, mode)
             yield
 
