@@ -80,6 +80,7 @@ class DvcRepo:
 
     def __init__(self, root: str | os.PathLike[str], *, scm: bool = False) -> None:
         self.root = Path(root)
+        self._remotes: set[tuple[str, str, bool, str | None]] = set()  # configured through this object
         if not (self.root / ".dvc" / "config").is_file():
             self._init(scm)
 
@@ -140,7 +141,11 @@ class DvcRepo:
     def add_remote(self, name: str, url: str, *, default: bool = True, endpoint_url: str | None = None) -> None:
         """Configure a DVC remote (``dvc remote add [-d] NAME URL``; ``endpoint_url`` for an S3-compatible
         server). Where DVC fails, its config is left as it was (DVC can fail half-way through writing it, as on a
-        path it cannot encode, and leave it empty)."""
+        path it cannot encode, and leave it empty). One this object configured already is not configured again
+        (``push --add-remote`` sets the remote, then the push makes sure of it)."""
+        wanted = (name, url, default, endpoint_url)
+        if wanted in self._remotes:
+            return
         config = self.root / ".dvc" / "config"
         kept = config.read_bytes()
         try:
@@ -150,6 +155,7 @@ class DvcRepo:
         except StoreError:
             config.write_bytes(kept)
             raise
+        self._remotes.add(wanted)
 
     def push(self, remote: str | None = None) -> str:
         """Upload every tracked object to the remote (``dvc push``) and return DVC's report."""
