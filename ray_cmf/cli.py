@@ -26,7 +26,7 @@ from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
-from ray_cmf.frames import ERROR_COLUMN, SERIES_COLUMN, sort_trials
+from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
 from ray_cmf.results import TUNE_BOOKKEEPING, summary_kinds
 from ray_cmf.store import Store
@@ -183,7 +183,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = [c for c in ("recovered", "stopped") if c in table.columns and (stable or table[c].any())]
     curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
-    shown = ("replaced_by", "restarted_from", NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
+    shown = (*RESTART_COLUMNS, NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
     curated += [c for c in shown if c in table.columns and (stable or table[c].notna().any())]
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
@@ -344,7 +344,10 @@ def _with_rows_of_trial(args: argparse.Namespace, names: list[str], default: Any
     if sweep is None:
         return default or of(names[0])
     others = [name for name in (*names, *([default.metrics_name] if default else [])) if name != sweep.metrics_name]
-    print(f"ray-cmf show: the last rows are {sweep.metrics_name!r}'s (--metrics-name: {others})", file=sys.stderr)
+    print(
+        f"ray-cmf show: the last rows are of series {sweep.metrics_name!r} (also: --metrics-name {others})",
+        file=sys.stderr,
+    )
     return sweep
 
 
@@ -372,6 +375,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     payload = {
         "trial_id": args.trial,
         "status": row["status"],
+        **{link: row.get(link) if isinstance(row.get(link), str) else None for link in RESTART_COLUMNS},
         "recovered": bool(row["recovered"]),
         "stage": stage,
         "execution_id": execution.id,
@@ -394,6 +398,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     status = f"{payload['status']}{' (recovered)' if payload['recovered'] else ''}"
     status += f"  DELETED at {payload['deleted_at']}" if payload["deleted_at"] else ""
     console.print(f"[bold]{args.trial}[/bold]  status={status}  stage={stage}  execution={execution.id}")
+    for link in RESTART_COLUMNS:
+        if payload[link]:
+            console.print(f"{link.replace('_', ' ')} {payload[link]}", markup=False, highlight=False)
     config = "  ".join(f"{k}={_python(v)!r}" for k, v in payload["config"].items())
     console.print(f"config: {config}", markup=False, highlight=False, soft_wrap=True)
     if payload["tags"]:

@@ -66,6 +66,7 @@ from ray_cmf.frames import (
     ERROR_COLUMN,
     KEY_COLUMNS,
     RANK_COLUMN,
+    RESTART_COLUMNS,
     SERIES_COLUMN,
     STEP_COLUMN,
     TRIAL_COLUMN,
@@ -726,14 +727,14 @@ class Sweep:
         config = _config(props)
         environment = self._environment_of(execution, props)
         replaced_by, restarted_from = self._replacements()
-        restarts = {"replaced_by": replaced_by.get(trial_id), "restarted_from": restarted_from.get(trial_id)}
+        restarts = dict(zip(RESTART_COLUMNS, (replaced_by.get(trial_id), restarted_from.get(trial_id)), strict=True))
         return {
             "trial_id": trial_id,
             "status": REPLACED if trial_id in replaced_by else _status(execution, props),
             "recovered": bool(props.get(RECOVERED, False)),
             "stopped": bool(props.get(STOPPED_PROPERTY, False)),
             "stage": stage,
-            **(_ranking(props) if trial_id not in replaced_by else {}),
+            **_ranking(props, replaced=trial_id in replaced_by),
             **(restarts if replaced_by else {}),
             **{f"config/{k}": v for k, v in config.items()},
             **curated_columns(texts),
@@ -1001,7 +1002,7 @@ class Sweep:
                 raise unknown_trials([trial], table.index, self.pipeline, self._deleted())
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
-        how = ("status", "stopped", "recovered", ERROR_COLUMN, NOTE_COLUMN, "in_top_n", "top_rank")
+        how = ("status", *RESTART_COLUMNS, "stopped", "recovered", ERROR_COLUMN, NOTE_COLUMN, "in_top_n", "top_rank")
         ended = [f for f in pair.index if f in how or f.startswith(TAG_COLUMN)]
         fields = [f for f in pair.index if f.endswith(("_best", "_final")) or f.startswith("metrics/") or f == "steps"]
         configs = [{f"config/{k}": v for k, v in self.config(t).items()} for t in pair.columns]  # a list is no cell
@@ -1149,9 +1150,12 @@ def _utc_text(ms: int) -> str | None:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds") if ms else None
 
 
-def _ranking(props: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's place in its sweep's top N (``in_top_n``, ``top_rank``), where CmfRayLogger ranked it."""
+def _ranking(props: Mapping[str, Any], *, replaced: bool = False) -> dict[str, Any]:
+    """A trial's place in its sweep's top N (``in_top_n``, ``top_rank``), where CmfRayLogger ranked it; one that
+    another trial ``replaced`` (``restart_errored``) is in none, whatever it was ranked before."""
     ranking = {key: props[key] for key in ("in_top_n", "top_rank") if key in props}
+    if ranking and replaced:
+        return {"in_top_n": False, "top_rank": None}
     if "top_rank" in ranking:
         ranking["top_rank"] = ranking["top_rank"] or None  # 0: not in the top N, so no rank
     return ranking

@@ -35,6 +35,7 @@ SERIES_COLUMN = "series"  # which of a trial's series of one name a row is from,
 RANK_COLUMN = "rank"  # a Train rank's rows: a key of the row, not a metric
 PID_COLUMN = "pid"  # the process a system_metrics row sampled: an identifier, not a metric
 ERROR_COLUMN = "error"  # the trial table's: what a FAILED trial or run raised, as it recorded it
+RESTART_COLUMNS = ("replaced_by", "restarted_from")  # the trials that Tune's restart_errored links, where it did
 KEY_COLUMNS = (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN)
 STEP_COLUMN = "training_iteration"
 # A row's step, the first of these it holds: the step it logged (a Tune trainable's reported one too), else

@@ -26,7 +26,7 @@ from ray.train.v2._internal.execution.callback import (
     WorkerGroupCallback,
 )
 
-from ray_cmf._hooks import never_raises
+from ray_cmf._hooks import never_raises, submit_or_run
 from ray_cmf._names import check_name, mode_properties
 from ray_cmf.actor import connect, ray_driver, start_writer
 from ray_cmf.binding import Binding, SeriesKey
@@ -479,15 +479,20 @@ class StepLogger:
         return row
 
     def state_dict(self) -> dict[str, Any]:
-        """Checkpointable state: the step, the global metric state and the counts of non-finite values so
-        far. Makes rows so far durable."""
+        """Checkpointable state: the step, the global metric state, the counts of non-finite values so far and
+        the syncs so far (``report_every``'s cadence goes on from them). Makes rows so far durable."""
         self._drain()
         if self._watch is not None:
             try:
                 self._watch.flush()
             except RayCmfError as exc:  # logging never kills training
                 log.warning("ray_cmf: rows before this checkpoint may not be durable: %s", exc)
-        return {"step": self.steps_done, "metrics": self.metrics.state_dict(), "nonfinite": dict(self._nonfinite)}
+        return {
+            "step": self.steps_done,
+            "metrics": self.metrics.state_dict(),
+            "nonfinite": dict(self._nonfinite),
+            "syncs": self._syncs,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint: the series resumes after its step; rows re-run later win on read (the
@@ -495,6 +500,7 @@ class StepLogger:
         self.steps_done = int(state["step"])
         self.metrics.load_state_dict(state["metrics"])
         self._nonfinite = dict(state.get("nonfinite", {}))  # a checkpoint from before counts were kept: none
+        self._syncs = int(state.get("syncs", self.steps_done // self.sync_every))  # older: the scheduled syncs
 
     def finish(self) -> Artifact | None:
         """Rank 0 commits the run's Parquet (linked to the Train run and, inside a trial, to the trial).
@@ -742,7 +748,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         self._rank0 = {ENV_PREFIX + key: value for key, value in host.items()}
         if self._runtime is not None:  # a restarted group: rank 0 may be on another node now
             rt, props = self._runtime, dict(self._rank0)
-            rt.commits.submit(lambda: self._update_run(rt, props))
+            submit_or_run(rt.commits, self._update_run, rt, props)
 
     def _update_run(self, rt: _CallbackRuntime, props: dict[str, Any]) -> None:
         """On the commit thread: merge ``props`` into the run's execution."""
@@ -836,7 +842,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
             except Exception as exc:  # logging never kills training
                 log.warning("ray_cmf: committing the reports of run %r failed: %s", rt.run, exc)
 
-        rt.commits.submit(commit)
+        submit_or_run(rt.commits, commit)
 
 
 def _leave_sampling_to_the_node() -> None:

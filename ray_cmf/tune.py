@@ -26,7 +26,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from ray_cmf._hooks import never_raises
+from ray_cmf._hooks import never_raises, submit_or_run
 from ray_cmf._names import check_mode, check_name, mode_properties
 from ray_cmf.actor import as_the_driver_ends, connect, ray_driver, start_writer
 from ray_cmf.binding import SeriesKey
@@ -606,14 +606,14 @@ class CmfRayLogger(tune.Callback):
         state.committed, state.started = False, True
         if state.buffer is not None:  # Tune retries it (FailureConfig): the rows so far are the last attempt's
             earlier, state.buffer = state.buffer, None
-            self._rt.futures.append(self._rt.executor.submit(earlier.close))  # handed over off the event loop
+            self._rt.futures.append(submit_or_run(self._rt.executor, earlier.close))  # handed over off the event loop
         self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
         if state.watch is not None:  # a retry: the failed start's sampler hands over its last rows
-            self._rt.sampling.submit(self._unwatch, state.watch)
+            submit_or_run(self._rt.sampling, self._unwatch, state.watch)
         state.watch = None
         actor = trial.temporary_state.ray_actor
         if self.system_metrics is not None and actor is not None:
-            state.watch = self._rt.sampling.submit(self._watch, actor, trial.trial_id, state.binding)
+            state.watch = submit_or_run(self._rt.sampling, self._watch, actor, trial.trial_id, state.binding)
 
     def _watch(self, actor: Any, trial_id: str, binding: Reply | None) -> Watch | None:
         """On the sampling thread (which never waits for a reply, so that it keeps up with trial starts):
@@ -723,10 +723,10 @@ class CmfRayLogger(tune.Callback):
                 )
         buffer, key, state.buffer = state.buffer, state.key, None
         assert buffer is not None and key is not None  # _state() opened them
-        sampled = self._rt.sampling.submit(self._unwatch, state.watch) if state.watch is not None else None
+        sampled = submit_or_run(self._rt.sampling, self._unwatch, state.watch) if state.watch is not None else None
         state.watch = None
         commit = functools.partial(self._commit, buffer, key, props, status, sampled, error_file)
-        self._rt.futures.append(self._rt.executor.submit(commit))
+        self._rt.futures.append(submit_or_run(self._rt.executor, commit))
 
     def _commit(
         self,
@@ -764,11 +764,27 @@ class CmfRayLogger(tune.Callback):
 
     def _at_driver_end(self, state: str, error: str | None) -> None:
         """The driver ends before the experiment did (SIGTERM, which Tune answers by exiting without ending
-        it, or an error on Tune's event loop): its trials end as ``state``, with what they logged committed."""
+        it; Ctrl-C twice; an error on Tune's event loop): its trials end as ``state``, with what they logged
+        committed. Trials that a later start in this process took over (a ``Tuner.restore`` after Ctrl-C twice,
+        in a notebook) are that start's to end."""
         if self._runtime is not None:
-            log.warning("ray_cmf: the driver is ending (%s) before the sweep: its running trials end with it", state)
-            _hand_over_rows_of(self._runtime.trials)
-            self._finish(self._runtime.trials, state, error)
+            trials = [trial for trial in self._runtime.trials if not self._started_again(trial)]
+            if any(not self._trials[t.trial_id].committed for t in trials if t.trial_id in self._trials):
+                log.warning("ray_cmf: the driver is ending (%s) before the sweep: its trials end with it", state)
+            _hand_over_rows_of(trials)
+            self._finish(trials, state, error)
+
+    def _started_again(self, trial: Any) -> bool:
+        """Whether a later start of ``trial`` bound it with the writer since this logger did."""
+        state = self._trials.get(trial.trial_id)
+        if state is None or state.binding is None:
+            return False
+        try:
+            ours = state.binding.result()
+        except Exception:  # never bound: its end says why
+            return False
+        now = self._rt.writer.call(StoreWriter.binding, kind="trial", name=trial.trial_id)
+        return now is not None and (now.execution_id, now.attempt) != (ours.execution_id, ours.attempt)
 
     def _finish(self, trials: list[Any], state: str, error: str | None = None) -> None:
         """End the sweep: every trial not yet committed ends as ``state`` (FAILED where Tune says it erred)."""

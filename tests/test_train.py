@@ -303,14 +303,21 @@ def test_workers_of_a_loop_that_logs_nothing_are_sampled_and_the_run_ends_comple
 
 
 def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session: None, tmp_path: Path) -> None:
-    _fit(tmp_path, "restarted", sampling=0.2, checkpoint=True, crash_at=27, step_sleep=0.01)
+    """Also: the restarted loop reports every third sync's row where the run would have without the restart
+    (from the checkpoint's count of syncs); it counted from 0 again, so it reported at other steps (found by
+    a new user)."""
+    _fit(tmp_path, "restarted", sampling=0.2, checkpoint=True, crash_at=27, step_sleep=0.01, report_every=3)
     assert (tmp_path / "store" / "crashed").exists()
     tables = _system_tables(tmp_path / "store")  # committed when fit returns: each worker process in its own
     assert len(tables) == 4 and all(len({r["pid"] for r in t}) == 1 for t in tables)  # 2 ranks, 2 groups each
     assert all([r["step"] for r in t] == list(range(1, len(t) + 1)) for t in tables)
-    reports = _series(tmp_path, "train_reports").steps(["rank", "worker_group"])
+    reports = _series(tmp_path, "train_reports").steps(["rank", "worker_group", "loss"])
     by_group = reports.groupby("worker_group")["step"].apply(list).to_dict()  # the restart resumed at a checkpoint
     assert sorted(by_group) == [1, 2] and by_group[1][:2] == [10, 10] and by_group[2][-2:] == [40, 40]
+    rows = reports[reports["loss"].notna() & (reports["rank"] == 0)]  # StepLogger's: every 3rd sync, and the last
+    reported = rows.groupby("worker_group")["step"].apply(list).to_dict()
+    # the restart resumes from the checkpoint at step 10 or 20 (whichever Ray Train took before the kill)
+    assert reported[1] == [15] and reported[2] in ([15, 30, 40], [30, 40]), reported
     steps = _series(tmp_path, "train_steps").steps()
     assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))  # no duplicates, no holes
     for _, row in steps.iterrows():

@@ -521,6 +521,76 @@ def test_a_sweep_whose_driver_is_terminated_commits_every_row_its_trials_logged(
         assert steps.tolist() == list(range(len(steps))) and len(steps) > last[lr], (lr, last, steps.tolist())
 
 
+INTERRUPTED_TWICE_DRIVER = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from pathlib import Path
+    import ray
+    from ray import tune
+    from ray_cmf import CmfRayLogger
+
+    store, progress, results, then = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    # room for a restore beside the interrupted trials, which Tune aborted without stopping them
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+    def trainable(config):
+        for step in range(1, 13):
+            time.sleep(0.5)
+            tune.report({"v": config["k"] + step / 1000})
+            (progress / str(config["k"])).write_text(str(step))  # after the report: Tune has it
+
+    def ctrl_c_twice():  # Ctrl-C, then again, as Tune's warning offers ("Press CTRL+C ... to skip")
+        while len(list(progress.iterdir())) < 2 or min(int(f.read_text()) for f in progress.iterdir()) < 4:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_twice, daemon=True).start()
+    logger = CmfRayLogger("twice", store=store, metric="v", mode="min")
+    try:
+        tune.Tuner(trainable, param_space={"k": tune.grid_search([0, 1])},
+                   run_config=tune.RunConfig(name="exp", storage_path=results, callbacks=[logger], verbose=0)).fit()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    if then == "restore":  # the next cell of a notebook
+        tune.Tuner.restore(os.path.join(results, "exp"), trainable=trainable, resume_unfinished=True).fit()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["exit", "restore"])
+def test_a_sweep_interrupted_twice_commits_what_its_trials_reported(tmp_path: Path, then: str) -> None:
+    """Ctrl-C pressed twice aborts Tune before it ends the experiment, so the trials end as the driver does,
+    after Python has shut its thread pools down: each trial's commit was refused there ("cannot schedule new
+    futures after shutdown"), and the trials were left CRASHED with no step committed (found by a new user).
+    They end CANCELED with every result Tune had; or, restored in the same process (a notebook's next
+    cell), COMPLETE, which the interrupted sweep's end at the driver's exit leaves as it is."""
+    store, progress = tmp_path / "store", tmp_path / "progress"
+    progress.mkdir()
+    driver = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_TWICE_DRIVER, str(store), str(progress), str(tmp_path / "results"), then],
+        env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert "interrupted" in driver.stdout, driver.stderr[-3000:]  # the second Ctrl-C ended fit() at once
+    assert "may be left RUNNING" not in driver.stderr, driver.stderr[-3000:]
+    assert ("before the sweep: its trials end with it" in driver.stderr) == (then == "exit")
+    reported = {int(f.name): int(f.read_text()) for f in progress.iterdir()}  # each trial's last report
+    sweep = Sweep(store, pipeline="twice")
+    trials = sweep.trials(["v"]).set_index("config/k")
+    assert set(trials["status"]) == {"CANCELED" if then == "exit" else "COMPLETE"}
+    assert then == "exit" or set(reported.values()) == {12}
+    for k, last in reported.items():
+        values = sweep.steps(["v"]).merge(trials.reset_index()[["trial_id", "config/k"]])
+        mine = values[values["config/k"] == k]
+        assert mine["step"].tolist()[:last] == list(range(1, last + 1)), (k, last, mine["step"].tolist())
+        assert mine["v"].tolist()[:last] == [k + step / 1000 for step in range(1, last + 1)]
+
+
 def _runs_until_stopped(config: dict[str, Any]) -> None:
     from ray import tune
 
@@ -1185,13 +1255,24 @@ def test_a_trial_that_restart_errored_replaced_is_shown_replaced_and_never_best(
     assert table.loc[old, "status"] == "REPLACED" and table.loc[old, "replaced_by"] == new
     assert table.loc[new, "status"] == "COMPLETE" and table.loc[new, "restarted_from"] == old
     assert old not in set(sweep.best("loss", n=5)["trial_id"])  # its -1.0 was the lowest loss logged
-    assert table.loc[old, "top_rank"] is None or math.isnan(
-        table.loc[old, "top_rank"]
-    )  # its rank from before the restart is no rank
     capsys.readouterr()
     assert main(["trials", "--store", str(tmp_path / "store"), "--status", "REPLACED", "--json"]) == 0
     out = capsys.readouterr()
-    assert [row["trial_id"] for row in json.loads(out.out)] == [old], out
+    [row] = json.loads(out.out)
+    assert row["trial_id"] == old, out
+    # its rank from before the restart is no rank; it read null, where every other unranked trial reads false,
+    # so `--where 'in_top_n == false'` left it out (found by a new user)
+    assert row["in_top_n"] is False and row["top_rank"] is None, row
+    # the one-trial views name the other trial too (they named neither; found by a new user)
+    for trial, link, other in ((old, "replaced by", new), (new, "restarted from", old)):
+        assert main(["show", trial, "--store", str(tmp_path / "store"), "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown[link.replace(" ", "_")] == other, shown
+        assert main(["show", trial, "--store", str(tmp_path / "store")]) == 0
+        assert f"{link} {other}" in capsys.readouterr().out
+    assert main(["diff", old, new, "--store", str(tmp_path / "store"), "--json"]) == 0
+    fields = {r["field"]: (r[old], r[new]) for r in json.loads(capsys.readouterr().out)}
+    assert fields["replaced_by"] == (new, None) and fields["restarted_from"] == (None, old), fields
 
 
 def _checkpoints_after_logging(config: dict[str, Any]) -> None:
