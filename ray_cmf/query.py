@@ -274,7 +274,10 @@ class Query:
         known = set(columns)
         for name in _names(self.root):
             if name.name not in known:
-                raise QueryError(self.text, name.at, f"no column {name.name!r}", f"; the trials have {sorted(known)}")
+                quote = f'; text goes in quotes: "{name.name}"' if _against_a_column(self.root, name, known) else ""
+                raise QueryError(
+                    self.text, name.at, f"no column {name.name!r}", f"{quote}; the trials have {sorted(known)}"
+                )
 
     def mask(self, table: pd.DataFrame, nan_is_null: Collection[str] = ()) -> pd.Series:
         """Which rows of ``table`` the expression holds for (a boolean Series on its index); in the columns
@@ -288,6 +291,16 @@ class Query:
 def parse(text: str) -> Query:
     """Parse a ``--where`` expression; a bad one raises :class:`QueryError` pointing at the column of the error."""
     return Query(text, _Parser(text).parse())
+
+
+def _against_a_column(node: Node, name: Name, columns: set[str]) -> bool:
+    """Whether ``name`` is compared with a column of ``columns`` (``status == COMPLETE``: text without quotes)."""
+    if isinstance(node, Logic):
+        return any(_against_a_column(part, name, columns) for part in node.parts)
+    if not isinstance(node, Compare) or name not in (node.left, node.right):
+        return False
+    other = node.right if node.left is name else node.left
+    return isinstance(other, Name) and other.name in columns
 
 
 def _names(node: Node) -> list[Name]:

@@ -74,7 +74,8 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
     """Turn every dangling spill of ``store`` into a committed, valid Parquet Step_Metrics artifact.
 
     Every complete spilled row group is kept; a batch torn by the crash is dropped. Spills of processes
-    still alive on this host (the writer of a running job, for one) are skipped unless ``force``.
+    still alive on this host are skipped unless ``force``, and a spill that a live writer still writes (a
+    running job's) always is.
 
     Then every execution whose process died on this machine without ending it is marked crashed
     (:func:`mark_crashed`); those whose rows were recovered carry ``recovered=True`` too.
@@ -124,14 +125,14 @@ def _commit_spill(store: Store, directory: Path, force: bool, spills: Spills) ->
         manifest = SpillManifest.read(directory)
     except (OSError, ValueError, TypeError) as exc:
         raise RayCmfError(f"its {SPILL_MANIFEST} cannot be read ({exc})") from exc
-    if not force and _alive(manifest):
-        log.info("ray_cmf.recover: skipping %s, its writer (pid %s) is alive", directory, manifest.pid)
-        spills.skipped[directory] = manifest.pid
-        return
-    with held_by_a_writer(directory, wait=HELD_WAIT_S) as held:
+    alive = not force and _alive(manifest)  # a live writer's spill waits for no writer to let go of it
+    with held_by_a_writer(directory, wait=0.0 if alive else HELD_WAIT_S) as held:
         if held:  # committed and emptied here, it would leave its writer a spill of nothing to commit
             log.info("ray_cmf.recover: skipping %s, its writer (pid %s) writes it", directory, manifest.pid)
             spills.held[directory] = manifest.pid
+        elif alive:
+            log.info("ray_cmf.recover: skipping %s, its writer (pid %s) is alive", directory, manifest.pid)
+            spills.skipped[directory] = manifest.pid
         else:
             _commit(store, directory, manifest, spills)
 

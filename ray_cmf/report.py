@@ -209,10 +209,12 @@ def _curves(
     traces = []
     for number, (label, trial_id, rows) in enumerate(trials.spans):
         x, y = x_all[rows][logged[rows]], y_all[rows][logged[rows]]
-        keep = downsample(x, np.where(span.holds(y), y, np.nan), max_points, mode)
+        shown = np.where(span.holds(y), y, np.nan)
+        keep = downsample(x, shown, max_points, mode)
         colour = PALETTE[number % len(PALETTE)]
         name = html.escape(label)
         if len(keep):
+            xs, ys = _broken(x, y, keep, drawable(shown))
             traces.append(
                 {
                     "type": "scatter",
@@ -220,8 +222,8 @@ def _curves(
                     "name": label,
                     "legendgroup": label,
                     "meta": trial_id,
-                    "x": x[keep].tolist(),
-                    "y": y[keep].tolist(),
+                    "x": xs,
+                    "y": ys,
                     "line": {"width": 1.2, "color": colour},
                     "hovertemplate": f"<b>{name}</b><br>{hover.get(trial_id, '')}"
                     f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
@@ -229,6 +231,18 @@ def _curves(
             )
         traces += _off_the_plot(span, x, y, max_points, label, trial_id, colour, f"{html.escape(metric)} %{{text}}")
     return traces
+
+
+def _broken(x: np.ndarray, y: np.ndarray, keep: np.ndarray, drawn: np.ndarray) -> tuple[list[Any], list[Any]]:
+    """The kept points of a curve, with a gap (None, where plotly breaks a line) between two of them that points
+    off the plot separate (NaN, inf, a climb beyond the span; they are marked apart): a line across them would
+    draw values that were never logged."""
+    xs, ys = x[keep].tolist(), y[keep].tolist()
+    off_before = np.cumsum(~drawn)[keep]  # points off the plot up to each kept one
+    for at in reversed((np.flatnonzero(np.diff(off_before)) + 1).tolist()):
+        xs.insert(at, None)
+        ys.insert(at, None)
+    return xs, ys
 
 
 def _off_the_plot(

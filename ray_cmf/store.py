@@ -278,6 +278,11 @@ class Store:
         try:
             return Lineage(self.mlmd, readonly=True)
         except StoreError:
+            if self.root.is_file() or not self.root.exists():
+                what = "a file" if self.root.is_file() else "no such directory"
+                raise StoreError(
+                    f"{self.root} is not a store ({what}): give the directory that a sweep or a Cmf wrote"
+                ) from None
             kept = self._kept_mlmd()
             if kept is None or kept != self.mlmd:
                 raise

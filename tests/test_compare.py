@@ -181,8 +181,9 @@ def test_cli_json_and_exit_codes(sweep: dict[str, Any], capsys: pytest.CaptureFi
         assert code == 0 and json.loads(out)[0]["rows"] == 4 * RESULTS + 3
     code, _, err = _cli(capsys, "show", "no-such-trial", "--store", store)
     assert code == 2 and "no-such-trial" in err
+    (tmp_path / "empty").mkdir()
     code, _, err = _cli(capsys, "trials", "--store", str(tmp_path / "empty"))
-    assert code == 2 and "No MLMD database" in err
+    assert code == 2 and "No MLMD database" in err  # a directory, but no store in it (yet)
     with pytest.raises(SystemExit) as usage:
         main(["compare", "--store", store])  # --metric is required
     assert usage.value.code == 2

@@ -342,6 +342,7 @@ def test_a_nan_config_is_a_value_that_nan_finds_and_null_does_not(tmp_path: Path
         ("(status == 'FAILED'", 20, "expected ')'"),
         ("status == 'x' and", 18, "found the end"),
         ("lr < 1", 1, "no column 'lr' at column 1; the trials have"),
+        ("status == COMPLETE", 11, "no column 'COMPLETE' at column 11; text goes in quotes: \"COMPLETE\"; the"),
         ("status in 'x'", 11, "expected '[' to open a list"),
         ("status in [config/lr]", 12, "found 'config/lr' at"),
         ("config/lr < 0.2and steps > 1", 13, "unexpected '0.2and'"),
@@ -1232,9 +1233,13 @@ def test_commands_refuse_what_they_cannot_do_as_asked(
     from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
 
     typo = tmp_path / "typo" / "cmf_stor"  # recover after a crash, on a mistyped path: "none recovered"
-    for command in (["recover"], ["gc"]):
-        assert main([*command, "--store", str(typo)]) == 2
-        assert f"No MLMD database at {typo}" in capsys.readouterr().err
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a store")
+    for command in (["recover"], ["gc"], ["trials"]):
+        assert main([*command, "--store", str(typo)]) == 2  # it said "No MLMD database at .../mlmd.sqlite"
+        assert f"{typo} is not a store (no such directory)" in capsys.readouterr().err
+        assert main([*command, "--store", str(a_file)]) == 2
+        assert f"{a_file} is not a store (a file)" in capsys.readouterr().err
     assert not (tmp_path / "typo").exists()  # nor did it make a store there
 
     store = _sweep(tmp_path / "store")

@@ -429,6 +429,28 @@ def test_a_diverged_trial_leaves_the_other_curves_readable(tmp_path: Path) -> No
     assert min(ys) > 10.0 and max(ys) < 20.0  # at the edge, just above the highest value drawn
 
 
+def test_a_curve_breaks_where_its_values_leave_the_plot_and_goes_on_where_they_return(tmp_path: Path) -> None:
+    """A loss that went NaN, inf and -inf for a few steps, then finite again: the report joined the last point
+    before them to the first after with a straight line, as if those steps had held values in between
+    (``ray-cmf plot`` broke it; found by a new user). The line now breaks there, as it does at a trial's steps
+    without the metric, and the points off the plot are marked."""
+    from tests._stores import Trial, write_trials
+
+    def losses(*values: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    trials = [Trial("ok", {"lr": 0.1}, losses(1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2))]
+    trials.append(Trial("gap", {"lr": 1.0}, losses(1.0, 2.0, math.nan, math.inf, -math.inf, 1.5, 1.7)))
+    data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    [line] = [t for t in section["traces"] if t["meta"] == "gap" and not t["name"].endswith("(off the plot)")]
+    assert (line["x"], line["y"]) == ([1.0, 2.0, None, 6.0, 7.0], [1.0, 2.0, None, 1.5, 1.7])
+    [ok] = [t for t in section["traces"] if t["meta"] == "ok" and not t["name"].endswith("(off the plot)")]
+    assert None not in ok["y"] and len(ok["y"]) == 7
+    [marked] = [t for t in section["traces"] if t["meta"] == "gap" and t["name"].endswith("(off the plot)")]
+    assert (marked["x"], marked["text"]) == ([3.0, 4.0, 5.0], ["NaN", "Infinity", "-Infinity"])
+
+
 def test_a_slowly_diverging_trial_leaves_the_other_curves_readable(tmp_path: Path) -> None:
     """A trial whose loss climbed over 40 steps (1 to 1e40, a third of the sweep's points) held more than the 5%
     of all values the axis left out, so the axis still ran to 1e40 and the three learning curves were flat at
