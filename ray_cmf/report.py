@@ -210,11 +210,12 @@ def _curves(
     for number, (label, trial_id, rows) in enumerate(trials.spans):
         x, y = x_all[rows][logged[rows]], y_all[rows][logged[rows]]
         shown = np.where(span.holds(y), y, np.nan)
-        keep = downsample(x, shown, max_points, mode)
+        drawn = drawable(shown)
+        keep = np.union1d(downsample(x, shown, max_points, mode), _beside_breaks(drawn)[:max_points])
         colour = PALETTE[number % len(PALETTE)]
         name = html.escape(label)
         if len(keep):
-            xs, ys = _broken(x, y, keep, drawable(shown))
+            xs, ys = _broken(x, y, keep, drawn)
             traces.append(
                 {
                     "type": "scatter",
@@ -231,6 +232,14 @@ def _curves(
             )
         traces += _off_the_plot(span, x, y, max_points, label, trial_id, colour, f"{html.escape(metric)} %{{text}}")
     return traces
+
+
+def _beside_breaks(drawn: np.ndarray) -> np.ndarray:
+    """The points drawn next to one that is not (the last before a curve breaks, the first after): kept beside
+    a thinned curve's buckets, so that it is drawn up to each break, not up to its buckets' extremes."""
+    before = np.r_[~drawn[1:], False]
+    after = np.r_[False, ~drawn[:-1]]
+    return np.flatnonzero(drawn & (before | after))
 
 
 def _broken(x: np.ndarray, y: np.ndarray, keep: np.ndarray, drawn: np.ndarray) -> tuple[list[Any], list[Any]]:

@@ -451,6 +451,26 @@ def test_a_curve_breaks_where_its_values_leave_the_plot_and_goes_on_where_they_r
     assert (marked["x"], marked["text"]) == ([3.0, 4.0, 5.0], ["NaN", "Infinity", "-Infinity"])
 
 
+def test_a_thinned_curve_is_drawn_up_to_its_break_on_both_sides(tmp_path: Path) -> None:
+    """1 000 steps, NaN at 400-419, thinned to 50 points: the line broke at the NaN run, but the points kept on
+    either side were the buckets' extremes, 393 and 449, so the finite values of 394-399 and 420-448 were never
+    drawn and the gap looked three times as wide as the run (found by a new user). The last point before a
+    break and the first after it are now always drawn."""
+    from tests._stores import Trial, write_trials
+
+    values = [1.0 + 0.001 * ((s * 7919) % 101) for s in range(1, 1001)]
+    values[399:419] = [math.nan] * 20  # steps 400-419
+    trial = Trial("gap", {"lr": 1.0}, {"": [{"training_iteration": s, "loss": v} for s, v in enumerate(values, 1)]})
+    sweep = Sweep(write_trials(tmp_path / "store", [trial]))
+    data = _data(sweep.report(tmp_path / "r.html", max_points=50).read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    [line] = [t for t in section["traces"] if not t["name"].endswith("(off the plot)")]
+    at = line["x"].index(None)
+    assert line["x"][at - 1 : at + 2] == [399.0, None, 420.0]
+    assert line["y"][at - 1] == values[398] and line["y"][at + 1] == values[419]
+    assert len(line["x"]) <= 50 + 3  # the budget, the two points beside the break and the break itself
+
+
 def test_a_slowly_diverging_trial_leaves_the_other_curves_readable(tmp_path: Path) -> None:
     """A trial whose loss climbed over 40 steps (1 to 1e40, a third of the sweep's points) held more than the 5%
     of all values the axis left out, so the axis still ran to 1e40 and the three learning curves were flat at
