@@ -917,6 +917,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     listed = _LISTS.get(args.command)
     if not extra:
         return args
+    if getattr(args, "where", None) is not None:  # the shell split an unquoted expression: the rest is not a list
+        parser.error(
+            f"unrecognized arguments: {' '.join(extra)} (a --where expression is one argument: quote it whole, "
+            f"--where '{' '.join([args.where, *extra])}')"
+        )
     if listed is None or any(word.startswith("-") for word in extra):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     getattr(args, listed).extend(extra)

@@ -364,6 +364,19 @@ def test_a_bad_where_exits_2_and_points_at_the_column(
     assert caret.index("^") - 2 == column - 1  # the caret sits under the column named
 
 
+@pytest.mark.parametrize("command", [["trials"], ["compare", "--metric", "loss"]])
+def test_a_where_the_shell_split_says_to_quote_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """``--where config/lr < 1`` unquoted: the shell splits it, and argparse said only "unrecognized arguments"
+    (found by a new user). ``delete`` takes the rest for trial ids, and refuses ids beside ``--where``."""
+    store = _sweep(tmp_path / "store")
+    with pytest.raises(SystemExit) as usage:
+        main([*command, "--store", str(store.root), "--where", "config/lr", "<", "1"])
+    assert usage.value.code == 2
+    assert "quote it whole, --where 'config/lr < 1'" in capsys.readouterr().err
+
+
 def test_eval_never_runs() -> None:
     with pytest.raises(QueryError):
         parse("__import__('os').system('true') == 1")
