@@ -765,14 +765,17 @@ class CmfRayLogger(tune.Callback):
     def _at_driver_end(self, state: str, error: str | None) -> None:
         """The driver ends before the experiment did (SIGTERM, which Tune answers by exiting without ending
         it; Ctrl-C twice; an error on Tune's event loop): its trials end as ``state``, with what they logged
-        committed. Trials that a later start in this process took over (a ``Tuner.restore`` after Ctrl-C twice,
-        in a notebook) are that start's to end."""
-        if self._runtime is not None:
-            trials = [trial for trial in self._runtime.trials if not self._started_again(trial)]
-            if any(not self._trials[t.trial_id].committed for t in trials if t.trial_id in self._trials):
-                log.warning("ray_cmf: the driver is ending (%s) before the sweep: its trials end with it", state)
-            _hand_over_rows_of(trials)
-            self._finish(trials, state, error)
+        committed. A sweep that a later start in this process took over (a ``Tuner.restore`` after Ctrl-C
+        twice, in a notebook) is that start's to end and rank."""
+        if self._runtime is None:
+            return
+        trials = self._runtime.trials
+        if any(self._started_again(trial) for trial in trials):
+            self._leave()
+            return
+        log.warning("ray_cmf: the driver is ending (%s) before the sweep: its running trials end with it", state)
+        _hand_over_rows_of(trials)
+        self._finish(trials, state, error)
 
     def _started_again(self, trial: Any) -> bool:
         """Whether a later start of ``trial`` bound it with the writer since this logger did."""
@@ -804,6 +807,10 @@ class CmfRayLogger(tune.Callback):
             log.warning("ray_cmf: %d files were not pushed to the store's remote; run `ray-cmf push`", failed)
         self._send(StoreWriter.sweep_runs, sweep=self._sweep, running=False)
         self._check(self._rt.replies)
+        self._leave()
+
+    def _leave(self) -> None:
+        """Stop this sweep's threads (after their work) and forget its run."""
         self._rt.executor.shutdown(wait=True)
         self._rt.sampling.shutdown(wait=True)
         self._runtime = None

@@ -534,22 +534,23 @@ INTERRUPTED_TWICE_DRIVER = textwrap.dedent(
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
 
     def trainable(config):
-        for step in range(1, 13):
+        for step in range(1, 3 if config["k"] == 2 else 13):  # k=2 ends before the interruption
             time.sleep(0.5)
             tune.report({"v": config["k"] + step / 1000})
             (progress / str(config["k"])).write_text(str(step))  # after the report: Tune has it
 
     def ctrl_c_twice():  # Ctrl-C, then again, as Tune's warning offers ("Press CTRL+C ... to skip")
-        while len(list(progress.iterdir())) < 2 or min(int(f.read_text()) for f in progress.iterdir()) < 4:
+        steps = lambda k: int((progress / k).read_text()) if (progress / k).exists() else 0
+        while steps("0") < 4 or steps("1") < 4 or steps("2") < 2:
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=ctrl_c_twice, daemon=True).start()
-    logger = CmfRayLogger("twice", store=store, metric="v", mode="min")
+    logger = CmfRayLogger("twice", store=store, metric="v", mode="min", top_n=3)
     try:
-        tune.Tuner(trainable, param_space={"k": tune.grid_search([0, 1])},
+        tune.Tuner(trainable, param_space={"k": tune.grid_search([0, 1, 2])},
                    run_config=tune.RunConfig(name="exp", storage_path=results, callbacks=[logger], verbose=0)).fit()
     except KeyboardInterrupt:
         print("interrupted", flush=True)
@@ -566,7 +567,8 @@ def test_a_sweep_interrupted_twice_commits_what_its_trials_reported(tmp_path: Pa
     after Python has shut its thread pools down: each trial's commit was refused there ("cannot schedule new
     futures after shutdown"), and the trials were left CRASHED with no step committed (found by a new user).
     They end CANCELED with every result Tune had; or, restored in the same process (a notebook's next
-    cell), COMPLETE, which the interrupted sweep's end at the driver's exit leaves as it is."""
+    cell), COMPLETE, which the interrupted sweep's end at the driver's exit leaves as it is, and so the
+    ranking that the restore made of every trial."""
     store, progress = tmp_path / "store", tmp_path / "progress"
     progress.mkdir()
     driver = subprocess.run(
@@ -578,12 +580,14 @@ def test_a_sweep_interrupted_twice_commits_what_its_trials_reported(tmp_path: Pa
     )
     assert "interrupted" in driver.stdout, driver.stderr[-3000:]  # the second Ctrl-C ended fit() at once
     assert "may be left RUNNING" not in driver.stderr, driver.stderr[-3000:]
-    assert ("before the sweep: its trials end with it" in driver.stderr) == (then == "exit")
+    assert ("before the sweep: its running trials end with it" in driver.stderr) == (then == "exit")
     reported = {int(f.name): int(f.read_text()) for f in progress.iterdir()}  # each trial's last report
     sweep = Sweep(store, pipeline="twice")
     trials = sweep.trials(["v"]).set_index("config/k")
-    assert set(trials["status"]) == {"CANCELED" if then == "exit" else "COMPLETE"}
-    assert then == "exit" or set(reported.values()) == {12}
+    ended = "CANCELED" if then == "exit" else "COMPLETE"
+    assert trials["status"].to_dict() == {0: ended, 1: ended, 2: "COMPLETE"}
+    assert trials["top_rank"].to_dict() == {0: 1, 1: 2, 2: 3}  # by the best v, which every trial reported
+    assert then == "exit" or reported == {0: 12, 1: 12, 2: 2}
     for k, last in reported.items():
         values = sweep.steps(["v"]).merge(trials.reset_index()[["trial_id", "config/k"]])
         mine = values[values["config/k"] == k]
