@@ -190,6 +190,7 @@ def _label(key: Any) -> tuple[str, str]:
     return (f"{trial} ({part})" if part else trial), trial
 
 
+DOT_SIZE = 5  # a curve's point that no line reaches
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff")
 _DIVERGED = {"Infinity": "triangle-up", "NaN": "x", "-Infinity": "triangle-down"}
 
@@ -216,16 +217,18 @@ def _curves(
         name = html.escape(label)
         if len(keep):
             xs, ys = _broken(x, y, keep, drawn)
+            dots = _dots(xs)
             traces.append(
                 {
                     "type": "scatter",
-                    "mode": "lines" if len(keep) > 1 else "markers",  # one point: a dot, never an invisible line
+                    "mode": "lines+markers" if any(dots) else "lines",
                     "name": label,
                     "legendgroup": label,
                     "meta": trial_id,
                     "x": xs,
                     "y": ys,
                     "line": {"width": 1.2, "color": colour},
+                    "marker": {"size": dots, "color": colour},
                     "hovertemplate": f"<b>{name}</b><br>{hover.get(trial_id, '')}"
                     f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
                 }
@@ -240,6 +243,16 @@ def _beside_breaks(drawn: np.ndarray) -> np.ndarray:
     before = np.r_[~drawn[1:], False]
     after = np.r_[False, ~drawn[:-1]]
     return np.flatnonzero(drawn & (before | after))
+
+
+def _dots(xs: list[Any]) -> list[int]:
+    """Marker sizes along a curve's points: a dot for each point that no line reaches (the only point, or one
+    alone between two breaks), none elsewhere; plotly draws no line of one point."""
+    alone = [
+        x is not None and (i == 0 or xs[i - 1] is None) and (i == len(xs) - 1 or xs[i + 1] is None)
+        for i, x in enumerate(xs)
+    ]
+    return [DOT_SIZE if one else 0 for one in alone]
 
 
 def _broken(x: np.ndarray, y: np.ndarray, keep: np.ndarray, drawn: np.ndarray) -> tuple[list[Any], list[Any]]:

@@ -449,6 +449,26 @@ def test_a_curve_breaks_where_its_values_leave_the_plot_and_goes_on_where_they_r
     assert None not in ok["y"] and len(ok["y"]) == 7
     [marked] = [t for t in section["traces"] if t["meta"] == "gap" and t["name"].endswith("(off the plot)")]
     assert (marked["x"], marked["text"]) == ([3.0, 4.0, 5.0], ["NaN", "Infinity", "-Infinity"])
+    assert line["mode"] == ok["mode"] == "lines" and not any(line["marker"]["size"])  # no point alone: no dots
+
+
+def test_a_point_alone_between_two_breaks_is_drawn_as_a_dot(tmp_path: Path) -> None:
+    """A finite value between two NaN runs is a line of one point, which plotly does not draw: the report
+    showed nothing there, as if the step held no value. Such a point is a dot; the others stay a line."""
+    from tests._stores import Trial, write_trials
+
+    losses = [1.0, 1.1, math.nan, 1.2, math.nan, 1.3, 1.4]
+    rows = [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(losses)]
+    data = _data(
+        Sweep(write_trials(tmp_path / "store", [Trial("t", {"lr": 1.0}, {"": rows})]))
+        .report(tmp_path / "r.html")
+        .read_text()
+    )
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    [line] = [t for t in section["traces"] if not t["name"].endswith("(off the plot)")]
+    assert line["y"] == [1.0, 1.1, None, 1.2, None, 1.3, 1.4] and line["mode"] == "lines+markers"
+    sizes = line["marker"]["size"]
+    assert [size > 0 for size in sizes] == [False, False, False, True, False, False, False]
 
 
 def test_a_thinned_curve_is_drawn_up_to_its_break_on_both_sides(tmp_path: Path) -> None:
