@@ -375,7 +375,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     payload = {
         "trial_id": args.trial,
         "status": row["status"],
-        **{link: row.get(link) if isinstance(row.get(link), str) else None for link in RESTART_COLUMNS},
+        **{link: row.get(link) for link in RESTART_COLUMNS},  # None where the trial table holds no such link
         "recovered": bool(row["recovered"]),
         "stage": stage,
         "execution_id": execution.id,
