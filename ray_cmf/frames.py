@@ -91,6 +91,13 @@ def drawable(values: np.ndarray) -> np.ndarray:
         return np.abs(values) <= DRAWABLE_MAX
 
 
+def alone(drawn: np.ndarray) -> np.ndarray:
+    """Which points of a curve no line reaches: drawn, with neither neighbour drawn (the only point, or one
+    between two breaks). A plot draws no line of one point, so these need a marker to be seen at all."""
+    shown = np.r_[False, drawn, False]
+    return drawn & ~shown[:-2] & ~shown[2:]
+
+
 _BULK = (0.05, 0.95)  # the quantiles of a plot's values that count as its bulk
 _REACH = 20.0  # how many widths of the bulk beyond it a value may lie and still set the axis
 

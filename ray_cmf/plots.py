@@ -14,7 +14,7 @@ import numpy as np
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
-from ray_cmf.frames import Span, blank, drawable, floats, log_spread, numeric
+from ray_cmf.frames import Span, alone, blank, drawable, floats, log_spread, numeric
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -119,10 +119,12 @@ def curves(
         logged = ~frame[metric].isna().to_numpy()  # a step without the metric is a gap, not a divergence
         x, y = floats(frame["step"])[logged], floats(frame[metric])[logged]
         shown = np.where(span.holds(y), y, np.nan)
+        dots = alone(np.isfinite(shown))  # a point no line reaches: a dot, never an invisible line
         [line] = ax.plot(
             x,
             shown,
-            marker="o" if np.isfinite(shown).sum() < 2 else None,  # one point: a dot, never an invisible line
+            marker="o" if dots.any() else None,
+            markevery=dots.tolist(),
             color=colour_of.get(trial_id),
             alpha=0.35 if many else 0.9,
             linewidth=0.8 if many else 1.5,

@@ -41,6 +41,7 @@ from ray_cmf.frames import (
     SERIES_COLUMN,
     TRIAL_COLUMN,
     Span,
+    alone,
     drawable,
     floats,
     group_keys,
@@ -248,11 +249,7 @@ def _beside_breaks(drawn: np.ndarray) -> np.ndarray:
 def _dots(xs: list[Any]) -> list[int]:
     """Marker sizes along a curve's points: a dot for each point that no line reaches (the only point, or one
     alone between two breaks), none elsewhere; plotly draws no line of one point."""
-    alone = [
-        x is not None and (i == 0 or xs[i - 1] is None) and (i == len(xs) - 1 or xs[i + 1] is None)
-        for i, x in enumerate(xs)
-    ]
-    return [DOT_SIZE if one else 0 for one in alone]
+    return [DOT_SIZE if one else 0 for one in alone(np.array([x is not None for x in xs])).tolist()]
 
 
 def _broken(x: np.ndarray, y: np.ndarray, keep: np.ndarray, drawn: np.ndarray) -> tuple[list[Any], list[Any]]:

@@ -566,6 +566,29 @@ def test_a_trial_with_one_value_is_drawn_as_a_dot(tmp_path: Path) -> None:
     assert _drawn_pixels(sweep.plot_curves("loss", tmp_path / "one.png")) > 13
 
 
+def test_a_value_alone_between_two_breaks_is_drawn_as_a_dot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finite value between two NaNs has no neighbour to draw a line to: the PNG showed it as no value
+    (the report draws such a point as a dot, and so does the PNG now)."""
+    from ray_cmf import plots
+
+    drawn: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
+    nan = float("nan")
+    rows = [{"training_iteration": i + 1, "loss": v} for i, v in enumerate([0.0, 0.0, nan, 5.0, nan, 0.0, 0.0])]
+    frame = Trial("frame", {"lr": 0.1}, {"": [{"training_iteration": i, "loss": 10.0} for i in (1, 7)]})
+    Sweep(write_trials(tmp_path / "store", [frame, Trial("a", {"lr": 0.2}, {"": rows})])).plot_curves(
+        "loss", tmp_path / "c.png"
+    )
+    [fig] = drawn
+    [ax] = fig.axes
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+    x, y = ax.transData.transform((4.0, 5.0))
+    row, column = pixels.shape[0] - round(y), round(x)  # display y grows upwards, image rows downwards
+    around = pixels[row - 2 : row + 3, column - 2 : column + 3]
+    assert ((around.max(axis=-1) - around.min(axis=-1)) > 60).any(), "nothing coloured where step 4's value is"
+
+
 def test_overflowing_values_plot_without_warnings(tmp_path: Path) -> None:
     """matplotlib's numpy arithmetic overflowed near the float limit and printed RuntimeWarnings at the user."""
     import warnings
