@@ -295,8 +295,14 @@ def _as_trials(groups: Any) -> Any:
     return groups.rename(columns=lambda c: c.rsplit("_", 1)[0] if c.endswith("_mean") else c)
 
 
+def _metrics_or_ranked(args: argparse.Namespace, sweep: Any) -> list[str]:
+    """``--metric``'s metrics, else the one the sweep ranks by (see ``Sweep.ranked_metric``)."""
+    return args.metric or [sweep.ranked_metric()]
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     sweep = _picked(args)
+    args.metric = _metrics_or_ranked(args, sweep)
     mode = sweep.mode_for(args.metric[0], args.mode)
     best = sweep.best(args.metric[0], mode, n=args.top, also=args.metric[1:])
     if args.mode is None and args.metric[0] not in sweep.modes():  # a metric it knows (best() checked)
@@ -466,11 +472,11 @@ def _positive(text: str) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    if len(args.metric) > 1:
+    if args.metric and len(args.metric) > 1:
         raise RayCmfError(f"plot draws one --metric; got {args.metric}: run it once per metric")
-    path = _picked(args).plot_curves(
-        args.metric[0], _output(args.output), color_by=args.color_by, top=args.top, mode=args.mode
-    )
+    sweep = _picked(args)
+    [metric] = _metrics_or_ranked(args, sweep)
+    path = sweep.plot_curves(metric, _output(args.output), color_by=args.color_by, top=args.top, mode=args.mode)
     _emit(args, [{"plot": str(Path(path).absolute())}], "plot written")
     return EXIT_OK
 
@@ -758,10 +764,12 @@ WHERE_HELP = (
 )
 
 
+RANKED_DEFAULT = "the one the sweep's CmfRayLogger ranked by, else the first a logger declared a mode for"
+
+
 def _add_sweep_options(
     parser: argparse.ArgumentParser,
     *,
-    metric_required: bool = False,
     where: bool = True,
     metric_help: str | None = "metric column (repeatable; default: all)",
     mode: bool = True,
@@ -775,7 +783,7 @@ def _add_sweep_options(
     parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
     parser.add_argument("--metrics-name", help="which series (default: tune_results, the Tune results)")
     if metric_help is not None:
-        parser.add_argument("--metric", action="append", required=metric_required, help=metric_help)
+        parser.add_argument("--metric", action="append", help=metric_help)
     if mode:
         parser.add_argument(
             "--mode",
@@ -819,7 +827,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status", action="append", help="only trials with this status (repeatable): COMPLETE, FAILED, ...")
     p.add_argument("--all-columns", action="store_true", help=ALL_COLUMNS_HELP)
     p = command("compare", cmd_compare, "the top trials by one metric")
-    _add_sweep_options(p, metric_required=True, metric_help="metric column (repeatable): ranked by the first")
+    _add_sweep_options(p, metric_help=f"metric column (repeatable): ranked by the first (default: {RANKED_DEFAULT})")
     p.add_argument("--top", type=_positive, default=5)
     p = command("show", cmd_show, "one trial: config, tags, note, environment, seeds, lineage, files, last rows")
     _add_sweep_options(p, where=False, metric_help="a metric of the last rows (repeatable; default: all)", mode=False)
@@ -845,7 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p = command("plot", cmd_plot, "learning curves as a PNG, SVG or PDF")
-    _add_sweep_options(p, metric_required=True, metric_help="the metric to plot (one)")
+    _add_sweep_options(p, metric_help=f"the metric to plot (one; default: {RANKED_DEFAULT})")
     p.add_argument("-o", "--output", required=True, help="a .png, .svg or .pdf file")
     p.add_argument("--color-by", help="config key that colours the curves")
     p.add_argument("--top", type=_positive, help="only the best N trials")

@@ -47,6 +47,7 @@ from ray_cmf.constants import (
     STOPPED_PROPERTY,
     SUMMARY_KEY,
     SYSTEM_METRICS_NAME,
+    THROUGHPUT,
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.curation import (
@@ -918,6 +919,19 @@ class Sweep:
                     declared = {**recorded_modes(properties(run)), **declared}
                 self._declared[self.key(execution)] = (ranked, declared)
         return self._declared
+
+    def ranked_metric(self) -> str:
+        """The metric to rank by when none is named: the one the sweep's CmfRayLogger ranked by, else the first
+        a logger declared a mode for (never StepLogger's throughput, a speed), among this series' columns.
+        What ``ray-cmf trials``, ``compare`` and ``plot`` rank by without ``--metric``."""
+        logged = [column for column in self.columns() if is_metric(column)]
+        ranked = next((m for m in self.modes() if m in logged and m != THROUGHPUT), None)
+        if ranked is None:
+            raise InvalidArgumentError(
+                f"Name a metric (--metric): no logger of {self.pipeline!r} said which of its {self.metrics_name} "
+                f"metrics to rank by; they are {sorted(logged)}"
+            )
+        return ranked
 
     def mode_for(self, metric: str, mode: str | None = None) -> str:
         """``mode`` if given, else the sweep's mode for ``metric`` (see :meth:`modes`), else ``min``."""

@@ -184,8 +184,12 @@ def test_cli_json_and_exit_codes(sweep: dict[str, Any], capsys: pytest.CaptureFi
     (tmp_path / "empty").mkdir()
     code, _, err = _cli(capsys, "trials", "--store", str(tmp_path / "empty"))
     assert code == 2 and "No MLMD database" in err  # a directory, but no store in it (yet)
+    code, ranked, _ = _cli(capsys, "compare", "--store", store, "--top", "2", "--json")  # the logger's metric
+    assert code == 0 and json.loads(ranked) == json.loads(
+        _cli(capsys, "compare", "--store", store, "--metric", "loss", "--top", "2", "--json")[1]
+    )
     with pytest.raises(SystemExit) as usage:
-        main(["compare", "--store", store])  # --metric is required
+        main(["compare", "--store", store, "--top", "0"])
     assert usage.value.code == 2
 
 

@@ -1038,6 +1038,32 @@ def test_trials_without_a_metric_rank_best_first_by_the_metric_the_sweep_ranked_
     assert list(Sweep(store).modes()) == ["val_loss", "acc"]
 
 
+def test_compare_and_plot_rank_by_the_sweeps_metric_when_none_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ray-cmf trials`` ranks best first by the metric the sweep's CmfRayLogger ranked by, but ``compare``
+    and ``plot`` refused to run without ``--metric``; they now take that metric too, and say which metrics
+    there are when no logger declared one."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+
+    declared = {RANKED_BY_PROPERTY: "acc", RANKED_MODE_PROPERTY: "max"}
+    results = {"a": (0.3, 0.9), "b": (0.1, 0.5), "c": (0.2, 0.7)}
+    rows = {t: [{"training_iteration": 1, "val_loss": loss, "acc": acc}] for t, (loss, acc) in results.items()}
+    ranked = write_trials(tmp_path / "ranked", [Trial(t, {}, {"": r}, props=declared) for t, r in rows.items()])
+    code, top = _cli(capsys, "compare", "--store", str(ranked.root), "--top", "2")
+    assert code == 0 and [r["trial_id"] for r in top] == ["a", "c"] and top[0]["acc_best"] == 0.9
+    assert main(["compare", "--store", str(ranked.root), "--top", "2"]) == 0
+    assert "top 2 by acc (max)" in capsys.readouterr().out
+    code, [plotted] = _cli(capsys, "plot", "--store", str(ranked.root), "-o", str(tmp_path / "acc.png"))
+    assert code == 0 and Path(plotted["plot"]).stat().st_size > 0
+    plain = write_trials(tmp_path / "plain", [Trial(t, {}, {"": r}) for t, r in rows.items()])
+    for command in (["compare"], ["plot", "-o", str(tmp_path / "x.png")]):
+        assert main([*command, "--store", str(plain.root)]) == 2
+        err = capsys.readouterr().err
+        assert "--metric" in err and "'acc'" in err and "'val_loss'" in err, err
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_a_step_column_logged_beside_the_step_is_read_back_as_data(tmp_path: Path) -> None:
     """``training_iteration`` or ``report`` logged beside a ``step`` read back as all nulls (a step column
     that was not the row's step was dropped), and a Train loop's own ``training_iteration`` became its
