@@ -24,7 +24,7 @@ from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
 from ray_cmf._json import JsonText, dumps, jsonable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
-from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN
+from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials
 from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
@@ -341,20 +341,18 @@ def _rows_of_trial(sweep: Any, trial: str) -> int:
 
 def _with_rows_of_trial(args: argparse.Namespace, names: list[str], default: Any) -> Any:
     """The sweep of the first series of ``names`` that ``args.trial`` has rows of, else ``default`` (None:
-    the first name's); stderr names it where it is not the pipeline's default."""
+    the first name's); stderr names it, and the trial's other series, where it is not the pipeline's default."""
 
     def of(name: str) -> Any:
         return _sweep(argparse.Namespace(**{**vars(args), "metrics_name": name}), args.trial)
 
-    sweep = next((s for s in map(of, names) if _rows_of_trial(s, args.trial)), None)
-    if sweep is None:
+    held = [sweep for sweep in map(of, names) if _rows_of_trial(sweep, args.trial)]
+    if not held:
         return default or of(names[0])
-    others = [name for name in (*names, *([default.metrics_name] if default else [])) if name != sweep.metrics_name]
-    print(
-        f"ray-cmf show: the last rows are of series {sweep.metrics_name!r} (also: --metrics-name {others})",
-        file=sys.stderr,
-    )
-    return sweep
+    others = ", ".join(repr(sweep.metrics_name) for sweep in held[1:])
+    also = f"; it also has rows of {others} (--metrics-name)" if others else ""
+    print(f"ray-cmf show: the last rows are of series {held[0].metrics_name!r}{also}", file=sys.stderr)
+    return held[0]
 
 
 def _last_rows(steps: Any, rows: int) -> Any:
@@ -683,9 +681,7 @@ def _chosen_trials(args: argparse.Namespace, sweep: Any) -> dict[str, str]:
     unknown = [t for t in args.trials if t not in known]
     if unknown:
         raise RayCmfError(f"no trial {unknown} in {sweep.pipeline}; it has {sorted(known)}")
-    already = [t for t in args.trials if t not in status]
-    if already:
-        raise RayCmfError(f"{already} {'are already deleted' if args.command == 'delete' else 'are not deleted'}")
+    check_deleted([t for t in args.trials if t not in status], deleted=args.command == "undelete")
     return {t: status[t] for t in args.trials}
 
 

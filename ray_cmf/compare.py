@@ -54,6 +54,7 @@ from ray_cmf.curation import (
     DELETED_COLUMN,
     NOTE_COLUMN,
     TAG_COLUMN,
+    check_deleted,
     curated_columns,
     deleted_properties,
     note_properties,
@@ -117,6 +118,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_WITH_DELETED = "Sweep(..., include_deleted=True) (--include-deleted)"
+
+
 def unknown_trials(
     asked: Iterable[str], keys: Iterable[str], pipeline: str | None, deleted: Collection[str] = ()
 ) -> RayCmfError:
@@ -127,10 +131,17 @@ def unknown_trials(
     lines, unknown = [], []
     for trial in asked:
         sharing = [k for k in keys if tune_id_of_key(k) == trial]
-        if sharing:
-            lines.append(f"{trial!r} is the Tune id of {len(sharing)} trials in {pipeline}; name one: {sharing}")
-        elif trial in deleted:
-            lines.append(f"{trial!r} is deleted: read it with Sweep(..., include_deleted=True) (--include-deleted)")
+        hidden = [k for k in deleted if tune_id_of_key(k) == trial]
+        held = f"{trial!r} is the Tune id of {len(sharing) + len(hidden)} trials in {pipeline}"
+        gone = f" ({len(hidden)} of them deleted)" if hidden else ""
+        if trial in deleted:
+            lines.append(f"{trial!r} is deleted: read it with {_WITH_DELETED}")
+        elif len(sharing) == 1:
+            lines.append(f"{held}{gone}: name the one this sweep shows, {sharing[0]!r}")
+        elif sharing:
+            lines.append(f"{held}{gone}; name one: {sharing}")
+        elif hidden:
+            lines.append(f"{held}, all deleted: read them with {_WITH_DELETED}")
         else:
             unknown.append(trial)
     if unknown:
@@ -1048,21 +1059,35 @@ class Sweep:
 
     def delete(self, trial_ids: str | Iterable[str]) -> list[str]:
         """Mark trials deleted: they leave this sweep's tables, steps, plots and the report (``include_deleted``
-        shows them); nothing is removed until ``ray-cmf gc``, and :meth:`undelete` brings them back."""
-        return self._patch(trial_ids, *deleted_properties(True))
+        shows them); nothing is removed until ``ray-cmf gc``, and :meth:`undelete` brings them back. A trial
+        deleted already is an error (deleting it again would move the time ``gc --older-than`` reads)."""
+        return self._patch(trial_ids, *deleted_properties(True), deleted=False)
 
     def undelete(self, trial_ids: str | Iterable[str]) -> list[str]:
-        """Clear the deletion mark of trials (the data ``gc`` already freed stays freed)."""
-        return self._patch(trial_ids, *deleted_properties(False))
+        """Clear the deletion mark of trials (the data ``gc`` already freed stays freed); a trial that is not
+        deleted is an error."""
+        return self._patch(trial_ids, *deleted_properties(False), deleted=True)
 
-    def _patch(self, trial_ids: str | Iterable[str], props: Mapping[str, Any], remove: Sequence[str]) -> list[str]:
-        """Set and drop properties of the named trials (one id, or several; deleted or not); returns the ids."""
+    def _patch(
+        self,
+        trial_ids: str | Iterable[str],
+        props: Mapping[str, Any],
+        remove: Sequence[str],
+        *,
+        deleted: bool | None = None,
+    ) -> list[str]:
+        """Set and drop properties of the named trials (one id, or several); returns the ids. ``deleted``: what
+        each must be (None: either), else nothing is changed and the error names those that are not."""
         everyone = self.everyone()
         by_id = {everyone.key(e): e for e, _ in everyone.executions()}
         trial_ids = [trial_ids] if isinstance(trial_ids, str) else list(trial_ids)
         unknown = [t for t in trial_ids if t not in by_id]
         if unknown:
             raise unknown_trials(unknown, by_id, self.pipeline)
+        if deleted is not None:
+            check_deleted(
+                [t for t in trial_ids if (property_of(by_id[t], DELETED_PROPERTY) is not None) != deleted], deleted
+            )
         self.store.patch_executions([by_id[trial].id for trial in trial_ids], props, remove)
         self.refresh()  # read again: they changed
         return trial_ids

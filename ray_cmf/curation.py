@@ -9,7 +9,7 @@ store's database.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -60,6 +60,13 @@ def deleted_properties(deleted: bool, when: datetime | None = None) -> tuple[dic
         return {}, [DELETED_PROPERTY]
     moment = when or datetime.now(timezone.utc)
     return {DELETED_PROPERTY: moment.astimezone(timezone.utc).isoformat(timespec="seconds")}, []
+
+
+def check_deleted(wrong: Sequence[str], deleted: bool) -> None:
+    """Refuse trials that a delete (``deleted=False``: each must not be deleted yet) or an undelete
+    (``deleted=True``) names but cannot act on: ``wrong``, the ones whose mark is not ``deleted``."""
+    if wrong:
+        raise InvalidArgumentError(f"{list(wrong)} {'are not deleted' if deleted else 'are already deleted'}")
 
 
 def curated_columns(props: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the same way.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -245,7 +246,7 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     values = table[column].tolist()
     present = [i for i, v in enumerate(values) if not blank(v)]
     if TRIAL_COLUMN in table.columns:  # of tied trials, the earlier first (as top_rank has it)
-        ids = table[TRIAL_COLUMN].astype(str).tolist()
+        ids = [trial_order(trial) for trial in table[TRIAL_COLUMN].astype(str)]
         present.sort(key=lambda i: ids[i])
     present.sort(key=lambda i: _order(values[i]), reverse=descending)
     absent = [i for i, v in enumerate(values) if blank(v)]
@@ -254,6 +255,13 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
         replaced = table["status"].eq(REPLACED).tolist() if "status" in table.columns else [False] * len(values)
         return table.iloc[sorted(present + absent, key=lambda i: replaced[i])]  # stable: each part in its order
     return table.iloc[present + absent]
+
+
+def trial_order(trial: str) -> list[int | str]:
+    """Where a trial id goes among tied trials: its numbers compared as numbers, so ``exp/x#4`` (execution 4)
+    comes before ``exp/x#14``, and ``t2`` before ``t10``. The parts alternate text and number (the first and
+    last are text, perhaps empty), so two ids' parts compare text with text and number with number."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", trial))]
 
 
 def _order(value: Any) -> tuple[int, Any]:

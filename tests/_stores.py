@@ -37,8 +37,10 @@ def write_trials(
     pipeline: str = "sweep",
     stage: str = "exp",
     metrics_name: str = "tune_results",
+    sweep: str | None = None,
 ) -> Store:
-    """Register each trial and commit (or, for a running one, only spill) its series; returns the store."""
+    """Register each trial and commit (or, for a running one, only spill) its series; returns the store.
+    ``sweep``: the id of the sweep they are of (a trial id that another sweep left in the stage is a new trial)."""
     store = Store(store_dir)
     client = WriterClient(StoreWriter(store))
     for trial in trials:
@@ -51,6 +53,7 @@ def write_trials(
             stage=stage,
             type_name=TRIAL_EXECUTION_TYPE,
             props=props,
+            sweep=sweep,
         )
         for instance, rows in trial.series.items():
             key = SeriesKey(binding, metrics_name, instance)

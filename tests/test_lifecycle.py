@@ -25,6 +25,7 @@ from ray_cmf import Cmf, InvalidArgumentError, MetricBuffer, RayCmfError, Store,
 from ray_cmf.audit import audit
 from ray_cmf.cleanup import collect
 from ray_cmf.cli import main
+from ray_cmf.curation import DELETED_COLUMN
 from ray_cmf.query import QueryError, parse
 from tests._stores import Trial, write_trials
 
@@ -921,6 +922,88 @@ def test_a_trial_id_that_several_pipelines_or_stages_hold_is_asked_for_by_name(
     assert code == 0 and shown["trial_id"] == "second/c0ffe_00000"
     code, shown = _cli(capsys, "show", "c0ffe_00000", "--store", str(root), "--pipeline", "other")
     assert code == 0 and shown["trial_id"] == "c0ffe_00000"
+
+
+def test_the_python_api_refuses_to_delete_twice_or_undelete_a_live_trial(tmp_path: Path) -> None:
+    """README: "Deleting a deleted trial, or undeleting one that is not, is an error that says so." The CLI
+    refused; ``Sweep.delete`` deleted again, moving ``deleted_at`` (what ``gc --older-than`` reads), and
+    ``Sweep.undelete`` of a live trial said it had undeleted it (found by a new user)."""
+    store = _sweep(tmp_path / "store")
+    Sweep(store.root).delete("c")
+    deleted_at = Sweep(store.root, include_deleted=True).trials().set_index("trial_id").at["c", DELETED_COLUMN]
+    time.sleep(1.1)  # deleted_at counts seconds: a second delete would show
+    for sweep in (Sweep(store.root), Sweep(store.root, include_deleted=True)):
+        with pytest.raises(InvalidArgumentError, match=r"\['c'\] are already deleted"):
+            sweep.delete(["a", "c"])
+        with pytest.raises(InvalidArgumentError, match=r"\['a', 'b'\] are not deleted"):
+            sweep.undelete(["a", "b", "c"])
+    table = Sweep(store.root, include_deleted=True).trials().set_index("trial_id")
+    assert table.at["c", DELETED_COLUMN] == deleted_at and table[DELETED_COLUMN].notna().sum() == 1
+    assert Sweep(store.root).undelete("c") == ["c"] and Sweep(store.root).delete(["a", "c"]) == ["a", "c"]
+
+
+def _twice_in_a_stage(root: Path) -> list[str]:
+    """One Tune id in two sweeps of stage ``exp_a`` (execution ids 4 and 14) and one of ``exp_b``, tied on loss
+    with each other and with trials of ids of their own; returns the shared id's keys, in execution order."""
+    rows = {"": [{"training_iteration": 1, "loss": 0.5}]}
+    write_trials(root, [Trial(f"f{i}", {}, rows) for i in range(3)], stage="exp_a")
+    write_trials(root, [Trial("x", {}, rows)], stage="exp_a", sweep="first")
+    write_trials(root, [Trial(f"g{i}", {}, rows) for i in range(8)], stage="exp_b")
+    write_trials(root, [Trial("x", {}, rows)], stage="exp_b")
+    write_trials(root, [Trial("x", {}, rows)], stage="exp_a", sweep="second")
+    keys = [k for k in Sweep(root).trials()["trial_id"] if k.endswith("x") or "x#" in k]
+    return sorted(keys, key=lambda k: int(k.split("#")[1]) if "#" in k else 10)
+
+
+def test_tied_trials_that_share_an_id_are_ranked_earlier_first(tmp_path: Path) -> None:
+    """README: "of tied trials, the earlier trial id first". Keys that a stage's two trials of one Tune id
+    carry (``exp_a/x#4``, ``exp_a/x#14``) were ordered as text, so the later trial ranked first."""
+    first, _, later = keys = _twice_in_a_stage(tmp_path / "store")
+    assert (first, later) == ("exp_a/x#4", "exp_a/x#14"), keys
+    sweep = Sweep(tmp_path / "store")
+    ranked = sweep.trials(["loss"], sort="loss_best")["trial_id"].tolist()
+    assert ranked[:3] == ["exp_a/x#4", "exp_a/x#14", "exp_b/x"], ranked
+    assert sweep.best("loss", n=2)["trial_id"].tolist() == ["exp_a/x#4", "exp_a/x#14"]
+
+
+def test_a_shared_id_that_one_shown_trial_holds_names_it(tmp_path: Path) -> None:
+    """A bare id whose other trials were deleted was refused as "the Tune id of 1 trials ...; name one":
+    the count left out the deleted ones, and "name one" of one said nothing of why (found by a new user)."""
+    first, second, later = _twice_in_a_stage(tmp_path / "store")
+    Sweep(tmp_path / "store").delete([first, later])
+    with pytest.raises(RayCmfError) as refused:
+        Sweep(tmp_path / "store").config("x")
+    assert str(refused.value) == (
+        f"'x' is the Tune id of 3 trials in sweep (2 of them deleted): name the one this sweep shows, {second!r}"
+    )
+    Sweep(tmp_path / "store").delete(second)
+    with pytest.raises(RayCmfError, match=r"'x' is the Tune id of 3 trials in sweep, all deleted: read them with"):
+        Sweep(tmp_path / "store").config("x")
+
+
+@given(st.lists(st.text(), min_size=1, max_size=8), st.lists(st.integers(0, 10**20), min_size=1, max_size=8))
+def test_trial_ids_order_their_numbers_as_numbers(ids: list[str], numbers: list[int]) -> None:
+    """Any trial ids sort (unicode digits included), and ids that differ in a number sort by it."""
+    from ray_cmf.frames import trial_order
+
+    sorted(ids, key=trial_order)
+    assert sorted([f"exp/x#{n}" for n in numbers], key=trial_order) == [f"exp/x#{n}" for n in sorted(numbers)]
+
+
+def test_show_names_only_the_series_a_trial_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``show`` of a trial that reported nothing (only resource samples) said "(also: --metrics-name
+    ['tune_results'])", a series the trial has no rows of (found by a new user)."""
+    root = tmp_path / "store"
+    write_trials(root, [Trial("busy", {}, {"": _rows(1.0)})])
+    write_trials(root, [Trial("quiet", {}, {"": [{"step": 1, "cpu": 3.0}]})], metrics_name="system_metrics")
+    for name in ("a_series", "b_series"):
+        write_trials(root, [Trial("two", {}, {"": [{"step": 1, "x": 1.0}]})], metrics_name=name)
+    assert main(["show", "quiet", "--store", str(root)]) == 0
+    said = capsys.readouterr().err
+    assert "the last rows are of series 'system_metrics'" in said and "also" not in said, said
+    assert main(["show", "two", "--store", str(root)]) == 0
+    said = capsys.readouterr().err
+    assert "the last rows are of series 'a_series'; it also has rows of 'b_series' (--metrics-name)" in said, said
 
 
 def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
