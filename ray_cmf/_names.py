@@ -17,27 +17,62 @@ _UNSAFE = re.compile(r"[/\\\x00]|\.\.|^\.$|^[A-Za-z]:")  # separators, NUL, ".."
 NAME_MAX_BYTES = 128
 
 
+def unstorable(text: str) -> str | None:
+    """Why ``text`` cannot be stored (Parquet, Arrow and MLMD hold UTF-8): a lone surrogate, such as the
+    ``\udc80`` Python makes of a byte of a file name that is not UTF-8; None when it can be."""
+    if text.isascii():
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return f"holds {text[exc.start]!r}, a lone surrogate, which UTF-8 (and so the store) cannot hold"
+    return None
+
+
+def check_texts(what: str, value: object, path: str = "") -> None:
+    """Refuse ``value`` (a config, execution metrics, a tag or a note) where a text in it, a key or a value,
+    at any depth of its mappings and sequences, cannot be stored (see :func:`unstorable`), naming where; it
+    would fail deep in the store, as an encoding error that names nothing."""
+    if isinstance(value, str):
+        if (wrong := unstorable(value)) is not None:
+            raise InvalidArgumentError(f"{what}{path} {wrong}: {value!r:.80}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str) and (wrong := unstorable(key)) is not None:
+                raise InvalidArgumentError(f"{what}{path}: the key {key!r:.80} {wrong}")
+            check_texts(what, item, f"{path}[{key!r}]")
+    elif isinstance(value, list | tuple | set | frozenset):
+        for i, item in enumerate(value):
+            check_texts(what, item, f"{path}[{i}]")
+
+
 def check_metric_key(key: object, why: str) -> None:
     """Refuse a metric name (a row's or an execution metric's key) that is no string or is blank: it would
-    read as a column of no name, ``_best`` and ``_final``. ``why`` ends the error: what must be non-blank."""
+    read as a column of no name, ``_best`` and ``_final``; or one the store cannot hold (see
+    :func:`unstorable`). ``why`` ends the first error: what must be non-blank."""
     if not isinstance(key, str) or not key.strip():
         raise InvalidNameError("metric name", key, f"{why} must be non-blank strings")
+    if (wrong := unstorable(key)) is not None:
+        raise InvalidNameError("metric name", key, f"it {wrong}")
 
 
 def check_name(what: str, name: object) -> str:
     """Return ``name`` if it is safe as one path component inside the store, else raise InvalidNameError.
 
     Refused: non-strings, the empty string, "." and anything with "..", a path separator, a NUL byte or
-    a leading drive letter, so no name can reach outside the store's directory; and names longer than
-    :data:`NAME_MAX_BYTES` in UTF-8, which would fail only when a file is written.
+    a leading drive letter, so no name can reach outside the store's directory; names the store cannot
+    hold (see :func:`unstorable`); and names longer than :data:`NAME_MAX_BYTES` in UTF-8, which would fail
+    only when a file is written.
     """
     if not isinstance(name, str):  # e.g. the values passed where the name goes: log_metric({"loss": 0.1})
         raise InvalidNameError(what, name, f"a name is a string, not a {type(name).__name__}: pass the name first")
     if not name or _UNSAFE.search(name):
         raise InvalidNameError(what, name)
-    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
+    if (wrong := unstorable(name)) is not None:
+        raise InvalidNameError(what, name, f"it {wrong}")
+    if len(name.encode()) > NAME_MAX_BYTES:
         why = f"names are at most {NAME_MAX_BYTES} bytes in UTF-8 (they become file names), and this one has"
-        raise InvalidNameError(what, name, f"{why} {len(name.encode('utf-8', 'surrogatepass'))}")
+        raise InvalidNameError(what, name, f"{why} {len(name.encode())}")
     return name
 
 

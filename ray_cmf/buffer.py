@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from ray_cmf._names import check_metric_key
+from ray_cmf._names import check_metric_key, unstorable
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     DEFAULT_FLUSH_ROWS,
@@ -58,12 +58,17 @@ _TYPECODE_KINDS = {"d": "float", "q": "int", "b": "bool"}
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
+
+class _Checked:
+    """The fast-path type of a text column: no value is one, so each text is checked (see ``_classify``)."""
+
+
 # kind -> (python type on the fast path, array typecode or None for a list, placeholder, arrow type)
 _KINDS: dict[str, tuple[type, str | None, Any, pa.DataType]] = {
     "float": (float, "d", 0.0, pa.float64()),
     "int": (int, "q", 0, pa.int64()),
     "bool": (bool, "b", False, pa.bool_()),
-    "str": (str, None, "", pa.string()),
+    "str": (_Checked, None, "", pa.string()),
 }
 
 
@@ -142,6 +147,8 @@ def _classify(key: str, value: Any, row: int) -> tuple[str, Any]:
     if isinstance(value, numbers.Real):
         return "float", float(value)
     if isinstance(value, str):
+        if (wrong := unstorable(value)) is not None:
+            raise InvalidValueError(key, value, row=row, why=f"is a text that {wrong}")
         return "str", value
     hint = "Call .item() on a tensor, or use ray_cmf.metrics for device tensors." if hasattr(value, "item") else ""
     raise InvalidValueError(key, value, hint, row)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ray_cmf._names import check_metric_key, check_name
+from ray_cmf._names import check_metric_key, check_name, check_texts
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import TRAIN_RANK, MetricBuffer
 from ray_cmf.client import WriterClient, WriterSink
@@ -359,6 +359,7 @@ class Cmf:
         check_name("metrics_name", metrics_name)
         for key in custom_properties or {}:
             check_metric_key(key, f"the keys of {metrics_name!r}")
+        check_texts(f"execution metrics {metrics_name!r}", custom_properties)
         return self._writer.call(
             StoreWriter.log_execution_metrics,
             binding=self._current(),

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ray_cmf._names import check_texts
 from ray_cmf.constants import DELETED_PROPERTY, NOTE_PROPERTY, TAG_PREFIX
 from ray_cmf.errors import InvalidArgumentError
 
@@ -38,6 +39,7 @@ def tag_properties(tags: Mapping[str, Any]) -> dict[str, str]:
         check_tag_key(key)
         if not isinstance(value, str | int | float | bool) or (isinstance(value, float) and value != value):
             raise InvalidArgumentError(f"Tag {key!r} has value {value!r}: a tag's value is text or a number")
+        check_texts(f"tag {key!r}", value)
         props[TAG_PREFIX + key] = str(value)
     return props
 
@@ -51,6 +53,7 @@ def note_properties(text: str) -> tuple[dict[str, str], list[str]]:
     """(set, remove) for a note: an empty text removes it."""
     if not isinstance(text, str):
         raise InvalidArgumentError(f"A note is text, got {text!r}")
+    check_texts("the note", text)
     return ({NOTE_PROPERTY: text}, []) if text else ({}, [NOTE_PROPERTY])
 
 

@@ -47,14 +47,18 @@ class InvalidNameError(RayCmfError, ValueError):
 
 
 class InvalidValueError(RayCmfError, ValueError):
-    """A logged value of a type that cannot be stored as a scalar column."""
+    """A logged value of a type that cannot be stored as a scalar column (or a text the store cannot hold:
+    ``why`` says so)."""
 
-    def __init__(self, key: str, value: Any, hint: str = "", row: int | None = None) -> None:
+    def __init__(self, key: str, value: Any, hint: str = "", row: int | None = None, *, why: str | None = None) -> None:
         at = "" if row is None else f" at row {row}"
-        super().__init__(
-            f"Metric {key!r}{at} has unsupported type {type(value).__name__} (value {value!r:.80}); "
-            "log int, float, bool, str or None." + (f" {hint}" if hint else "")
-        )
+        if why is None:
+            why = (
+                f"has unsupported type {type(value).__name__} (value {value!r:.80}); log int, float, bool, str or None."
+            )
+        else:
+            why = f"{why} (value {value!r:.80})."
+        super().__init__(f"Metric {key!r}{at} {why}" + (f" {hint}" if hint else ""))
         self.key = key
         self.value = value
         self.row = row

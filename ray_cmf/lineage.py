@@ -26,6 +26,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, JsonText, float_of
+from ray_cmf._names import check_texts
 from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,
@@ -146,6 +147,7 @@ def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
     """Execution properties for a config: its flattened scalars plus the whole config as JSON. A key named
     like what ray_cmf records (see :func:`records`) stays in the JSON only, so it can neither pose as a tag,
     a seed or the run's status, nor write over them."""
+    check_texts("config", config)
     return {**not_recorded(flatten_config(config, warn=True)), CONFIG_JSON: config_json(config)}
 
 

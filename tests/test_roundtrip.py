@@ -18,14 +18,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import Cmf, InvalidNameError, InvalidValueError, PrecisionError, SchemaError, Sweep
+from ray_cmf import Cmf, InvalidArgumentError, InvalidNameError, InvalidValueError, PrecisionError, SchemaError, Sweep
 from tests._values import INT64_MAX, INT64_MIN, column_of, expected_column, floats, same
 
 REFUSALS = (InvalidNameError, InvalidValueError, PrecisionError, SchemaError)
 
+any_text = st.text(st.characters(exclude_categories=()), max_size=12)  # lone surrogates too: UTF-8 cannot hold them
 names = st.one_of(
     st.text(min_size=1, max_size=40),
     st.text(min_size=200, max_size=300),
+    any_text,
     st.sampled_from(["SequenceNumber", "step", "None", "null", "index", "attempt", "__index_level_0__", "é ü 字"]),
 )
 ints = st.one_of(
@@ -34,13 +36,15 @@ ints = st.one_of(
     st.sampled_from([INT64_MAX + 1, INT64_MIN - 1, 2**100]),  # beyond int64: refused
 )
 values = st.one_of(ints, floats, st.booleans(), st.none())
+values_and_texts = st.one_of(values, any_text, st.sampled_from(["", "nul\x00in", "bad\ud800", "\udc80.png", "é ü 字"]))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    rows=st.lists(st.dictionaries(st.sampled_from(["a", "b", "c"]) | names, values, max_size=4), max_size=30),
+    rows=st.lists(st.dictionaries(st.sampled_from(["a", "b", "c"]) | names, values_and_texts, max_size=4), max_size=30),
     commit_after=st.sets(st.integers(0, 30), max_size=3),
 )
+@example(rows=[{"t": "good", "x": 1.0}, {"t": "bad\ud800", "x": 2.0}, {"t": "after", "x": 3.0}], commit_after=set())
 def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, Any]], commit_after: set[int]) -> None:
     store = tempfile.mkdtemp()
     try:
@@ -68,6 +72,41 @@ def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, An
             assert len(cmf.read_metrics("series", commit=md5)) == count
     finally:
         shutil.rmtree(store, ignore_errors=True)
+
+
+def test_a_text_the_store_cannot_hold_is_refused_where_it_is_given(tmp_path: Any) -> None:
+    """A lone surrogate (what Python makes of a file name's byte that is not UTF-8) in a logged text was
+    accepted, and then its whole series, good rows too, failed to reach the store and was lost (found by a
+    new user); in a config, execution metrics, a tag or a note it failed as an encoding error naming nothing.
+    Each is now refused as it is given, naming where it is, and the rest is kept."""
+    bad = "frame\udc80.png"
+    cmf = Cmf(pipeline_name="p", store=tmp_path / "store")
+    with pytest.raises(
+        InvalidArgumentError, match=r"config\['data'\]\['files'\]\[1\] holds '\\udc80', a lone surrogate"
+    ):
+        cmf.create_execution("Train", {"data": {"files": ["a.png", bad]}})
+    with pytest.raises(InvalidArgumentError, match=r"config: the key 'frame\\udc80.png' holds"):
+        cmf.create_execution("Train", {bad: 1})
+    cmf.create_execution("Train", {"lr": 0.1})
+    cmf.log_metric("s", {"file": "good", "x": 1.0})
+    with pytest.raises(InvalidValueError, match=r"Metric 'file' at row 2 is a text that holds '\\udc80'"):
+        cmf.log_metric("s", {"file": bad, "x": 2.0})
+    for name, row in ((bad, {"x": 1.0}), ("s", {bad: 1.0})):
+        with pytest.raises(InvalidNameError, match="lone surrogate"):
+            cmf.log_metric(name, row)
+    with pytest.raises(InvalidArgumentError, match=r"execution metrics 'test'\['path'\] holds"):
+        cmf.log_execution_metrics("test", {"acc": 0.9, "path": bad})
+    cmf.log_metric("s", {"file": "after", "x": 3.0})
+    assert cmf.commit_metrics("s") is not None
+    assert cmf.read_metrics("s")["file"].tolist() == ["good", "after"]
+    cmf.close()
+    sweep = Sweep(tmp_path / "store", "p", metrics_name="s")
+    [trial] = sweep.trials()["trial_id"]
+    with pytest.raises(InvalidArgumentError, match=r"tag 'source' holds"):
+        sweep.tag(trial, source=bad)
+    with pytest.raises(InvalidArgumentError, match=r"the note holds"):
+        sweep.note(trial, bad)
+    assert sweep.config(trial) == {"lr": 0.1}
 
 
 def test_refused_row_leaves_no_trace(tmp_path: Any) -> None:
