@@ -58,6 +58,7 @@ class InvalidValueError(RayCmfError, ValueError):
             )
         else:
             why = f"{why} (value {value!r:.80})."
+        self.reason = why
         super().__init__(f"Metric {key!r}{at} {why}" + (f" {hint}" if hint else ""))
         self.key = key
         self.value = value

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ray_cmf.errors import InvalidNameError, PrecisionError, SchemaError
+from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, SchemaError
 
 if TYPE_CHECKING:
     from ray_cmf.buffer import MetricBuffer
@@ -119,13 +119,13 @@ def _warn_once(kind: str, name: str, message: str) -> None:
 
 def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> None:
     """Append a result's row, dropping with a warning each value that its column cannot hold (a type change,
-    an int beyond 2**53 among floats): the rest of the result is kept. ``source`` says whose result it is, and
-    at which step: the buffer's row number means nothing to the user."""
+    an int beyond 2**53 among floats, a text UTF-8 cannot hold): the rest of the result is kept. ``source``
+    says whose result it is, and at which step: the buffer's row number means nothing to the user."""
     while True:
         try:
             buffer.append(row)
             return
-        except (SchemaError, PrecisionError) as exc:
+        except (SchemaError, PrecisionError, InvalidValueError) as exc:
             log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.key, exc.reason)
             row.pop(exc.key)
         except InvalidNameError as exc:  # a name ray_cmf fills itself: every result holds it

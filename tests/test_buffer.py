@@ -339,3 +339,22 @@ def test_a_result_with_a_column_ray_cmf_fills_itself_keeps_the_rest(
     assert table.column_names == ["SequenceNumber", "training_iteration", "loss"] and table.num_rows == 2
     assert "drop their metric 'attempt' (first at trial t at step 1)" in caplog.text
     assert caplog.text.count("'attempt'") == 2  # said once (its message names it twice), not at every result
+
+
+def test_a_result_with_a_text_the_store_cannot_hold_keeps_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Tune result holding a lone surrogate (a file name's byte that is not UTF-8), as a value or a name,
+    keeps its other metrics, the value dropped and named, as for a type change; raised, it would fail the
+    sweep's callback."""
+    from ray_cmf.results import append_result
+
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=10)
+    append_result(buffer, {"training_iteration": 1, "loss": 0.5, "file": "a\udc80.png"}, "trial t at step 1")
+    append_result(buffer, {"training_iteration": 2, "loss": 0.25, "b\udc80": 1.0}, "trial t at step 2")
+    buffer.close()
+    [table] = [b for b in read_segments(tmp_path / "spill")]
+    assert table.column_names == ["SequenceNumber", "training_iteration", "loss"]
+    assert table.column("loss").to_pylist() == [0.5, 0.25]
+    assert "trial t at step 1: dropping metric 'file'" in caplog.text and "lone surrogate" in caplog.text
+    assert "'b\\udc80'" in caplog.text
