@@ -116,14 +116,25 @@ def _noting_exit(previous: Callable[..., NoReturn]) -> Callable[..., NoReturn]:
 
 
 def _on_sigterm(previous: Any, signum: int, frame: Any) -> None:
-    """Close everything, then do what SIGTERM did before: the previous handler, or the default exit."""
-    _ending["state"] = "CANCELED"
-    close_all()
+    """Do what SIGTERM did before ray_cmf, closing everything (``CANCELED``) where that ends the process: the
+    default exit, or a previous handler that raises (``sys.exit``, as Ray's does). A handler that returns, or
+    SIG_IGN, lets the process go on (a graceful stop that finishes its step first), and its runs with it."""
     if callable(previous):
-        previous(signum, frame)
+        try:
+            previous(signum, frame)
+        except BaseException:
+            _cancel_all()
+            raise
     elif previous != signal.SIG_IGN:
+        _cancel_all()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+
+def _cancel_all() -> None:
+    """Close everything as ended by a signal: ``CANCELED``, whatever exit code a handler's ``sys.exit`` gave."""
+    _ending["state"], _exit_called["by"] = "CANCELED", None
+    close_all()
 
 
 class _ThreadEnd:

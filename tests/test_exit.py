@@ -35,6 +35,11 @@ CHILD = textwrap.dedent(
             Path(store, "handler-ran").write_text("yes")
             sys.exit(3)
         signal.signal(signal.SIGTERM, handler)
+    stop = []
+    if how == "handled-sigterm":  # a graceful stop: the handler asks the loop to end, and the script goes on
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    if how == "ignored-sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from ray_cmf import Cmf
     cmf = Cmf(pipeline_name="exit", store=store)
     if how == "thread-first":  # ray_cmf's first buffer is made on another thread (a sampler's, say)
@@ -55,7 +60,13 @@ CHILD = textwrap.dedent(
         log()
     if how == "raise":
         raise RuntimeError("training blew up")
-    if how not in ("normal", "thread-logs"):
+    if how in ("handled-sigterm", "ignored-sigterm"):  # it goes on after SIGTERM: one more row, then a normal end
+        print("ready", flush=True)
+        deadline = time.monotonic() + (60 if how == "handled-sigterm" else 2)
+        while not stop and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cmf.log_metric("train", {"step": ROWS, "loss": 0.0})
+    elif how not in ("normal", "thread-logs"):
         print("ready", flush=True)
         time.sleep(60)
     """
@@ -93,6 +104,8 @@ def _committed_steps(store: Path) -> list[int]:
         ("chained-sigterm", signal.SIGTERM, 3, "CANCELED"),
         ("thread-first", signal.SIGTERM, -signal.SIGTERM, "CANCELED"),
         ("thread-logs", None, 0, "COMPLETE"),  # it read COMPLETE with 0 steps, its rows left to recover
+        ("handled-sigterm", signal.SIGTERM, 0, "COMPLETE"),  # it read CANCELED, and its next row raised
+        ("ignored-sigterm", signal.SIGTERM, 0, "COMPLETE"),
     ],
     ids=[
         "normal-exit",
@@ -102,12 +115,16 @@ def _committed_steps(store: Path) -> list[int]:
         "sigterm-chained-to-the-previous-handler",
         "sigterm-after-a-first-buffer-on-another-thread",
         "normal-exit-after-logging-on-another-thread",
+        "sigterm-whose-previous-handler-lets-the-script-go-on",
+        "sigterm-that-the-script-ignores",
     ],
 )
 def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(
     tmp_path: Path, how: str, send: signal.Signals | None, returncode: int, state: str
 ) -> None:
-    """Every row comes back, and the script's execution says how it ended (it stayed RUNNING for ever)."""
+    """Every row comes back, and the script's execution says how it ended (it stayed RUNNING for ever). A
+    SIGTERM that the script's own handler (or SIG_IGN) lets it survive ends nothing: ray_cmf ended its runs
+    anyway, and the script's next row raised (found by a new user)."""
     from ray_cmf.lineage import Lineage, state_name
 
     store = tmp_path / "store"
@@ -118,7 +135,8 @@ def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(
     assert state_name(execution) == state
     expected_error = "RuntimeError: training blew up" if how == "raise" else None  # why it FAILED, when it did
     assert properties(execution).get("error") == expected_error
-    assert _committed_steps(store) == list(range(ROWS))
+    goes_on = how in ("handled-sigterm", "ignored-sigterm")  # its last row comes after the SIGTERM
+    assert _committed_steps(store) == list(range(ROWS + goes_on))
     if how == "chained-sigterm":
         assert (store / "handler-ran").read_text() == "yes"
 
