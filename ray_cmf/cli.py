@@ -109,6 +109,18 @@ def _sweep(args: argparse.Namespace, *trials: str) -> Any:
     )
 
 
+def _curated_sweep(args: argparse.Namespace, *trials: str) -> Any:
+    """The sweep whose trials ``tag``, ``note``, ``delete`` and ``undelete`` change: what they change is each
+    execution's, in MLMD alone, so where no series is obvious any series the pipeline holds will do (unless
+    ``--where`` may read its metrics)."""
+    try:
+        return _sweep(args, *trials)
+    except MetricsNotFoundError as exc:
+        if args.metrics_name is not None or not exc.held or getattr(args, "where", None):
+            raise
+        return _sweep(argparse.Namespace(**{**vars(args), "metrics_name": exc.held[0]}), *trials)
+
+
 def _existing(args: argparse.Namespace) -> Store:
     """The store a command changes, which must exist: a mistyped ``--store`` would make a new, empty one (and
     ``recover`` would find nothing to recover)."""
@@ -630,7 +642,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_tag(args: argparse.Namespace) -> int:
-    sweep = _sweep(args, args.trial)
+    sweep = _curated_sweep(args, args.trial)
     tags = dict(_key_value(text) for text in args.tags)
     if not tags and not args.remove:
         raise RayCmfError("name a tag to set (key=value) or one to --remove")
@@ -660,7 +672,7 @@ def _tags(row: Any) -> dict[str, Any]:
 
 
 def cmd_note(args: argparse.Namespace) -> int:
-    sweep = _sweep(args, args.trial)
+    sweep = _curated_sweep(args, args.trial)
     sweep.note(args.trial, args.text)
     _emit(args, [_curated_row(sweep, args.trial)], f"note of {args.trial}")
     return EXIT_OK
@@ -697,7 +709,7 @@ def _confirmed(args: argparse.Namespace, question: str) -> bool:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    sweep = _sweep(args, *args.trials)
+    sweep = _curated_sweep(args, *args.trials)
     chosen = _chosen_trials(args, sweep)
     if chosen and not args.dry_run:
         if not _confirmed(args, f"{args.command.capitalize()} {_count(len(chosen), 'trial')} of {sweep.pipeline}?"):

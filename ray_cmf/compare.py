@@ -1489,6 +1489,12 @@ def _big_ints(footers: Mapping[Path, tuple[pa.Schema, dict[str, Any] | None]]) -
     return big
 
 
+_ABSENT = (
+    "ray_cmf: skipping trial %s: its file %s is neither in this store nor on a remote it knows (a file another "
+    "machine committed reaches it once that machine runs `ray-cmf push`; `ray-cmf pull` then fetches it)"
+)
+
+
 def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None]:
     """Each file's schema and ray_cmf summary; a missing or unreadable file is None, with a warning."""
     import pyarrow.parquet as pq
@@ -1499,6 +1505,10 @@ def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dic
             continue
         try:
             meta = pq.read_metadata(file.path)
+        except FileNotFoundError:
+            log.warning(_ABSENT, file.trial_id, file.path)
+            footers[file.path] = None
+            continue
         except (OSError, pa.ArrowInvalid) as exc:
             log.warning("ray_cmf: skipping trial %s: cannot read %s (%s)", file.trial_id, file.path, exc)
             footers[file.path] = None

@@ -1006,6 +1006,41 @@ def test_show_names_only_the_series_a_trial_holds(tmp_path: Path, capsys: pytest
     assert "the last rows are of series 'a_series'; it also has rows of 'b_series' (--metrics-name)" in said, said
 
 
+def test_curating_a_run_needs_no_series_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Tags, notes and deletion are the execution's, in MLMD alone, but ``ray-cmf tag`` of a cmflib-API run
+    that logged two series refused without ``--metrics-name`` ("No series of Tune results ...; name one of
+    them"), where one series worked (found by a new user)."""
+    cmf = Cmf(pipeline_name="p", store=tmp_path / "store")
+    cmf.create_execution("Train", {"lr": 0.1})
+    for name in ("s", "t"):
+        cmf.log_metric(name, {"step": 1, "x": 1.0})
+        cmf.commit_metrics(name)
+    cmf.close()
+    root = str(tmp_path / "store")
+    [trial] = Sweep(root, "p", metrics_name="s").trials()["trial_id"]
+    for command in (["tag", trial, "team=vision"], ["note", trial, "baseline"], ["delete", trial, "--yes"]):
+        assert main([*command, "--store", root]) == 0, capsys.readouterr().err
+    assert main(["undelete", trial, "--store", root]) == 0, capsys.readouterr().err
+    [row] = Sweep(root, "p", metrics_name="t").trials().to_dict("records")
+    assert (row["tag/team"], row["note"]) == ("vision", "baseline")
+    assert main(["delete", "--where", "x_best > 0", "--store", root, "--yes"]) == 2  # a metric: of which series?
+    assert "name one of them" in capsys.readouterr().err
+
+
+def test_a_trial_whose_file_is_absent_says_how_to_get_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A team store's trial whose file another machine never pushed read "cannot read ... ([Errno 2] No such
+    file or directory)": nothing said where it is or what brings it (found by a new user)."""
+    from ray_cmf.versioning import cache_path
+
+    store = write_trials(tmp_path / "store", [Trial("here", {}, {"": _rows(1.0)}), Trial("away", {}, {"": _rows(2.0)})])
+    [away] = [f for f in Sweep(store).files() if f.trial_id == "away"]
+    for path in {away.path, store.resolve(away.url), cache_path(store.root, away.md5)}:
+        path.unlink()  # never pushed from the machine that wrote it: neither here nor in the cache
+    table = Sweep(store).trials().set_index("trial_id")
+    assert table.at["here", "steps"] == 5 and table.at["away", "steps"] == 0
+    assert "skipping trial away: its file" in caplog.text and "`ray-cmf push`" in caplog.text
+
+
 def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = write_trials(
         tmp_path / "store",
