@@ -7,7 +7,6 @@ the same way.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -257,11 +256,12 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     return table.iloc[present + absent]
 
 
-def trial_order(trial: str) -> list[int | str]:
-    """Where a trial id goes among tied trials: its numbers compared as numbers, so ``exp/x#4`` (execution 4)
-    comes before ``exp/x#14``, and ``t2`` before ``t10``. The parts alternate text and number (the first and
-    last are text, perhaps empty), so two ids' parts compare text with text and number with number."""
-    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", trial))]
+def trial_order(trial: str) -> tuple[str, int]:
+    """Where a trial id goes among tied trials: as text (Tune's ids, ``110f9_00002``, sort so by sweep and
+    then by trial), but the MLMD execution id of a ``<stage>/<id>#<n>`` name as a number, so that ``exp/x#4``
+    comes before ``exp/x#14``."""
+    name, mark, number = trial.rpartition("#")
+    return (name, int(number)) if mark and number.isdecimal() else (trial, -1)
 
 
 def _order(value: Any) -> tuple[int, Any]:
