@@ -379,11 +379,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     table = sweep.trials(metrics=[])  # the trial's status, tags and note: no summary
     match = table[table["trial_id"] == args.trial]
     if match.empty:
-        from ray_cmf.compare import unknown_trials
-
         if not args.include_deleted and args.trial in set(sweep.everyone().trials(metrics=[])["trial_id"]):
             raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; it is deleted: pass --include-deleted")
-        raise unknown_trials([args.trial], table["trial_id"], sweep.pipeline)
+        raise sweep.refusal([args.trial])
     row = match.iloc[0]
     [(execution, stage)] = [(e, s) for e, s in sweep.executions() if sweep.key(e) == args.trial]
     files = sweep.lineage.files_of([execution.id]).get(execution.id, [])
@@ -689,10 +687,9 @@ def _chosen_trials(args: argparse.Namespace, sweep: Any) -> dict[str, str]:
     status = dict(zip(wanted["trial_id"], wanted["status"], strict=True))
     if not args.trials:
         return status
-    known = set(everyone["trial_id"])
-    unknown = [t for t in args.trials if t not in known]
+    unknown = [t for t in args.trials if t not in set(everyone["trial_id"])]
     if unknown:
-        raise RayCmfError(f"no trial {unknown} in {sweep.pipeline}; it has {sorted(known)}")
+        raise sweep.everyone().refusal(unknown)
     check_deleted([t for t in args.trials if t not in status], deleted=args.command == "undelete")
     return {t: status[t] for t in args.trials}
 

@@ -1004,7 +1004,12 @@ class Sweep:
         for execution, _ in self.executions():
             if self.key(execution) == trial_id:
                 return execution
-        raise unknown_trials([trial_id], [self.key(e) for e, _ in self.executions()], self.pipeline, self._deleted())
+        raise self.refusal([trial_id])
+
+    def refusal(self, asked: Iterable[str]) -> RayCmfError:
+        """The error for trials this sweep does not hold by those names: it lists the names it has, says which
+        are deleted, and names the trials a bare Tune id stands for (see :func:`unknown_trials`)."""
+        return unknown_trials(asked, [self.key(e) for e, _ in self.executions()], self.pipeline, self._deleted())
 
     def _deleted(self) -> set[str]:
         """The trials this sweep leaves out as deleted (none where it includes them)."""
@@ -1024,7 +1029,7 @@ class Sweep:
         table = self.trials(metrics, mode=mode).set_index("trial_id")
         for trial in (trial_a, trial_b):
             if trial not in table.index:
-                raise unknown_trials([trial], table.index, self.pipeline, self._deleted())
+                raise self.refusal([trial])
         pair = table.loc[[trial_a, trial_b]].T
         pair.columns = [trial_a, trial_b]
         how = ("status", *RESTART_COLUMNS, "stopped", "recovered", ERROR_COLUMN, NOTE_COLUMN, "in_top_n", "top_rank")

@@ -966,11 +966,19 @@ def test_tied_trials_that_share_an_id_are_ranked_earlier_first(tmp_path: Path) -
     assert sweep.best("loss", n=2)["trial_id"].tolist() == ["exp_a/x#4", "exp_a/x#14"]
 
 
-def test_a_shared_id_that_one_shown_trial_holds_names_it(tmp_path: Path) -> None:
+def test_a_shared_id_that_one_shown_trial_holds_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A bare id whose other trials were deleted was refused as "the Tune id of 1 trials ...; name one":
-    the count left out the deleted ones, and "name one" of one said nothing of why (found by a new user)."""
+    the count left out the deleted ones, and "name one" of one said nothing of why; and ``ray-cmf delete`` of
+    a bare id that several trials share said there is no such trial (found by new users)."""
     first, second, later = _twice_in_a_stage(tmp_path / "store")
+    root = str(tmp_path / "store")
+    for command in (["delete", "x", "--yes"], ["undelete", "x"], ["show", "x"]):
+        assert main([*command, "--store", root]) == 2
+        assert "'x' is the Tune id of 3 trials in sweep; name one: [" in capsys.readouterr().err
     Sweep(tmp_path / "store").delete([first, later])
+    assert main(["show", "x", "--store", root]) == 2
+    said = capsys.readouterr().err
+    assert f"3 trials in sweep (2 of them deleted): name the one this sweep shows, {second!r}" in said, said
     with pytest.raises(RayCmfError) as refused:
         Sweep(tmp_path / "store").config("x")
     assert str(refused.value) == (
