@@ -166,10 +166,11 @@ class Cmf:
         them first to make a version; what was never committed is kept for :func:`ray_cmf.recover`), and
         names logged from now on start new series of this execution.
         """
+        check_name("execution_type", execution_type)  # each refusal before the stage is made
+        check_texts("config", custom_properties)
         if self._stage is None:
             self.create_context(execution_type)
         assert self._stage is not None
-        check_name("execution_type", execution_type)
         if execution_name is None:
             execution_name = f"{execution_type}-{uuid.uuid4().hex[:12]}" if create_new_execution else execution_type
         check_name("execution_name", execution_name)  # before the current execution ends
@@ -222,6 +223,7 @@ class Cmf:
     def update_execution(self, execution_id: int, custom_properties: Mapping[str, Any] | None = None) -> Execution:
         """Merge custom properties into an execution (cmflib's signature), and into the config that
         ``Sweep.trials()`` shows as ``config/<key>`` columns."""
+        check_texts("custom_properties", custom_properties)
         updated = self._writer.call(
             StoreWriter.update_execution,
             execution_id=execution_id,

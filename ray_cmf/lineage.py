@@ -26,7 +26,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, JsonText, float_of
-from ray_cmf._names import check_texts
+from ray_cmf._names import check_texts, unstorable
 from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,
@@ -414,6 +414,9 @@ class Lineage:
         return sorted(self.store.get_contexts_by_type(PIPELINE_CONTEXT_TYPE), key=lambda c: c.id)
 
     def find_pipeline(self, name: str) -> Context | None:
+        """The pipeline called ``name``; None when there is none (a name the store cannot hold names none)."""
+        if unstorable(name) is not None:
+            return None
         return self.store.get_context_by_type_and_name(PIPELINE_CONTEXT_TYPE, name)
 
     # -- executions ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ error that names its key, and a refused row leaves no trace.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -18,7 +19,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import Cmf, InvalidArgumentError, InvalidNameError, InvalidValueError, PrecisionError, SchemaError, Sweep
+from ray_cmf import (
+    Cmf,
+    InvalidArgumentError,
+    InvalidNameError,
+    InvalidValueError,
+    PrecisionError,
+    SchemaError,
+    StoreError,
+    Sweep,
+)
+from ray_cmf.cli import main
 from tests._values import INT64_MAX, INT64_MIN, column_of, expected_column, floats, same
 
 REFUSALS = (InvalidNameError, InvalidValueError, PrecisionError, SchemaError)
@@ -74,7 +85,9 @@ def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, An
         shutil.rmtree(store, ignore_errors=True)
 
 
-def test_a_text_the_store_cannot_hold_is_refused_where_it_is_given(tmp_path: Any) -> None:
+def test_a_text_the_store_cannot_hold_is_refused_where_it_is_given(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A lone surrogate (what Python makes of a file name's byte that is not UTF-8) in a logged text was
     accepted, and then its whole series, good rows too, failed to reach the store and was lost (found by a
     new user); in a config, execution metrics, a tag or a note it failed as an encoding error naming nothing.
@@ -87,7 +100,11 @@ def test_a_text_the_store_cannot_hold_is_refused_where_it_is_given(tmp_path: Any
         cmf.create_execution("Train", {"data": {"files": ["a.png", bad]}})
     with pytest.raises(InvalidArgumentError, match=r"config: the key 'frame\\udc80.png' holds"):
         cmf.create_execution("Train", {bad: 1})
-    cmf.create_execution("Train", {"lr": 0.1})
+    with pytest.raises(InvalidNameError, match=r"Invalid execution_type .* lone surrogate"):
+        cmf.create_execution(bad, {})
+    execution = cmf.create_execution("Train", {"lr": 0.1})
+    with pytest.raises(InvalidArgumentError, match=r"custom_properties\['n'\]\['y'\]\[1\] holds"):
+        cmf.update_execution(execution.id, {"n": {"y": [1, bad]}})
     cmf.log_metric("s", {"file": "good", "x": 1.0})
     with pytest.raises(InvalidValueError, match=r"Metric 'file' at row 2 is a text that holds '\\udc80'"):
         cmf.log_metric("s", {"file": bad, "x": 2.0})
@@ -107,6 +124,10 @@ def test_a_text_the_store_cannot_hold_is_refused_where_it_is_given(tmp_path: Any
     with pytest.raises(InvalidArgumentError, match=r"the note holds"):
         sweep.note(trial, bad)
     assert sweep.config(trial) == {"lr": 0.1}
+    assert main(["pipelines", "--store", str(tmp_path / "store"), "--json"]) == 0
+    assert [row["stages"] for row in json.loads(capsys.readouterr().out)] == [["Train"]]  # none of a refused call
+    with pytest.raises(StoreError, match=r"No pipeline 'p\\udc80' in .*; it holds \['p'\]"):
+        Sweep(tmp_path / "store", "p\udc80")
 
 
 def test_refused_row_leaves_no_trace(tmp_path: Any) -> None:
