@@ -46,6 +46,19 @@ def check_texts(what: str, value: object, path: str = "") -> None:
             check_texts(what, item, f"{path}[{i}]")
 
 
+def escaped(value: Any) -> Any:
+    """``value`` with every text the store cannot hold (see :func:`unstorable`), key or value, at any depth of
+    its mappings, lists and tuples, written with backslash escapes (``'a\\udc80b'``): for what ray_cmf
+    records but did not choose (a Tune trial's config), where refusing would leave the trial unrecorded."""
+    if isinstance(value, str):
+        return value if unstorable(value) is None else value.encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, Mapping):
+        return {escaped(key): escaped(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(map(escaped, value)) if type(value) in (list, tuple) else value
+    return value
+
+
 def check_metric_key(key: object, why: str) -> None:
     """Refuse a metric name (a row's or an execution metric's key) that is no string or is blank: it would
     read as a column of no name, ``_best`` and ``_final``; or one the store cannot hold (see

@@ -1103,6 +1103,37 @@ def test_tied_trials_rank_alike_in_top_rank_best_and_the_table(ray_session: None
     assert sweep.trials(["acc"], sort="acc_best")["trial_id"].tolist()[:2] == earliest
 
 
+def _logs_its_file(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    from ray_cmf.tune import get_cmf
+
+    get_cmf().log_metric("files", {"step": 0, "size": len(config["file"])})
+    tune.report({"loss": 1.0})
+
+
+def test_a_trial_whose_config_the_store_cannot_hold_is_recorded_with_it_escaped(
+    ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config holding a lone surrogate (``os.fsdecode`` of a file name that is not UTF-8) was refused as the
+    trial started: it was never recorded, and its ``get_cmf()`` waited 60 s for it, then blamed a missing
+    CmfRayLogger (found by a new user). Tune runs such a trial: it is recorded, that text escaped, and said so."""
+    import os
+
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    odd = os.fsdecode(b"\xff.png")
+    logger = CmfRayLogger("odd_config", metric="loss", store=str(tmp_path / "store"))
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        run_grid(_logs_its_file, {"file": ["a.png", odd]}, tmp_path / "results", logger)
+    table = Sweep(tmp_path / "store").trials().sort_values("config/file")
+    assert table["status"].tolist() == ["COMPLETE", "COMPLETE"] and table["steps"].tolist() == [1, 1]
+    assert table["config/file"].tolist() == ["\\udcff.png", "a.png"]
+    assert sorted(Sweep(tmp_path / "store", metrics_name="files").steps()["size"]) == [5, 5]
+    assert "config['file'] holds '\\udcff', a lone surrogate" in caplog.text and "escaped" in caplog.text
+
+
 def _instant(config: dict[str, Any]) -> None:
     from ray import tune
 
