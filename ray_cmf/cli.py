@@ -22,6 +22,7 @@ from typing import Any
 from ray_cmf._atomic import atomic_write
 from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
 from ray_cmf._json import JsonText, dumps, jsonable
+from ray_cmf._names import unstorable
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
@@ -377,7 +378,7 @@ def _last_rows(steps: Any, rows: int) -> Any:
 def cmd_show(args: argparse.Namespace) -> int:
     sweep = _shown_sweep(args)
     table = sweep.trials(metrics=[])  # the trial's status, tags and note: no summary
-    match = table[table["trial_id"] == args.trial]
+    match = table[table["trial_id"] == args.trial] if unstorable(args.trial) is None else table.iloc[:0]
     if match.empty:
         if not args.include_deleted and args.trial in set(sweep.everyone().trials(metrics=[])["trial_id"]):
             raise RayCmfError(f"No trial {args.trial!r} in {sweep.pipeline}; it is deleted: pass --include-deleted")

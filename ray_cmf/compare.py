@@ -86,6 +86,7 @@ from ray_cmf.frames import (
     sort_trials,
     step_candidates,
     summarize,
+    trial_order,
 )
 from ray_cmf.lineage import (
     Artifact,
@@ -127,7 +128,7 @@ def unknown_trials(
     """The error for trials a sweep does not hold by those keys: a bare Tune id that several of its trials
     share (ids recur across sweeps) is answered with their keys, and a trial it leaves out as ``deleted``
     says so."""
-    keys = sorted(keys)
+    keys = sorted(keys, key=trial_order)
     lines, unknown = [], []
     for trial in asked:
         sharing = [k for k in keys if tune_id_of_key(k) == trial]
@@ -349,10 +350,14 @@ class Sweep:
         """The same sweep with its deleted trials too."""
         return self._view(include_deleted=True)
 
-    def only(self, trial_ids: Iterable[str]) -> Sweep:
-        """The same sweep restricted to some trials (the ones a ``where`` expression picked, say): its table,
-        steps, plots and report hold those trials only."""
-        keep = frozenset(trial_ids)
+    def only(self, trial_ids: str | Iterable[str]) -> Sweep:
+        """The same sweep restricted to some trials (one id, or several: the ones a ``where`` expression picked,
+        say): its table, steps, plots and report hold those trials only. A name this sweep does not hold is an
+        error, as everywhere (a bare id that several trials share, a deleted trial, a typo): dropped without
+        a word, it would leave a report short of a trial."""
+        keep = frozenset([trial_ids] if isinstance(trial_ids, str) else trial_ids)
+        if unknown := keep - {self.key(e) for e, _ in self.executions()}:
+            raise self.refusal(sorted(unknown, key=trial_order))
         view = self._view(self.include_deleted)
         view._kept = keep if self._kept is None else keep & self._kept
         view._executions = [(e, s) for e, s in self.executions() if self.key(e) in keep]

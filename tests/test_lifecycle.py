@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -972,9 +973,16 @@ def test_a_shared_id_that_one_shown_trial_holds_names_it(tmp_path: Path, capsys:
     a bare id that several trials share said there is no such trial (found by new users)."""
     first, second, later = _twice_in_a_stage(tmp_path / "store")
     root = str(tmp_path / "store")
+    named = "'x' is the Tune id of 3 trials in sweep; name one: ['exp_a/x#4', 'exp_a/x#14', 'exp_b/x']"
     for command in (["delete", "x", "--yes"], ["undelete", "x"], ["show", "x"]):
         assert main([*command, "--store", root]) == 2
-        assert "'x' is the Tune id of 3 trials in sweep; name one: [" in capsys.readouterr().err
+        assert named in capsys.readouterr().err
+    for wrong, said in ((["x", "f0"], named), ("nosuch", "Unknown trial(s) ['nosuch']")):
+        with pytest.raises(RayCmfError, match=re.escape(said)):  # dropped without a word, a report lacked them
+            Sweep(root).only(wrong)
+    assert Sweep(root).only("f0").trials()["trial_id"].tolist() == ["f0"]
+    assert main(["show", "x\udcff", "--store", root]) == 2  # a name no trial can have (it crashed, exit 1)
+    assert "Unknown trial(s) ['x\\udcff']" in capsys.readouterr().err
     Sweep(tmp_path / "store").delete([first, later])
     assert main(["show", "x", "--store", root]) == 2
     said = capsys.readouterr().err
