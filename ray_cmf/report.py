@@ -770,7 +770,7 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     columns = ["trial_id", "status", *stopped, *[c for c in trials.columns if c.startswith(("config/", TAG_COLUMN))]]
     columns += _summaries(metrics, set(trials.columns))
     columns += [c for c in trials.columns if c.startswith("metrics/")]  # log_execution_metrics
-    columns += ["steps", "md5"]
+    columns += [c for c in ("steps", "md5") if c in trials.columns]  # a sweep of no trial yet has neither
     sorted_by = f"{metrics[0]}_best" if metrics else None
     order = ' class="asc"' if mode == "min" else ' class="desc"'
     head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)

@@ -676,3 +676,18 @@ def test_a_series_whose_values_read_as_text_is_drawn_or_named(tmp_path: Path) ->
         assert lines["a"] == [float(2**60), float(2**60 + 2)] and lines["b"][0] == 0.5, options
         note = re.search(r'id="curves-note">([^<]*)<', page).group(1)  # type: ignore[union-attr]
         assert "mine/phase" in note and "text" in note, note
+
+
+def test_a_report_of_no_trial_yet_is_a_page_not_a_key_error(tmp_path: Path) -> None:
+    """A pipeline whose trials have not started (what ``ray-cmf serve`` follows as a sweep begins), or
+    ``sweep.only([])``, crashed the report with ``KeyError: "['md5'] not in index"`` (found by a new user)."""
+    cmf = Cmf(pipeline_name="sweep", store=tmp_path / "empty")
+    cmf.close()
+    page = Sweep(tmp_path / "empty").report(tmp_path / "empty.html").read_text()
+    assert '<table id="trials">' in page and "<th>trial_id</th>" in page
+    cmf = Cmf(pipeline_name="sweep", store=tmp_path / "store")
+    cmf.create_execution("Train", {"lr": 0.1})
+    cmf.log_metric("tune_results", {"training_iteration": 1, "loss": 0.5})
+    cmf.close()
+    page = Sweep(tmp_path / "store").only([]).report(tmp_path / "none.html").read_text()
+    assert "<tbody></tbody>" in page
