@@ -146,8 +146,12 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
     if len(pipelines) <= 1:
         return None  # the only one (or none, which Sweep reports)
     if trials:  # by Tune id: a key that one pipeline gives as <stage>/<id> may be a bare id in another
+        shown = {p.name: shown_executions(lineage, lineage.stages(p)) for p in pipelines}
+        named = [name for name, executions in shown.items() if all(_names_one_of(t, executions) for t in trials)]
+        if len(named) == 1:  # by stage and execution id too: second/<id> where only one pipeline has that stage
+            return named[0]
         ids = {tune_id_of_key(t) for t in trials}
-        held = {p.name: {trial_id_of(e) for e, _ in shown_executions(lineage, lineage.stages(p))} for p in pipelines}
+        held = {name: {trial_id_of(e) for e, _ in executions} for name, executions in shown.items()}
         holding = [name for name, mine in held.items() if ids <= mine]
         if len(holding) == 1:
             return holding[0]
@@ -159,6 +163,16 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
             raise RayCmfError(f"No pipeline of the store holds {list(trials)}; its pipelines:\n{_listing(lineage)}")
         raise RayCmfError(f"Pipelines {holding} all hold trial(s) {sorted(ids)}; pass --pipeline NAME")
     raise RayCmfError(f"The store holds {len(pipelines)} pipelines; pass --pipeline NAME:\n{_listing(lineage)}")
+
+
+def _names_one_of(name: str, executions: Sequence[tuple[Any, str]]) -> bool:
+    """Whether a trial's name (``<id>``, ``<stage>/<id>`` or ``<stage>/<id>#<execution id>``) can name one of
+    ``executions`` (with their stages), whatever the names that pipeline's tables give them."""
+    stage, _, rest = name.rpartition("/")
+    trial_id, _, number = rest.partition("#")
+    return any(
+        trial_id_of(e) == trial_id and stage in ("", where) and number in ("", str(e.id)) for e, where in executions
+    )
 
 
 def _pipelines(lineage: Lineage) -> list[dict[str, Any]]:

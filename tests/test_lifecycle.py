@@ -923,6 +923,8 @@ def test_a_trial_id_that_several_pipelines_or_stages_hold_is_asked_for_by_name(
     assert code == 0 and shown["trial_id"] == "second/c0ffe_00000"
     code, shown = _cli(capsys, "show", "c0ffe_00000", "--store", str(root), "--pipeline", "other")
     assert code == 0 and shown["trial_id"] == "c0ffe_00000"
+    code, shown = _cli(capsys, "show", "second/c0ffe_00000", "--store", str(root))  # a name only collide has
+    assert code == 0 and shown["trial_id"] == "second/c0ffe_00000" and shown["stage"] == "second"
 
 
 def test_the_python_api_refuses_to_delete_twice_or_undelete_a_live_trial(tmp_path: Path) -> None:
