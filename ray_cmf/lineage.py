@@ -26,7 +26,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, JsonText, float_of
-from ray_cmf._names import check_texts, unstorable
+from ray_cmf._names import check_texts, escaped, unstorable
 from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url
 from ray_cmf.constants import (
     CONFIG_JSON,
@@ -43,7 +43,7 @@ from ray_cmf.constants import (
     TRIAL_PROPERTY,
     VALUES_JSON,
 )
-from ray_cmf.errors import StoreError
+from ray_cmf.errors import InvalidArgumentError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,17 @@ def config_properties(config: Mapping[str, Any]) -> dict[str, Any]:
     a seed or the run's status, nor write over them."""
     check_texts("config", config)
     return {**not_recorded(flatten_config(config, warn=True)), CONFIG_JSON: config_json(config)}
+
+
+def observed_config_properties(config: Mapping[str, Any], whose: str) -> dict[str, Any]:
+    """:func:`config_properties` of a config that ray_cmf records but was not handed (a Tune trial's, a Train
+    run's ``train_loop_config``; ``whose`` names it): a text in it that the store cannot hold is recorded
+    escaped, with a warning, since refusing it would leave a trial or run that Ray runs anyway unrecorded."""
+    try:
+        return config_properties(config)
+    except InvalidArgumentError as exc:
+        log.warning("ray_cmf: %s: %s; its config is recorded with such texts escaped", whose, exc)
+        return config_properties(escaped(config))
 
 
 def records(key: str) -> bool:

@@ -53,7 +53,7 @@ from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
 from ray_cmf.exits import error_properties, on_thread_end, outcome, track
 from ray_cmf.frames import PID_COLUMN
-from ray_cmf.lineage import Artifact, config_properties
+from ray_cmf.lineage import Artifact, observed_config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
@@ -675,7 +675,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
                 stage=stage,
                 type_name=RUN_EXECUTION_TYPE,
                 props={
-                    **config_properties(self._run_context.train_loop_config or {}),  # what Sweep shows as config
+                    **observed_config_properties(self._run_context.train_loop_config or {}, f"run {run_name}"),
                     **self._rank0,
                     "run_name": run_name,
                     **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {}),

@@ -27,7 +27,7 @@ import ray
 from ray import tune
 
 from ray_cmf._hooks import never_raises, submit_or_run
-from ray_cmf._names import check_mode, check_name, escaped, mode_properties
+from ray_cmf._names import check_mode, check_name, mode_properties
 from ray_cmf.actor import as_the_driver_ends, connect, ray_driver, start_writer
 from ray_cmf.binding import SeriesKey
 from ray_cmf.buffer import TRAIN_RANK, MetricBuffer, flush_every_buffer
@@ -49,9 +49,9 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.environment import Environment, capture
-from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
+from ray_cmf.errors import RayCmfError, recorded_error
 from ray_cmf.exits import error_properties, on_thread_end
-from ray_cmf.lineage import config_properties, owner_of
+from ray_cmf.lineage import observed_config_properties, owner_of
 from ray_cmf.node_sampler import (
     HAND_OVER_AT_END_S,
     Watch,
@@ -304,16 +304,6 @@ def last_failure(error_file: str) -> str | None:
     _, header, last = text.rpartition("Failure # ")
     body = _COLOURS.sub("", last.partition("\n")[2] if header else last)
     return recorded_error(body) or None
-
-
-def _config_properties(trial: Any) -> dict[str, Any]:
-    """A trial's config as its execution records it; a text in it that the store cannot hold is recorded
-    escaped, with a warning (refused, the trial would not be recorded at all: Tune runs it anyway)."""
-    try:
-        return config_properties(trial.config)
-    except InvalidArgumentError as exc:
-        log.warning("ray_cmf: trial %s: %s; its config is recorded with such texts escaped", trial.trial_id, exc)
-        return config_properties(escaped(trial.config))
 
 
 @dataclass
@@ -581,7 +571,7 @@ class CmfRayLogger(tune.Callback):
     def _props(self, trial: Any) -> dict[str, Any]:
         ranked = {RANKED_BY_PROPERTY: self.metric, RANKED_MODE_PROPERTY: self.mode} if self.metric else {}
         return {
-            **_config_properties(trial),
+            **observed_config_properties(trial.config, f"trial {trial.trial_id}"),
             "trial_id": trial.trial_id,
             "status": "RUNNING",
             "experiment": self._stage(trial),

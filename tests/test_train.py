@@ -375,6 +375,18 @@ def test_single_worker(ray_session: None, tmp_path: Path) -> None:
     assert steps["loss"].tolist() == [_closed_form(s, 1)["loss"] for s in steps["step"]]
 
 
+def test_a_run_whose_config_the_store_cannot_hold_is_recorded_with_it_escaped(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A ``train_loop_config`` holding a lone surrogate (a file name that is not UTF-8) is recorded with that text
+    escaped (the controller's log says so): refused, the run that Ray Train runs anyway would go unrecorded."""
+    import os
+
+    _fit(tmp_path, "odd_config", workers=1, source=os.fsdecode(b"\xff.png"))
+    [run] = _series(tmp_path, "train_steps").trials().to_dict("records")
+    assert run["status"] == "COMPLETE" and run["config/source"] == "\\udcff.png" and run["steps"] > 0
+
+
 def test_a_loop_that_never_calls_finish_still_commits_every_logged_row(ray_session: None, tmp_path: Path) -> None:
     """Rows still in rank 0's memory when the loop returns reach the writer, which commits them at the run's
     end. The last step's sync, which only ``finish`` completed, lost its row without a word: every rank
