@@ -107,8 +107,11 @@ def mode_properties(modes: Mapping[str, object], argument: str = "modes") -> dic
 
 
 def recorded_modes(props: Mapping[str, Any]) -> dict[str, str]:
-    """The modes an execution's properties declare (see :func:`mode_properties`), by metric."""
-    return {k[len(MODE_PREFIX) :]: v for k, v in props.items() if k.startswith(MODE_PREFIX) and v in MODES}
+    """The modes an execution's properties declare (see :func:`mode_properties`), by metric, in the order of
+    their names: a database gives properties back in an order that may change from one process to the next,
+    and which metric comes first decides what a sweep is ranked by where none is named."""
+    declared = {k[len(MODE_PREFIX) :]: v for k, v in props.items() if k.startswith(MODE_PREFIX) and v in MODES}
+    return dict(sorted(declared.items()))
 
 
 def check_limit(limit: object, argument: str = "limit") -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -1062,6 +1063,35 @@ def test_compare_and_plot_rank_by_the_sweeps_metric_when_none_is_named(
         err = capsys.readouterr().err
         assert "--metric" in err and "'acc'" in err and "'val_loss'" in err, err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_metric_a_sweep_ranks_by_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """A StepLogger run whose collection holds three ``Accuracy`` metrics (each declares ``max``): ``trials`` ranked
+    by ``acc`` in one process and ``acc_p`` in the next, since an execution's properties come back in an order
+    that changes between processes (found by a new user). Of one execution's declarations, the first by name."""
+    import subprocess
+    import sys
+
+    from ray_cmf.constants import MODE_PREFIX
+
+    declared = {MODE_PREFIX + name: "max" for name in ("acc_p", "acc1", "acc", "samples_per_s")}
+    rows = [{"step": 1, "acc": 0.5, "acc1": 0.7, "acc_p": 0.9, "samples_per_s": 10.0}]
+    store = write_trials(tmp_path / "store", [Trial("run", {}, {"": rows}, props=declared)], metrics_name="steps")
+    probe = (
+        "import sys; from ray_cmf import Sweep; "
+        "s = Sweep(sys.argv[1], metrics_name='steps'); print(s.ranked_metric(), list(s.modes()))"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", probe, str(store.root)],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in range(6)
+    }
+    assert seen == {"acc ['acc', 'acc1', 'acc_p', 'samples_per_s']"}, seen
 
 
 def test_a_step_column_logged_beside_the_step_is_read_back_as_data(tmp_path: Path) -> None:
