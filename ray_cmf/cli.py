@@ -198,7 +198,8 @@ def _pipelines(lineage: Lineage) -> list[dict[str, Any]]:
 
 def _listing(lineage: Lineage) -> str:
     return "\n".join(
-        f"  {row['pipeline']}: {row['trials']} trials, last run {row['last_run']}" for row in _pipelines(lineage)
+        f"  {row['pipeline']}: {_count(row['trials'], 'trial')}, last run {row['last_run']}"
+        for row in _pipelines(lineage)
     )
 
 
@@ -215,7 +216,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
     keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
     keep += curated
     keep += [c for c in table.columns if c.startswith("metrics/")]  # log_execution_metrics: few, and results
-    keep += [c for c in table.columns if c.startswith(("env/", "seed/"))] if every else []
+    keep += [c for c in table.columns if c.startswith(("env/", "seed/")) or c in RECORD_COLUMNS] if every else []
     for column in table.columns:
         if not column.endswith(("_best", "_final")):
             continue
@@ -228,7 +229,8 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
     return [*keep, "steps"]
 
 
-ALL_COLUMNS_HELP = "also Tune's bookkeeping (time_total_s, ...), and env/... and seed/..."
+RECORD_COLUMNS = ("stage", "started_at", "md5", "url")  # where and when a trial ran, and its file
+ALL_COLUMNS_HELP = "also Tune's bookkeeping (time_total_s, ...), env/..., seed/..., stage, started_at, md5 and url"
 HEADLINE_CHARS = 80  # of an error's exception, what a table cell shows
 
 
@@ -565,7 +567,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    store = Store(args.store)
+    store = _existing(args)
     if args.add_remote:
         store.set_remote(args.add_remote, args.endpoint_url)
     with status(f"pushing {store.root} to {store.remote.url if store.remote else 'the DVC remote'}"):
@@ -801,7 +803,11 @@ def _add_sweep_options(
     if where:
         parser.add_argument("--where", help=WHERE_HELP)
     parser.add_argument("--stage", help="restrict to one stage (a Tune experiment)")
-    parser.add_argument("--metrics-name", help="which series (default: tune_results, the Tune results)")
+    parser.add_argument(
+        "--metrics-name",
+        help="which series (default: tune_results, the Tune results; where there are none, a Train run's "
+        "train_steps, else its train_reports, else the one series a pipeline holds beside its resource samples)",
+    )
     if metric_help is not None:
         parser.add_argument("--metric", action="append", help=metric_help)
     if mode:
@@ -840,7 +846,12 @@ def build_parser() -> argparse.ArgumentParser:
     command("pipelines", cmd_pipelines, "list the pipelines and their stages")
     p = command("trials", cmd_trials, "one row per trial: config, best/final per metric, steps")
     _add_sweep_options(p)
-    p.add_argument("--verify", action="store_true", help="re-hash each trial's file")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-hash what each trial's rows are read from (its DVC cache object, else its file) against the md5 "
+        "MLMD records; `ray-cmf verify` checks the store's files and DVC's records too",
+    )
     p.add_argument("--sort", help="sort by this column (default: the first --metric's best, best first)")
     p.add_argument("--limit", type=_positive, help="show the first N trials only")
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)

@@ -250,6 +250,12 @@ def test_push_to_a_local_remote(store_copy: Path, tmp_path: Path, capsys: pytest
     code, _out, err = _cli(capsys, "push", "--store", str(store_copy), "--add-remote", str(remote), "--json")
     assert code == 0, err
     assert len([p for p in remote.rglob("*") if p.is_file()]) >= 9  # every committed Parquet file
+    for missing in (tmp_path / "mistyped", tmp_path / "empty"):  # it made a store there and said "up to date"
+        if missing.name == "empty":
+            missing.mkdir()
+        code, _out, err = _cli(capsys, "push", "--store", str(missing), "--add-remote", str(tmp_path / "r2"))
+        assert code == 2 and ("is not a store" in err or "No MLMD database" in err), err
+        assert not (tmp_path / "r2").exists() and not (missing / ".dvc").exists()
 
 
 def test_a_colleagues_store_made_by_pull_is_a_store_like_any(

@@ -248,6 +248,7 @@ def test_config_keys_named_like_seeds_or_environment_stay_config(
     assert main([*args, "--all-columns"]) == 0  # --where could query them, and no table showed them
     shown = {row["trial_id"]: row for row in json.loads(capsys.readouterr().out)}
     assert shown["same"]["seed/data"] == 7 and shown["plain"]["env/host"] == socket.gethostname()
+    assert {"stage", "started_at", "md5", "url"} <= set(shown["same"])  # as --where reads them (a new user's find)
 
 
 def test_a_config_never_writes_over_what_ray_cmf_records() -> None:
