@@ -848,11 +848,12 @@ class Sweep:
         numeric = _numeric(schema)
         chosen = list(metrics) if metrics is not None else numeric
         unknown = [m for m in chosen if m not in schema.names]
-        if unknown:  # only trials left out have them: their columns stay, blank for the trials kept
+        if unknown:  # only trials left out have them, or none yet: their columns stay, blank for the trials kept
             whole = unify([self._known_schema(), *spilled])
-            if any(m not in whole.names for m in unknown):
+            awaited = [m for m in unknown if m not in whole.names and m in self.modes()]  # declared, none logged yet
+            if any(m not in whole.names and m not in awaited for m in unknown):
                 raise self._unknown(unknown)
-            numeric += _numeric(whole)
+            numeric += _numeric(whole) + awaited
         keys = [m for m in chosen if not is_metric(m)]
         if keys:
             raise InvalidArgumentError(
@@ -941,7 +942,8 @@ class Sweep:
         a logger declared a mode for (never StepLogger's throughput, a speed), among this series' columns.
         What ``ray-cmf trials``, ``compare`` and ``plot`` rank by without ``--metric``."""
         logged = [column for column in self.columns() if is_metric(column)]
-        ranked = next((m for m in self.modes() if m in logged and m != THROUGHPUT), None)
+        declared = [m for m in self.modes() if m != THROUGHPUT and (m in logged or not logged)]  # none yet: any
+        ranked = next(iter(declared), None)
         if ranked is None:
             raise InvalidArgumentError(
                 f"Name a metric (--metric): no logger of {self.pipeline!r} said which of its {self.metrics_name} "

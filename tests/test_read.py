@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import InvalidArgumentError, MetricsNotFoundError, Sweep
+from ray_cmf import InvalidArgumentError, MetricsNotFoundError, RayCmfError, Sweep
 from ray_cmf._json import JsonText
 from ray_cmf.cli import main, parse
 from tests._stores import Trial, write_trials
@@ -1092,6 +1092,30 @@ def test_the_metric_a_sweep_ranks_by_is_the_same_in_every_process(tmp_path: Path
         for seed in range(6)
     }
     assert seen == {"acc ['acc', 'acc1', 'acc_p', 'samples_per_s']"}, seen
+
+
+def test_a_sweep_whose_trials_have_no_result_yet_reads_its_declared_metric_as_blank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a sweep's first seconds (no result has reached the store), ``trials(["val_loss"], live=True)`` and
+    ``best("val_loss", live=True)`` raised "Unknown metric(s) ['val_loss'] ... read with live=True" (passed
+    already), and ``compare`` said no logger declared a metric, while ``modes()`` gave the logger's val_loss
+    (found by a new user). A metric a logger declared is known before its first value: blank until then."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+
+    declared = {RANKED_BY_PROPERTY: "val_loss", RANKED_MODE_PROPERTY: "min"}
+    trials = [Trial(t, {"lr": lr}, {}, status="RUNNING", props=declared) for t, lr in (("a", 0.1), ("b", 0.2))]
+    store = write_trials(tmp_path / "store", trials)
+    sweep = Sweep(store)
+    assert sweep.ranked_metric() == "val_loss"
+    for live in (True, False):
+        table = sweep.trials(["val_loss"], live=live)
+        assert table["trial_id"].tolist() == ["a", "b"] and table["val_loss_best"].isna().all(), table
+        assert len(sweep.best("val_loss", n=2, live=live)) == 2
+    code, top = _cli(capsys, "compare", "--store", str(store.root))
+    assert code == 0 and [row["trial_id"] for row in top] == ["a", "b"]
+    with pytest.raises(RayCmfError, match=r"Unknown metric\(s\) \['val_acc'\]"):
+        sweep.trials(["val_acc"], live=True)  # what no logger declared is still unknown
 
 
 def test_a_step_column_logged_beside_the_step_is_read_back_as_data(tmp_path: Path) -> None:
