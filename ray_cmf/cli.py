@@ -333,7 +333,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     sweep = _picked(args)
     args.metric = _metrics_or_ranked(args, sweep)
     mode = sweep.mode_for(args.metric[0], args.mode)
-    best = sweep.best(args.metric[0], mode, n=args.top, also=args.metric[1:])
+    best = sweep.best(args.metric[0], args.mode, n=args.top, also=args.metric[1:])  # None: each trial's own mode
     if args.mode is None and args.metric[0] not in sweep.modes():  # a metric it knows (best() checked)
         print(
             f"ray-cmf compare: no logger recorded which way {args.metric[0]!r} is best: ranked lowest first "

@@ -958,18 +958,19 @@ class Sweep:
     def best(
         self, metric: str, mode: str | None = None, n: int = 1, *, also: Iterable[str] = (), live: bool = False
     ) -> pd.DataFrame:
-        """The ``n`` trials with the best ``metric`` (under ``mode``; default: the sweep's, see :meth:`modes`),
-        best first (of tied trials, the earlier first, as ``top_rank`` and :meth:`trials` order them); trials
+        """The ``n`` trials with the best ``metric`` (under ``mode``; default: each trial's own sweep's, as
+        :meth:`trials` reads them, in the order of the sweep's, see :meth:`modes`), best first (of tied trials, the earlier first, as ``top_rank`` and :meth:`trials` order them); trials
         without a finite value of it come last, and a trial ``restart_errored`` replaced (status ``REPLACED``)
         is none. ``also``: other metrics whose summaries the rows carry (each under the sweep's mode).
         ``live``: running trials' uncommitted rows count (see :meth:`trials`)."""
-        mode = self.mode_for(metric, mode)
+        order = self.mode_for(metric, mode)
         if n < 1:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
         metrics = list(dict.fromkeys([metric, *also]))
-        table = self.trials(metrics, mode={**self.modes(), metric: mode}, live=live)
+        asked = None if mode is None else {**self.modes(), metric: order}  # None: each trial by its sweep's mode
+        table = self.trials(metrics, mode=asked, live=live)
         table = table[table["status"] != REPLACED]  # its results were discarded: another trial took its place
-        return sort_trials(table, f"{metric}_best", {metric: mode}).head(n).reset_index(drop=True)  # as trials sorts
+        return sort_trials(table, f"{metric}_best", {metric: order}).head(n).reset_index(drop=True)  # as trials sorts
 
     def environment(self, trial_id: str) -> dict[str, Any]:
         """What a trial ran on: its ``env/...`` (code version, software, hardware) and ``seed/...`` values."""

@@ -957,6 +957,9 @@ def test_each_trial_is_summarised_by_its_own_sweeps_mode_when_the_sweeps_of_a_pi
         assert row["score_best"] == best and "its own sweep" not in caplog.text
     explicit = Sweep(store_dir).trials(["score"], mode="max").set_index("trial_id")  # a mode asked for: for all
     assert explicit["score_best"].tolist() == [5.0, 5.0]
+    best = Sweep(store_dir).best("score", n=2).set_index("trial_id")  # it read every trial by the first's mode
+    assert best.loc["t_min", "score_best"] == 1.0 and best.loc["t_max", "score_best"] == 5.0
+    assert Sweep(store_dir).best("score", "max", n=2)["score_best"].tolist() == [5.0, 5.0]
 
 
 @pytest.mark.parametrize("mode", ["min", "max"])
