@@ -959,10 +959,11 @@ class Sweep:
         self, metric: str, mode: str | None = None, n: int = 1, *, also: Iterable[str] = (), live: bool = False
     ) -> pd.DataFrame:
         """The ``n`` trials with the best ``metric`` (under ``mode``; default: each trial's own sweep's, as
-        :meth:`trials` reads them, in the order of the sweep's, see :meth:`modes`), best first (of tied trials, the earlier first, as ``top_rank`` and :meth:`trials` order them); trials
-        without a finite value of it come last, and a trial ``restart_errored`` replaced (status ``REPLACED``)
-        is none. ``also``: other metrics whose summaries the rows carry (each under the sweep's mode).
-        ``live``: running trials' uncommitted rows count (see :meth:`trials`)."""
+        :meth:`trials` reads them, in the order of the sweep's, see :meth:`modes`), best first (of tied trials,
+        the earlier first, as ``top_rank`` and :meth:`trials` order them); trials without a finite value of it
+        come last, and a trial ``restart_errored`` replaced (status ``REPLACED``) is none. ``also``: other
+        metrics whose summaries the rows carry (each under the sweep's mode). ``live``: running trials'
+        uncommitted rows count (see :meth:`trials`)."""
         order = self.mode_for(metric, mode)
         if n < 1:
             raise InvalidArgumentError(f"n must be >= 1, got {n!r}")
