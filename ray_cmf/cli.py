@@ -579,7 +579,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     from ray_cmf.audit import pull
 
-    store = Store(args.store)
+    store = _existing(args)  # a mistyped --store was told it has no remote
     restored = pull(store)
     remote = store.require_remote()
     _emit(args, [{"restored": store.url(p)} for p in restored], f"pulled {len(restored)} files from {remote.url}")

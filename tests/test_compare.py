@@ -255,6 +255,8 @@ def test_push_to_a_local_remote(store_copy: Path, tmp_path: Path, capsys: pytest
             missing.mkdir()
         code, _out, err = _cli(capsys, "push", "--store", str(missing), "--add-remote", str(tmp_path / "r2"))
         assert code == 2 and ("is not a store" in err or "No MLMD database" in err), err
+        code, _out, err = _cli(capsys, "pull", "--store", str(missing))  # it said the store has no remote
+        assert code == 2 and ("is not a store" in err or "No MLMD database" in err), err
         assert not (tmp_path / "r2").exists() and not (missing / ".dvc").exists()
 
 
