@@ -565,7 +565,7 @@ class Sweep:
         when the rows read include them)."""
         known = set(self._known_schema().names)
         known |= {name for table in spilled or [] for name in table.column_names}
-        unknown = [m for m in metrics if m not in known]
+        unknown = [m for m in metrics if m not in known and m not in self.modes()]  # declared: none logged yet
         if unknown and (known or spilled is None):
             raise self._unknown(unknown)
 

@@ -1115,8 +1115,13 @@ def test_a_sweep_whose_trials_have_no_result_yet_reads_its_declared_metric_as_bl
         table = sweep.trials(["val_loss"], live=live)
         assert table["trial_id"].tolist() == ["a", "b"] and table["val_loss_best"].isna().all(), table
         assert len(sweep.best("val_loss", n=2, live=live)) == 2
+        assert sweep.steps(["val_loss"], live=live).empty
     code, top = _cli(capsys, "compare", "--store", str(store.root))
     assert code == 0 and [row["trial_id"] for row in top] == ["a", "b"]
+    assert main(["plot", "--store", str(store.root), "-o", str(tmp_path / "p.png")]) == 2  # "Unknown metric"
+    assert "No trial of these 2 logged 'val_loss': there is no curve to plot" in capsys.readouterr().err
+    with pytest.raises(RayCmfError, match=r"Unknown metric\(s\) \['val_acc'\]"):
+        sweep.steps(["val_acc"])
     with pytest.raises(RayCmfError, match=r"Unknown metric\(s\) \['val_acc'\]"):
         sweep.trials(["val_acc"], live=True)  # what no logger declared is still unknown
 
