@@ -24,7 +24,7 @@ from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
 from ray_cmf._json import JsonText, dumps, jsonable
 from ray_cmf._names import unstorable
 from ray_cmf._progress import status
-from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, THROUGHPUT
+from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, MLMD_FILE, STORE_CONFIG, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials
@@ -128,6 +128,15 @@ def _existing(args: argparse.Namespace) -> Store:
     store = Store(args.store)
     store.reader()  # names the path where there is no database
     return store
+
+
+def _store_dir(args: argparse.Namespace) -> Store:
+    """The store whose files ``push`` and ``pull`` move: a directory that holds its database or the config that
+    names it (whose server need not answer now: DVC moves the files), which a mistyped ``--store`` is not."""
+    store = Store(args.store)
+    if store.root.is_dir() and any((store.root / name).is_file() for name in (STORE_CONFIG, MLMD_FILE)):
+        return store
+    return _existing(args)  # which names what is wrong
 
 
 def _picked(args: argparse.Namespace) -> Any:
@@ -567,7 +576,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    store = _existing(args)
+    store = _store_dir(args)
     if args.add_remote:
         store.set_remote(args.add_remote, args.endpoint_url)
     with status(f"pushing {store.root} to {store.remote.url if store.remote else 'the DVC remote'}"):
@@ -579,7 +588,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     from ray_cmf.audit import pull
 
-    store = _existing(args)  # a mistyped --store was told it has no remote
+    store = _store_dir(args)  # a mistyped --store was told it has no remote
     restored = pull(store)
     remote = store.require_remote()
     _emit(args, [{"restored": store.url(p)} for p in restored], f"pulled {len(restored)} files from {remote.url}")
