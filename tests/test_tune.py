@@ -537,14 +537,18 @@ INTERRUPTED_TWICE_DRIVER = textwrap.dedent(
         for step in range(1, 3 if config["k"] == 2 else 13):  # k=2 ends before the interruption
             time.sleep(0.5)
             tune.report({"v": config["k"] + step / 1000})
-            (progress / str(config["k"])).write_text(str(step))  # after the report: Tune has it
+            written = progress / f".{config['k']}"  # after the report: Tune has it; renamed, so never read half-written
+            written.write_text(str(step))
+            written.replace(progress / str(config["k"]))
 
-    def ctrl_c_twice():  # Ctrl-C, then again, as Tune's warning offers ("Press CTRL+C ... to skip")
+    def ctrl_c_twice():  # Ctrl-C, then again once Tune answered, as its warning offers ("Press CTRL+C ... to skip")
         steps = lambda k: int((progress / k).read_text()) if (progress / k).exists() else 0
         while steps("0") < 4 or steps("1") < 4 or steps("2") < 2:
             time.sleep(0.05)
+        tunes = signal.getsignal(signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.3)
+        while signal.getsignal(signal.SIGINT) is tunes:  # Tune's handler puts back the one it replaced
+            time.sleep(0.001)
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=ctrl_c_twice, daemon=True).start()
@@ -580,8 +584,9 @@ def test_a_sweep_interrupted_twice_commits_what_its_trials_reported(tmp_path: Pa
     )
     assert "interrupted" in driver.stdout, driver.stderr[-3000:]  # the second Ctrl-C ended fit() at once
     assert "may be left RUNNING" not in driver.stderr, driver.stderr[-3000:]
-    assert ("before the sweep: its running trials end with it" in driver.stderr) == (then == "exit")
-    reported = {int(f.name): int(f.read_text()) for f in progress.iterdir()}  # each trial's last report
+    warned = "before the sweep: its running trials end with it" in driver.stderr
+    assert warned == (then == "exit"), driver.stderr[-3000:]
+    reported = {int(f.name): int(f.read_text()) for f in progress.glob("[0-9]")}  # each trial's last report
     sweep = Sweep(store, pipeline="twice")
     trials = sweep.trials(["v"]).set_index("config/k")
     ended = "CANCELED" if then == "exit" else "COMPLETE"
