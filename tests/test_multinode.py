@@ -195,7 +195,8 @@ SLOW_TRIAL_DRIVER = PRELUDE + textwrap.dedent(
         for i in range(1, 100_000):
             cmf.log_metric("steps", {"i": i})
             if i % FLUSH == 0:
-                progress.write_text(str(i))  # rows sealed and sent so far
+                (shared / "progress.tmp").write_text(str(i))  # rows sealed and sent so far, renamed into place:
+                (shared / "progress.tmp").replace(progress)  # the test reads it while this runs
                 time.sleep(0.2)
             if i == KILL_AT:
                 os.kill(os.getpid(), signal.SIGKILL)  # the trial process dies for real
