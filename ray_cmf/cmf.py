@@ -289,7 +289,8 @@ class Cmf:
         also when this attempt logged none (it resumed at its last checkpoint, say).
 
         Raises:
-            MetricsNotFoundError: Nothing was logged under ``metrics_name`` (by any attempt of the trial).
+            MetricsNotFoundError: Nothing was logged under ``metrics_name`` (by any attempt of the trial), or
+                ``log_metric`` refused every row given to it.
         """
         buffer = self.metrics.get(metrics_name)
         earlier = buffer is None and self._continued  # what the trial's earlier attempts logged, if any
@@ -311,10 +312,17 @@ class Cmf:
             self.metrics.pop(metrics_name).close()
             del self._sinks[metrics_name]
             raise self._nothing_logged(metrics_name)
+        if artifact is None:  # the series holds no row: log_metric refused each one it was given
+            raise self._nothing_logged(metrics_name)
         self._committed[metrics_name] = rows
         return artifact
 
     def _nothing_logged(self, metrics_name: str) -> MetricsNotFoundError:
+        if metrics_name in self.metrics:
+            return MetricsNotFoundError(
+                f"Nothing was logged under metrics_name={metrics_name!r}: log_metric refused every row given to "
+                "it (each with the error it raised)"
+            )
         return MetricsNotFoundError(
             f"Nothing was logged under metrics_name={metrics_name!r}; call log_metric first "
             f"(logged names: {sorted(self.metrics)})"
@@ -350,6 +358,8 @@ class Cmf:
             buffer = self.metrics.get(metrics_name)
             if buffer is None or commit is not None:
                 raise
+            if not buffer.rows:
+                raise self._nothing_logged(metrics_name) from None
             raise MetricsNotFoundError(
                 f"{metrics_name!r} has {buffer.rows} rows logged by this execution ({binding.name if binding else ''}) "
                 f"but none committed; call commit_metrics({metrics_name!r}) first"

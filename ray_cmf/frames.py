@@ -233,7 +233,7 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     """The trial table ordered by ``column``: a ``_best``/``_final`` one best first under ``mode`` (its finite
     values: ±inf never ranks best, and comes after them; a trial ``restart_errored`` replaced is never
     ranked, and comes after every other), any other ascending (numbers before text, whatever mix a config
-    key holds); tied trials by trial id; blanks last."""
+    key holds); tied trials by trial id; blanks last, by trial id."""
     if column not in table.columns:
         if not len(table):  # nothing was picked: a summary column of no trial is nothing to sort by, not an error
             return table
@@ -243,12 +243,12 @@ def sort_trials(table: pd.DataFrame, column: str, mode: str | Mapping[str, str] 
     ranked = summary.endswith(("_best", "_final"))
     descending = ranked and mode_of(mode, metric) == "max"
     values = table[column].tolist()
-    present = [i for i, v in enumerate(values) if not blank(v)]
-    if TRIAL_COLUMN in table.columns:  # of tied trials, the earlier first (as top_rank has it)
+    rows = list(range(len(values)))
+    if TRIAL_COLUMN in table.columns:  # of tied trials (and of blanks), the earlier first (as top_rank has it)
         ids = [trial_order(trial) for trial in table[TRIAL_COLUMN].astype(str)]
-        present.sort(key=lambda i: ids[i])
-    present.sort(key=lambda i: _order(values[i]), reverse=descending)
-    absent = [i for i, v in enumerate(values) if blank(v)]
+        rows.sort(key=lambda i: ids[i])
+    present = sorted((i for i in rows if not blank(values[i])), key=lambda i: _order(values[i]), reverse=descending)
+    absent = [i for i in rows if blank(values[i])]
     if ranked:  # a diverged trial's -inf (or +inf) is no best: after the finite values, before the blanks
         present.sort(key=lambda i: _order(values[i])[0] == 0 and math.isinf(values[i]))
         replaced = table["status"].eq(REPLACED).tolist() if "status" in table.columns else [False] * len(values)

@@ -16,7 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
-from ray_cmf import Cmf, InvalidNameError, MetricsNotFoundError, RayCmfError, Store, StoreError, Sweep
+from ray_cmf import (
+    Cmf,
+    InvalidNameError,
+    MetricsNotFoundError,
+    PrecisionError,
+    RayCmfError,
+    Store,
+    StoreError,
+    Sweep,
+)
 from ray_cmf.audit import audit
 from ray_cmf.constants import ENV_STORE, ENVIRONMENT_TYPE, PIPELINE_CONTEXT_TYPE, STAGE_CONTEXT_TYPE, STEP_METRICS_TYPE
 from ray_cmf.lineage import properties
@@ -318,6 +327,23 @@ def test_commit_without_logging_names_the_metric(store_dir: Path) -> None:
     cmf = Cmf(pipeline_name="p", store=store_dir)
     with pytest.raises(MetricsNotFoundError, match="'nothing'"):
         cmf.commit_metrics("nothing")
+
+
+def test_commit_of_a_series_whose_every_row_was_refused_says_so(store_dir: Path) -> None:
+    """A series whose only rows ``log_metric`` refused holds nothing: committing it raised nothing and returned
+    None, and reading it then advised calling commit_metrics, which had just been called (a new user)."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    cmf.create_execution("Train")
+    with pytest.raises(PrecisionError):
+        cmf.log_metric("g", {"step": 0, "x": 2**63})
+    refused = r"Nothing was logged under metrics_name='g': log_metric refused every row given to it"
+    with pytest.raises(MetricsNotFoundError, match=refused):
+        cmf.commit_metrics("g")
+    with pytest.raises(MetricsNotFoundError, match=refused):
+        cmf.read_metrics("g")
+    cmf.log_metric("g", {"step": 1, "x": 2})  # the series takes rows that fit
+    assert cmf.commit_metrics("g") is not None
+    assert cmf.read_metrics("g")[["step", "x"]].values.tolist() == [[1, 2]]
 
 
 def test_store_from_env_and_missing_dirs_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

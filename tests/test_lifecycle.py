@@ -224,12 +224,17 @@ def test_sorting_by_a_summary_puts_the_best_finite_values_first_then_the_non_fin
     values: list[Any], mode: str, part: str
 ) -> None:
     """``--sort loss_final`` put a trial that diverged to -inf first, as the best: non-finite values never
-    rank best, in a sort as in ``_best``."""
+    rank best, in a sort as in ``_best``. Tied trials, and the trials without a value, come by trial id,
+    whatever order the table had (``best`` listed the blanks in the order the store recorded them)."""
     from ray_cmf.frames import sort_trials
 
     column = f"loss{part}"
-    table = pd.DataFrame({"trial_id": [str(i) for i in range(len(values))], column: pd.Series(values, dtype=object)})
-    ordered = sort_trials(table, column, mode)[column].tolist()
+    ids = [f"t{len(values) - i:02d}" for i in range(len(values))]  # recorded in the reverse of the id order
+    table = pd.DataFrame({"trial_id": ids, column: pd.Series(values, dtype=object)})
+    result = sort_trials(table, column, mode)
+    ordered = result[column].tolist()
+    for _, same in result.groupby(result[column].map(lambda v: "blank" if v is None or v != v else repr(v))):
+        assert same["trial_id"].tolist() == sorted(same["trial_id"])
     finite = [v for v in ordered if v is not None and math.isfinite(v)]
     assert finite == sorted(finite, reverse=mode == "max") and ordered[: len(finite)] == finite
     rest = ordered[len(finite) :]
