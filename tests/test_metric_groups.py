@@ -162,3 +162,42 @@ def test_kinds_group_by_class_policy_and_settings() -> None:
     )
     sizes = sorted(group.size for group in metrics._groups.groups)
     assert sizes == [1, 1, 2, 2]  # a+b, raw, h1+h3, h2
+
+
+class CountAbove(Metric):
+    """A metric of a user's own, as the README describes one: a setting kept as an attribute, no ``_config``."""
+
+    count: torch.Tensor
+    _stage_dtype = torch.float64
+
+    def __init__(self, threshold: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.threshold = threshold
+        self.add_state("count", 0.0, "sum")
+
+    def update(self, value: Any) -> None:
+        self._stage(value)
+
+    def _apply(self, states: Any, inputs: list[torch.Tensor], valid: torch.Tensor | None) -> None:
+        above = inputs[0] > self.threshold
+        if valid is not None:
+            above &= valid.view(*valid.shape, *[1] * (above.dim() - 2))
+        states["count"].add_(above.sum(tuple(range(1, above.dim()))))
+
+    def _compute(self, states: Any) -> dict[str, torch.Tensor]:
+        return {"value": states["count"]}
+
+
+def test_a_metric_of_ones_own_is_grouped_by_the_settings_it_keeps() -> None:
+    """Two instances of a user's metric with different thresholds were one group, computed with the first
+    one's threshold (3 and 3 where 3 and 1 are right, or 1 and 1 in the other order): a setting kept as a
+    public attribute counts, as ``_config``'s do, also in the layout that ranks compare at their first sync."""
+    x = torch.tensor([0.25, 1.0, -1.0, 2.0], dtype=torch.float64)
+    for names in (["a0", "a15", "b0"], ["a15", "a0", "b0"]):
+        made = {"a0": CountAbove(0.0), "a15": CountAbove(1.5), "b0": CountAbove(0.0)}
+        metrics = MetricCollection({name: made[name] for name in names})
+        metrics.update(**{name: x for name in names})
+        assert {k: v.item() for k, v in metrics.compute().items()} == {"a0": 3.0, "a15": 1.0, "b0": 3.0}
+        assert sorted(group.size for group in metrics._groups.groups) == [1, 2]  # a0 + b0, a15
+    assert repr(CountAbove(0.5)) == "CountAbove(threshold=0.5, nan_policy='exclude', cumulative=False)"
+    assert repr(CountAbove(0.5)) != repr(CountAbove(0.0))  # what the first sync compares across ranks

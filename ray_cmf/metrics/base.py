@@ -39,7 +39,10 @@ class Metric(ABC):
 
     A subclass declares its states (``add_state``) and implements its math vectorized over a group of
     metrics of its kind: ``_apply`` and ``_compute`` see each state as ``(members, *shape)``, so one call
-    serves every metric of the kind in a collection. Settings that change the math belong in ``_config``.
+    serves every metric of the kind in a collection. Settings that change the math are its public
+    attributes, or what ``_config`` returns. The math must not depend on the order of the updates: ``_apply``
+    gets them grouped by input shape, not in call order, and ranks merge their states by each state's
+    reduction.
 
     Args:
         nan_policy: ``"exclude"`` (default) leaves NaN/inf out of the value and counts them in the
@@ -86,8 +89,16 @@ class Metric(ABC):
         setattr(self, name, tensor.to(self._device, copy=True))  # never alias the default
 
     def _config(self) -> tuple[Any, ...]:
-        """Settings that change this metric's math: metrics of one class and config are updated together."""
-        return ()
+        """Settings that change this metric's math: metrics of one class and config are updated and computed
+        together, by the first one's ``_apply`` and ``_compute``. By default every public attribute that is no
+        state (``self.threshold = 0.5`` in a subclass's ``__init__``), as ``(name, value)`` pairs, so metrics
+        whose settings differ are never computed as one; a subclass may return its settings itself."""
+        return tuple((name, _hashable(value)) for name, value in self._own_settings())
+
+    def _own_settings(self) -> list[tuple[str, Any]]:
+        """The public attributes a subclass set, by name, that are neither states nor the base class's."""
+        ours = ("nan_policy", "cumulative", *self._state_specs)
+        return [(k, v) for k, v in sorted(vars(self).items()) if not k.startswith("_") and k not in ours]
 
     def kind(self) -> tuple[Any, ...]:
         """What metrics must share to be updated and computed as one group."""
@@ -168,7 +179,9 @@ class Metric(ABC):
         self, states: Mapping[str, torch.Tensor], inputs: list[torch.Tensor], valid: torch.Tensor | None
     ) -> None:
         """Vectorized update of a group: states are ``(members, *shape)``, every input ``(members, rows, *shape)``,
-        ``valid`` the ``(members, rows)`` rows that hold an update (None: all of them)."""
+        ``valid`` the ``(members, rows)`` rows that hold an update (None: all of them). The rows of one call are
+        updates of one input signature, in the order they were made; updates of another signature (a smaller
+        last batch), or of a joint call, come in another call, before or after."""
 
     def _filter(
         self, states: Mapping[str, torch.Tensor], values: torch.Tensor, fill: float
@@ -251,8 +264,20 @@ class Metric(ABC):
     def __repr__(self) -> str:
         """The class and every setting (``_config``'s values first), e.g. ``Accuracy(2, None, ...)``: ranks whose
         metrics differ in any of them are told so at the first sync."""
-        config = "".join(f"{value!r}, " for value in self._config())
+        if type(self)._config is Metric._config:  # settings found by name: shown by name
+            config = "".join(f"{name}={value!r}, " for name, value in self._own_settings())
+        else:
+            config = "".join(f"{value!r}, " for value in self._config())
         return f"{type(self).__name__}({config}nan_policy={self.nan_policy!r}, cumulative={self.cumulative})"
+
+
+def _hashable(value: Any) -> Any:
+    """A setting as part of a group's key: itself, or its repr where it cannot be one (a list, a dict)."""
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def rows_mask(valid: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
