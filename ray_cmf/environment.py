@@ -42,7 +42,8 @@ _NORMALIZED = re.compile(r"[-_.]+")
 
 @dataclass(frozen=True)
 class Environment:
-    """One process's record: ``props`` (``env_*`` / ``seed_*`` MLMD properties) and its package list."""
+    """One process's record: ``props`` (``env_*`` / ``seed_*`` MLMD properties) and its package list, whose md5
+    is among the props too (``env_packages_md5``), so that reads and diffs see two lists differ."""
 
     props: dict[str, Any]
     packages: str = ""
@@ -50,6 +51,8 @@ class Environment:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "md5", hashlib.md5(self.packages.encode()).hexdigest() if self.packages else "")
+        if self.md5:
+            self.props[ENV_PREFIX + "packages_md5"] = self.md5
 
 
 def capture(*, code: bool = True, software: bool = True, hardware: bool = True) -> Environment:
@@ -57,8 +60,7 @@ def capture(*, code: bool = True, software: bool = True, hardware: bool = True) 
     list (``software``), host, CPU, GPU and torch's seed (``hardware``)."""
     props: dict[str, Any] = {}
     if code:
-        script = script_path()
-        props |= code_version(script.parent if script else Path.cwd(), script)
+        props |= code_version(entry_point())
     if software:
         props |= software_versions()
     if hardware:
@@ -66,10 +68,26 @@ def capture(*, code: bool = True, software: bool = True, hardware: bool = True) 
     return Environment(props, package_list() if software else "")
 
 
-def script_path() -> Path | None:
-    """The script that ``python`` ran (None for an interactive session)."""
+@dataclass(frozen=True)
+class EntryPoint:
+    """The code that ``python`` ran: a ``script`` file, the ``text`` of ``python -c``, or neither where ray_cmf
+    cannot read it (code piped to stdin, a REPL, a notebook); ``directory``: where its git state is read."""
+
+    directory: Path
+    script: Path | None = None
+    text: bytes | None = None
+
+
+def entry_point() -> EntryPoint:
+    """This process's :class:`EntryPoint`."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
-    return Path(path).resolve() if path else None
+    if path and Path(path).is_file():
+        script = Path(path).resolve()
+        return EntryPoint(script.parent, script)
+    argv = sys.orig_argv
+    if "-c" in argv[1:-1] and not path:  # the interpreter's own -c: the code follows it
+        return EntryPoint(Path.cwd(), text=argv[argv.index("-c", 1) + 1].encode())
+    return EntryPoint(Path.cwd())
 
 
 def _git(directory: Path, *args: str) -> str | None:
@@ -82,11 +100,13 @@ def _git(directory: Path, *args: str) -> str | None:
     return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else None
 
 
-def code_version(directory: Path, script: Path | None = None) -> dict[str, Any]:
+def code_version(entry: EntryPoint) -> dict[str, Any]:
     """Commit, branch, dirty flag, the md5 of the uncommitted diff and the remote (no credentials) of the
-    git repository that holds ``directory``; empty when it is not in one (or git is missing). A ``script``
-    that git does not track makes it dirty, its text part of the diff. One ``git status`` gives the first
+    git repository that holds ``entry.directory``; empty when it is not in one (or git is missing). Code that
+    is no file git tracks makes it dirty: a script's or ``-c``'s text is then part of the diff, and code that
+    cannot be read leaves no md5 (it would call two programs alike). One ``git status`` gives the first
     three: each git call costs a run's first ``log_metric`` a few milliseconds."""
+    directory, script = entry.directory, entry.script
     status = _git(directory, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
     if status is None:
         return {}
@@ -94,19 +114,20 @@ def code_version(directory: Path, script: Path | None = None) -> dict[str, Any]:
     commit = header.get("branch.oid", "")
     if not commit or commit == "(initial)":
         return {}
-    untracked = script is not None and _git(directory, "ls-files", "--error-unmatch", "--", str(script)) is None
+    untracked = script is None or _git(directory, "ls-files", "--error-unmatch", "--", str(script)) is None
     dirty = untracked or any(not line.startswith("#") for line in status.splitlines())
     diff = b""
     if dirty:
         diff = (_git(directory, "diff", "HEAD") or "").encode()
-        if untracked and script is not None and script.is_file():
-            diff += script.read_bytes()
+        if untracked:
+            diff += script.read_bytes() if script is not None else entry.text or b""
+    readable = script is not None or entry.text is not None
     branch = header.get("branch.head", "")
     props: dict[str, Any] = {
         "git_commit": commit,
         "git_branch": "HEAD" if branch == "(detached)" else branch,
         "git_dirty": dirty,
-        "git_diff_md5": hashlib.md5(diff).hexdigest() if dirty else "",
+        "git_diff_md5": hashlib.md5(diff).hexdigest() if dirty and readable else "",
     }
     remote = _git(directory, "remote", "get-url", "origin")
     if remote:
@@ -115,8 +136,8 @@ def code_version(directory: Path, script: Path | None = None) -> dict[str, Any]:
 
 
 def strip_credentials(url: str) -> str:
-    """A URL without its ``user:password@`` part."""
-    return _CREDENTIALS.sub("", url)
+    """A URL without its ``user:password@`` part, its query and its fragment (``?private_token=...``)."""
+    return _CREDENTIALS.sub("", url).split("?", 1)[0].split("#", 1)[0]
 
 
 def redact_command(argv: list[str]) -> str:

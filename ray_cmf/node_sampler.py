@@ -20,7 +20,6 @@ from ray_cmf.actor import before_the_driver_ends, connect
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.constants import SYSTEM_METRICS_NAME
 from ray_cmf.errors import RayCmfError
-from ray_cmf.frames import PID_COLUMN
 from ray_cmf.system import SystemSampler, sample_into
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class NodeSampler:
         if not psutil.pid_exists(pid):
             return False
         key = functools.partial(_system_key, binding[0], instance)  # connect(): the writer, looked up once per job
-        started = sample_into(connect(), key, interval, {**(extra or {}), PID_COLUMN: pid}, pid, ramp=True)
+        started = sample_into(connect(), key, interval, extra, pid, ramp=True)
         assert started is not None  # an interval was given
         with self._lock:
             self._watched[trial] = (pid, started)

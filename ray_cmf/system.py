@@ -9,6 +9,7 @@ other: spilled through the writer, committed at its trial's or run's end, recove
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import psutil
 
 from ray_cmf.buffer import MetricBuffer
 from ray_cmf.constants import DEFAULT_FLUSH_SECONDS
+from ray_cmf.frames import PID_COLUMN
 
 if TYPE_CHECKING:  # the store's modules load ML-Metadata: a sampler in a bare worker does without them
     from ray_cmf.binding import SeriesKey
@@ -172,9 +174,11 @@ def sample_into(
     *,
     ramp: bool = False,
 ) -> SystemSampler | None:
-    """Start sampling a process (this one by default) into a series at the store's writer; None when
-    ``interval`` is None (switched off). ``ramp``: see :class:`SystemSampler`."""
+    """Start sampling a process (this one by default) into a series at the store's writer, each row with the
+    ``pid`` it sampled and the ``extra`` columns; None when ``interval`` is None (switched off). ``ramp``: see
+    :class:`SystemSampler`."""
     if interval is None:
         return None
     buffer = MetricBuffer(sink=writer.sink(key), flush_seconds=max(DEFAULT_FLUSH_SECONDS, interval))
-    return SystemSampler(buffer, interval, extra, pid, ramp=ramp).start()
+    columns = {**(extra or {}), PID_COLUMN: os.getpid() if pid is None else pid}
+    return SystemSampler(buffer, interval, columns, pid, ramp=ramp).start()

@@ -52,7 +52,6 @@ from ray_cmf.constants import (
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
 from ray_cmf.exits import error_properties, on_thread_end, outcome, track
-from ray_cmf.frames import PID_COLUMN
 from ray_cmf.lineage import Artifact, observed_config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
@@ -272,7 +271,7 @@ class StepLogger:
             self._watch = StallWatch(self._buffer)
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice
-                extra = {"rank": self.rank, PID_COLUMN: os.getpid()}  # the same columns as a node sampler's rows
+                extra = {"rank": self.rank}  # the same columns as a node sampler's rows
                 self._sampler = sample_into(self._writer, self._system_key, system_metrics, extra)
             on_thread_end(self._hand_over)
         elif self._buffer is not None:  # no Ray Train callback ends the run: the process's end, or letting go, does

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -148,6 +149,30 @@ def test_a_script_that_git_does_not_track_makes_the_code_version_dirty(repo: Pat
     assert len(untracked["env_git_diff_md5"]) == 32 and untracked["env_git_diff_md5"] != edited["env_git_diff_md5"]
 
 
+def test_code_that_is_no_file_of_the_repository_is_never_recorded_clean(repo: Path, tmp_path: Path) -> None:
+    """``python -c`` in a clean checkout recorded the commit as clean, whatever code it ran, and two programs piped
+    to ``python -`` recorded one diff md5, the md5 of nothing (found by a new user). The text of ``-c`` counts as an
+    untracked script's; code ray_cmf cannot read (stdin, a REPL, a notebook) is dirty with no md5: no two programs
+    can then look alike."""
+    store = tmp_path / "store"
+
+    def run(name: str, *how: str, stdin: str | None = None, extra: str = "") -> None:
+        code = SCRIPT + extra
+        argv = [sys.executable, *how, *([code] if stdin is None else []), str(store), name]
+        subprocess.run(argv, input=code if stdin is not None else None, text=True, check=True, cwd=repo, timeout=120)
+
+    run("c", "-c")
+    run("c_edited", "-c", extra="# another program\n")
+    run("piped", "-", stdin="yes")
+    props = _execution_props(store)
+    head = _git(repo, "rev-parse", "HEAD")
+    assert {props[name]["env_git_commit"] for name in ("c", "c_edited", "piped")} == {head}
+    assert props["c"]["env_git_dirty"] is True and props["c_edited"]["env_git_dirty"] is True
+    assert props["c"]["env_git_diff_md5"] == hashlib.md5(SCRIPT.encode()).hexdigest()  # the tree is clean
+    assert props["c_edited"]["env_git_diff_md5"] != props["c"]["env_git_diff_md5"]
+    assert props["piped"]["env_git_dirty"] is True and props["piped"]["env_git_diff_md5"] == ""
+
+
 def test_a_torch_without_cuda_records_no_cuda_version() -> None:
     """The CPU build of torch recorded ``env_cuda=""``, which ``show`` printed, where the README says CUDA is
     recorded where there is one (found by a new user)."""
@@ -182,6 +207,27 @@ def test_executions_with_one_environment_share_one_package_list(repo: Path, tmp_
         lines, key=lambda line: line.split("==")[0].lower()
     )
     assert len(list((store / "environments").glob("packages-*.txt"))) == 1
+
+
+def test_two_runs_whose_packages_differ_say_so_in_diff(repo: Path, tmp_path: Path) -> None:
+    """Two runs with different package lists linked different Environment artifacts, but ``diff`` and
+    ``Sweep.environment`` showed nothing of it (found by a new user): each run records its list's md5."""
+    store = tmp_path / "store"
+    _run_script(repo, store, "a")
+    extra = tmp_path / "site"
+    (extra / "tinyx-0.0.1.dist-info").mkdir(parents=True)
+    (extra / "tinyx-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tinyx\nVersion: 0.0.1\n")
+    script = repo / "train.py"
+    env = {**os.environ, "PYTHONPATH": str(extra)}
+    subprocess.run([sys.executable, str(script), str(store), "b"], check=True, env=env, cwd=repo, timeout=120)
+    lineage = Lineage(store / MLMD_FILE, readonly=True)
+    lists = lineage.store.get_artifacts_by_type(ENVIRONMENT_TYPE)
+    files = {properties(a)["url"].rsplit("-", 1)[1].removesuffix(".txt") for a in lists}
+    props = _execution_props(store)
+    assert {props["a"]["env_packages_md5"], props["b"]["env_packages_md5"]} == files and len(files) == 2
+    sweep = Sweep(store, pipeline="p", metrics_name="m")
+    assert "env/packages_md5" in sweep.diff("a", "b").index
+    assert sweep.environment("a")["env/packages_md5"] == props["a"]["env_packages_md5"]
 
 
 def test_seeds_must_be_ints_and_name_the_bad_one(tmp_path: Path) -> None:
@@ -300,6 +346,7 @@ def test_strip_credentials() -> None:
     assert strip_credentials("https://u:p@host/r.git") == "https://host/r.git"
     assert strip_credentials("ssh://git@host/r.git") == "ssh://host/r.git"
     assert strip_credentials("git@host:r.git") == "git@host:r.git"  # scp-like: a user name, no secret
+    assert strip_credentials("https://host/x.git?private_token=t0k#f") == "https://host/x.git"  # a query holds secrets
 
 
 def test_sampler_rows_have_plausible_values_at_its_cadence(tmp_path: Path) -> None:
@@ -425,7 +472,9 @@ def test_each_trial_has_a_system_metrics_series_committed_at_its_end(sweep: Path
         rows = pq.read_table(sweep / properties(artifact)["url"]).to_pylist()
         assert len(rows) >= 4  # 1.6 s of training, a row every 0.2 s
         assert all(0 <= r["proc_cpu_percent"] <= 100 * os.cpu_count() for r in rows[1:])
-        assert all(r["proc_rss_mb"] > 0 and "pid" not in r for r in rows)  # sampled in the trial's process
+        assert all(r["proc_rss_mb"] > 0 for r in rows)
+        pids = {r["pid"] for r in rows}  # the README's pid column, which rows sampled in-process lacked (a new user)
+        assert len(pids) == 1 and os.getpid() not in pids  # sampled in the trial's process
 
 
 def test_sweep_shows_and_diffs_environments(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
