@@ -201,3 +201,8 @@ def test_a_metric_of_ones_own_is_grouped_by_the_settings_it_keeps() -> None:
         assert sorted(group.size for group in metrics._groups.groups) == [1, 2]  # a0 + b0, a15
     assert repr(CountAbove(0.5)) == "CountAbove(threshold=0.5, nan_policy='exclude', cumulative=False)"
     assert repr(CountAbove(0.5)) != repr(CountAbove(0.0))  # what the first sync compares across ranks
+    weights = CountAbove(torch.tensor([0.5, 1.0]))  # a tensor: each rank holds its own, on its own device
+    assert (
+        repr(weights)
+        == "CountAbove(threshold=tensor(shape=(2,), dtype=torch.float32), nan_policy='exclude', cumulative=False)"
+    )

@@ -265,10 +265,18 @@ class Metric(ABC):
         """The class and every setting (``_config``'s values first), e.g. ``Accuracy(2, None, ...)``: ranks whose
         metrics differ in any of them are told so at the first sync."""
         if type(self)._config is Metric._config:  # settings found by name: shown by name
-            config = "".join(f"{name}={value!r}, " for name, value in self._own_settings())
+            config = "".join(f"{name}={_shown(value)}, " for name, value in self._own_settings())
         else:
             config = "".join(f"{value!r}, " for value in self._config())
         return f"{type(self).__name__}({config}nan_policy={self.nan_policy!r}, cumulative={self.cumulative})"
+
+
+def _shown(setting: Any) -> str:
+    """A setting as ranks compare it: a tensor by its shape and dtype, since each rank holds its own on its own
+    device (reading its values would wait for the device), anything else by its repr."""
+    if isinstance(setting, torch.Tensor):
+        return f"tensor(shape={tuple(setting.shape)}, dtype={setting.dtype})"
+    return repr(setting)
 
 
 def _hashable(value: Any) -> Any:
