@@ -270,7 +270,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
     )
     order = f"sorted by {sort}" if sort else "by trial_id"
     if sort is None:
-        table, ranked = _ranked_first(sweep, table)
+        table, ranked = _ranked_first(sweep, table, args.mode)
         order = f"best first by {ranked}" if ranked else order
     if args.status:
         unknown = sorted(set(args.status) - STATUSES - set(table["status"]))
@@ -302,13 +302,14 @@ def _python(value: Any) -> Any:
     return value.item() if hasattr(value, "item") and not isinstance(value, str) else value
 
 
-def _ranked_first(sweep: Any, table: Any, suffix: str = "") -> tuple[Any, str | None]:
+def _ranked_first(sweep: Any, table: Any, mode: str | None, suffix: str = "") -> tuple[Any, str | None]:
     """The trial table (or, with ``suffix="_mean"``, the group table) best first by the metric the sweep's
     CmfRayLogger ranked by, else the first that a logger declared a mode for, where trials have it (never by
-    StepLogger's throughput, a speed), and the column it is sorted by (None: none of them)."""
+    StepLogger's throughput, a speed), and the column it is sorted by (None: none of them). ``mode``: the one
+    ``--mode`` read the table's summaries by (None: each metric's own)."""
     modes = sweep.modes()
     ranked = [f"{m}_best{suffix}" for m in modes if f"{m}_best{suffix}" in table.columns and m != THROUGHPUT]
-    return (sort_trials(table, ranked[0], modes), ranked[0]) if ranked else (table, None)
+    return (sort_trials(table, ranked[0], mode or modes), ranked[0]) if ranked else (table, None)
 
 
 def _grouped_trials(args: argparse.Namespace, sweep: Any) -> int:
@@ -318,7 +319,7 @@ def _grouped_trials(args: argparse.Namespace, sweep: Any) -> int:
     table = sweep.trials(args.metric or None, mode=args.mode, where=args.where, sort=sort, group_by=args.group_by)
     order = f"sorted by {sort}" if sort else "in the order of their first trials"
     if sort is None:
-        table, ranked = _ranked_first(sweep, table, "_mean")
+        table, ranked = _ranked_first(sweep, table, args.mode, "_mean")
         order = f"best first by {ranked}" if ranked else order
     if args.limit:
         table = table.head(args.limit)

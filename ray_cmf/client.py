@@ -47,10 +47,17 @@ class Reply:
         return bool(ray.wait([self._ref], timeout=0)[0])
 
     def result(self, timeout: float | None = None) -> Any:
+        """The writer's result; its error raised as it raised it (ray_cmf's own errors, not Ray's wrapper of
+        them, which holds the actor's traceback)."""
         if self._ref is not None:
             import ray
 
-            return ray.get(self._ref, timeout=timeout)
+            try:
+                return ray.get(self._ref, timeout=timeout)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, RayCmfError):
+                    raise exc.cause from None
+                raise
         if self._error is not None:
             raise self._error
         return self._value

@@ -1199,6 +1199,23 @@ def test_groups_come_best_first_as_trials_do(tmp_path: Path, capsys: pytest.Capt
     assert code == 0 and [r["group"] for r in rows] == ["opt=rmsprop"]
 
 
+def test_mode_without_metric_ranks_the_table_it_asked_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trials --mode max`` of a sweep ranked by the min: the table's ``acc_best`` was each trial's highest, but
+    it was sorted lowest first under the header "best first", so ``--limit 1`` gave the worst (a new user)."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+    from tests._stores import Trial, write_trials
+
+    ranked = {RANKED_BY_PROPERTY: "acc", RANKED_MODE_PROPERTY: "min"}
+    accs = {"a": [0.7, 0.1], "b": [0.5], "c": [0.9, 0.2], "d": [math.nan]}
+    steps = {k: [{"training_iteration": i + 1, "acc": v} for i, v in enumerate(vs)] for k, vs in accs.items()}
+    trials = [Trial(k, {"k": k}, {"": rows}, props=ranked) for k, rows in steps.items()]
+    store = write_trials(tmp_path / "store", trials)
+    for group in ([], ["--group-by", "config/k"]):
+        for mode, order in ((["--mode", "max"], ["c", "a", "b", "d"]), ([], ["a", "c", "b", "d"])):
+            code, rows = _cli(capsys, "trials", "--store", str(store.root), *mode, *group)
+            assert code == 0 and [r["group" if group else "trial_id"][-1] for r in rows] == order, (mode, group)
+
+
 def test_an_empty_text_and_a_text_that_reads_as_a_number_are_groups_of_their_own(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
-from ray_cmf import Store, Sweep
+from ray_cmf import MetricsNotFoundError, Store, Sweep
 from ray_cmf.compare import dedup_attempts
 from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, RESULTS_METRICS_NAME, STEP_METRICS_TYPE, TRIAL_EXECUTION_TYPE
 from ray_cmf.frames import SERIES_COLUMN
@@ -785,6 +785,9 @@ def test_the_driver_holds_every_trials_cmf_at_once(ray_session: None, tmp_path: 
     a.log_metric("m", {"x": 3})  # raised "MetricBuffer is closed": b's Cmf had closed a's
     assert a.commit_metrics("m") is not None and b.commit_metrics("m") is not None
     assert a.read_metrics("m")["x"].tolist() == [1, 3] and b.read_metrics("m")["x"].tolist() == [2]
+    with pytest.raises(MetricsNotFoundError) as refused:  # raised by the writer actor: was a RayTaskError holding
+        a.read_metrics("never")  # the actor's traceback, in colour (a new user)
+    assert type(refused.value) is MetricsNotFoundError and str(refused.value).startswith("No committed metrics 'never'")
 
 
 def test_a_trial_that_no_sweep_will_register_is_an_error_at_once(ray_session: None, tmp_path: Path) -> None:
