@@ -327,6 +327,11 @@ class _TrialState:
     def persisted(self) -> dict[str, Any]:
         return {"ranked": list(self.ranked), "committed": self.committed, "tag": self.tag}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled from a Tune experiment that an earlier version saved: the fields added since take their
+        defaults."""
+        self.__dict__.update({**_TrialState().__dict__, **state})
+
     def rank(self, step: Any, value: Any) -> None:
         """Note a result's value of the ranked metric at ``step``, as the series reads (see
         :func:`ray_cmf.compare.dedup_attempts`): the first result of a retry or a restore supersedes what
@@ -400,6 +405,21 @@ def _hand_over_rows_of(trials: list[Any]) -> None:
 def _flush_every_buffer(_: Any) -> None:
     """In a trial's process (its actor, the argument): every open buffer's rows to the writer."""
     flush_every_buffer()
+
+
+# What CmfRayLogger.__init__ sets that a logger pickled by an earlier version may lack (see its __setstate__):
+# the defaults, of its arguments or of its own state.
+_RESTORED_DEFAULTS: dict[str, Any] = {
+    "pipeline_stage": None,
+    "metrics_name": RESULTS_METRICS_NAME,
+    "data_dir": None,
+    "flush_rows": DEFAULT_FLUSH_ROWS,
+    "flush_seconds": DEFAULT_FLUSH_SECONDS,
+    "push": False,
+    "system_metrics": DEFAULT_SYSTEM_METRICS_SECONDS,
+    "_sweep": None,
+    "_restored": False,
+}
 
 
 class CmfRayLogger(tune.Callback):
@@ -507,6 +527,13 @@ class CmfRayLogger(tune.Callback):
         state["_runtime"] = None
         state["_trials"] = {tid: _TrialState(**t.persisted()) for tid, t in self._trials.items()}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled by ``Tuner.restore`` as the version that started the sweep pickled it: what an earlier version
+        lacked takes the default that ``__init__`` gives now."""
+        self.__dict__.update({**_RESTORED_DEFAULTS, "_modes": {}, "_replaceable": {}, **state})
+        if "cmf_obj" not in state:
+            self.cmf_obj = TrialCmfs(self)
 
     # -- runtime pieces (lazy: the object stays picklable until the sweep starts) --------------------
     @property

@@ -989,6 +989,39 @@ def test_a_retry_with_nothing_left_to_log_commits_what_its_first_attempt_logged(
     assert inner["step"].tolist() == [1, 2, 3] and inner["v"].tolist() == [0.25, 0.5, 0.75]
 
 
+def test_a_logger_pickled_by_an_earlier_version_restores_with_defaults(ray_session: None, tmp_path: Path) -> None:
+    """``Tuner.restore`` unpickles the experiment's CmfRayLogger as the version that started the sweep pickled it:
+    one that predates an attribute (``_modes``, ``push``, ``system_metrics``, ...) failed every hook with an
+    AttributeError, and each restored trial's ``get_cmf()`` waited 60 s and failed it (a user who upgraded)."""
+    import pickle
+
+    from ray.tune.experiment import Trial
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import _TrialState
+
+    store = tmp_path / "store"
+    logger = CmfRayLogger("old", metric="loss", store=str(store), top_n=1)
+    for added in ("_modes", "push", "system_metrics", "flush_rows", "flush_seconds", "_sweep", "_restored"):
+        delattr(logger, added)  # as an earlier version's pickle lacks them
+    logger._trials["old_0"] = _TrialState(committed=False)
+    restored = pickle.loads(pickle.dumps(logger))
+    restored.setup()
+    trials = [Trial("old", config={"lr": i / 10}, trial_id=f"old_{i}", stub=True) for i in range(2)]
+    for trial in trials:
+        restored.on_trial_start(0, trials, trial)
+        restored.on_trial_result(0, trials, trial, {"loss": 1.0 - trial.config["lr"], "training_iteration": 1})
+        restored.on_trial_complete(0, trials, trial)
+    restored.on_experiment_end(trials)
+    table = Sweep(store, pipeline="old").trials(["loss"]).set_index("trial_id")
+    assert table["status"].to_dict() == {"old_0": "COMPLETE", "old_1": "COMPLETE"}
+    assert table["loss_best"].to_dict() == {"old_0": 1.0, "old_1": 0.9} and table["top_rank"]["old_1"] == 1
+    old = _TrialState(committed=True)
+    del old.keys, old.models  # fields an earlier version's trial state lacks
+    again = pickle.loads(pickle.dumps(old))
+    assert again.committed is True and again.keys == set() and again.models == {}
+
+
 def test_a_trial_that_errors_as_it_starts_is_marked_failed(ray_session: None, tmp_path: Path) -> None:
     """Tune calls ``on_trial_error`` right after ``on_trial_start`` for a trainable that raises at once. The
     writer runs requests on several threads, so the end must wait for the start's registration, not race it
