@@ -67,12 +67,15 @@ def is_number(arrow_type: pa.DataType) -> bool:
 def exact_frame(table: pa.Table, index: str | None = None, *, arrow_numbers: bool = False) -> pd.DataFrame:
     """A table as pandas without losing a value: a column with nulls becomes Arrow-backed, so its ints stay
     ints and a null (nothing logged) stays apart from a NaN (logged); others keep their NumPy dtype
-    (``arrow_numbers``: every number column is Arrow-backed). Indexed by the column ``index`` when given.
-    No column is copied more than once, so a long series is read as it is."""
+    (``arrow_numbers``: every number column is Arrow-backed). A dictionary column (trial ids, series names)
+    is a pandas category, nulls and all: pandas cannot read back an Arrow-backed one that it wrote to Parquet.
+    Indexed by the column ``index`` when given. No column is copied more than once, so a long series is read
+    as it is."""
     import pandas as pd
 
     def series(column: pa.ChunkedArray) -> pd.Series:
-        arrow = column.null_count or (arrow_numbers and is_number(column.type))
+        nulls = column.null_count and not pa.types.is_dictionary(column.type)
+        arrow = nulls or (arrow_numbers and is_number(column.type))
         return column.to_pandas(types_mapper=pd.ArrowDtype) if arrow else column.to_pandas()
 
     columns = {name: series(table.column(name)).array for name in table.column_names if name != index}

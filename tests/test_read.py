@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -65,6 +68,22 @@ def test_every_rank_of_a_run_is_read_back(tmp_path: Path, capsys: pytest.Capture
     assert code == 0 and exported[0]["rows"] == 8
     page = (sweep.report(tmp_path / "r.html", metrics=["cpu"])).read_text()
     assert "run (rank0)" in page and "run (rank1)" in page
+
+
+def test_an_exported_parquet_of_several_series_reads_back_in_pandas(tmp_path: Path) -> None:
+    """``export -o x.parquet`` of a trial with two series (an execution reopened by name) wrote its ``series``
+    column as an Arrow dictionary, whose pandas type pandas cannot read back: ``pd.read_parquet`` raised
+    "data type 'dictionary<values=string, indices=int32, ordered=0>[pyarrow]' not understood" (a new user)."""
+    series = {"aa11": [{"step": 1, "v": 1.5}, {"step": 2, "v": None}], "bb22": [{"step": 3, "v": -0.0}]}
+    alone = {"": [{"step": 1, "v": 2.0}]}  # a trial of one series: its rows' series is null
+    store = write_trials(tmp_path / "store", [Trial("t", {"lr": 0.1}, series), Trial("u", {"lr": 0.2}, alone)])
+    out = tmp_path / "s.parquet"
+    assert main(["export", "--store", str(store.root), "-o", str(out)]) == 0
+    exported = pd.read_parquet(out)
+    expected = Sweep(store).steps(exact=True)
+    assert exported["series"].astype(object).tolist() == expected["series"].astype(object).tolist()
+    assert [repr(v) for v in exported["v"].astype(object)] == [repr(v) for v in expected["v"].astype(object)]
+    assert pa.types.is_dictionary(pq.read_table(out).column("series").type)  # pandas' category, as trial_id
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # log10 of its -inf config warned at the user
