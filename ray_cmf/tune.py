@@ -351,6 +351,11 @@ class _TrialState:
         return (min(values) if mode == "min" else max(values)) if values else None
 
 
+def _index_of(name: str, digits: str) -> int | None:
+    """The trial index that ``digits`` (a part of a trial's ``name``) holds, if they are digits."""
+    return int(digits) if digits.isdecimal() and digits != name else None
+
+
 def _ranked_of(saved: Mapping[str, Any]) -> list[tuple[float, float | None]]:
     """A trial's ranked results from a saved experiment state (one of an earlier version kept only the best,
     which then stands before every step)."""
@@ -609,8 +614,14 @@ class CmfRayLogger(tune.Callback):
 
     def _replaced(self, trial: Any) -> dict[str, str]:
         """``{restarted_from: id}`` for a trial that ``Tuner.restore(restart_errored=True)`` made anew in place
-        of a failed one: Tune gives it a new id and the replaced trial's experiment tag."""
+        of a failed one: Tune gives it a new id and the replaced trial's experiment tag. An earlier version saved
+        no tags: the restored trial whose id ends in the index that the tag starts with (``<exp>_00001`` and
+        ``1_lr=0.1``, as Tune numbers a sweep's trials) is then the one it replaces."""
         replaced = self._replaceable.get(trial.experiment_tag)
+        if replaced is None:
+            index = _index_of(trial.experiment_tag, trial.experiment_tag.partition("_")[0])
+            untagged = [tid for tid, state in self._trials.items() if state.tag is None]
+            replaced = next((tid for tid in untagged if _index_of(tid, tid.rpartition("_")[2]) == index), None)
         return {RESTARTED_FROM_PROPERTY: replaced} if replaced not in (None, trial.trial_id) else {}
 
     # -- Tune hooks ----------------------------------------------------------------------------------

@@ -1304,12 +1304,17 @@ def _fails_once_at_its_third_report(config: dict[str, Any]) -> None:
         tune.report({"loss": 1.0 / (i + 1) - (1.0 if first else 0.0)})
 
 
+@pytest.mark.parametrize("saved_by", ["this version", "an earlier version"])
 def test_a_trial_that_restart_errored_replaced_is_shown_replaced_and_never_best(
-    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], saved_by: str
 ) -> None:
     """``Tuner.restore(restart_errored=True)`` reruns a failed trial as a new one (a new trial id, its old
     results discarded): ray_cmf kept the old one FAILED beside it, and ranked its discarded results best. It
-    is now REPLACED, names its new trial, and is no candidate for best; the new one names what it replaced."""
+    is now REPLACED, names its new trial, and is no candidate for best; the new one names what it replaced.
+    An earlier version saved no experiment tags in Tune's experiment state, by which the two are paired: the
+    failed trial kept its rank beside the new one (a user who upgraded)."""
+    import pickle
+
     from ray import tune
 
     from ray_cmf import CmfRayLogger
@@ -1321,6 +1326,13 @@ def test_a_trial_that_restart_errored_replaced_is_shown_replaced_and_never_best(
     first = tune.Tuner(_fails_once_at_its_third_report, param_space=grid, run_config=run).fit()
     [failed] = [r for r in first if r.error is not None]
     old = failed.metrics["trial_id"]
+    if saved_by == "an earlier version":  # its state held each trial's best and whether it was committed
+        [saved] = (tmp_path / "results" / "restarted").glob("callback-states-*.pkl")
+        states = pickle.loads(saved.read_bytes())
+        [ours] = [state for state in states.values() if state and "trials" in state]
+        for trial in ours["trials"].values():
+            trial.pop("tag"), trial.pop("ranked")
+        saved.write_bytes(pickle.dumps(states))
     again = tune.Tuner.restore(
         str(tmp_path / "results" / "restarted"), _fails_once_at_its_third_report, restart_errored=True
     )
