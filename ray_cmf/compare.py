@@ -49,6 +49,7 @@ from ray_cmf.constants import (
     SYSTEM_METRICS_NAME,
     THROUGHPUT,
     TRIAL_EXECUTION_TYPE,
+    WORKER_GROUP_COLUMN,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -174,16 +175,16 @@ def dedup_attempts(
 
     if step not in frame.columns or ATTEMPT_COLUMN not in frame.columns:
         return frame
+    frame = frame.assign(**{_RESTART: _restarts(frame)})
     kept = frame
     if pd.api.types.is_numeric_dtype(frame[step]):
-        attempts = [*by, ATTEMPT_COLUMN]
+        attempts = [*by, _RESTART]
         starts = frame.groupby(attempts, dropna=False, observed=True)[step].min().reset_index(name="_start")
-        recorded = [(t, a, s + 1) for t, of in (resumed or {}).items() for a, s in of.items()]
+        recorded = [(t, a * _GROUPS, s + 1) for t, of in (resumed or {}).items() for a, s in of.items()]
         if recorded:
-            known = pd.DataFrame(recorded, columns=[TRIAL_COLUMN, ATTEMPT_COLUMN, "_start"])
+            known = pd.DataFrame(recorded, columns=[TRIAL_COLUMN, _RESTART, "_start"])
             groups = frame[list(by)].drop_duplicates()  # each group of the trial (its series, its ranks)
             known = groups.merge(known, on=TRIAL_COLUMN)[[*attempts, "_start"]]
-            known = known.astype({ATTEMPT_COLUMN: starts[ATTEMPT_COLUMN].dtype})
             both = pd.concat([starts, known], ignore_index=True)
             starts = both.groupby(attempts, dropna=False, observed=True)["_start"].min().reset_index()
         latest_first = starts[::-1].groupby(list(by) or (lambda _: 0), dropna=False, observed=True)["_start"]
@@ -192,8 +193,24 @@ def dedup_attempts(
         kept = cut[~(cut[step] >= cut["_until"]).fillna(False).astype(bool)].drop(columns="_until")
     keys = [*by, step]
     ranks = [c for c in by if c == RANK_COLUMN]  # a report's ranks side by side, as they were logged
-    order = [*(c for c in by if c != RANK_COLUMN), step, *ranks, ATTEMPT_COLUMN]
-    return kept.sort_values(order, kind="stable").drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
+    order = [*(c for c in by if c != RANK_COLUMN), step, *ranks, _RESTART]
+    latest = kept.sort_values(order, kind="stable").drop_duplicates(subset=keys, keep="last")
+    return latest.drop(columns=_RESTART).reset_index(drop=True)
+
+
+_RESTART, _GROUPS = "_restart", 1 << 20  # a row's place among the restarts; worker groups per attempt at most
+
+
+def _restarts(frame: pd.DataFrame) -> pd.Series:
+    """Each row's place among the run's restarts: its attempt, then the start of the Train workers that logged
+    it (``worker_group``: Ray restarts a run's failed workers from its last checkpoint, as a restore does)."""
+    import pandas as pd
+
+    attempt = pd.to_numeric(frame[ATTEMPT_COLUMN], errors="coerce").fillna(1).astype("int64")
+    if WORKER_GROUP_COLUMN not in frame.columns:
+        return attempt * _GROUPS
+    group = pd.to_numeric(frame[WORKER_GROUP_COLUMN], errors="coerce").fillna(1).astype("int64")
+    return attempt * _GROUPS + group - 1
 
 
 @dataclass(frozen=True)

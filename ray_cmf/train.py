@@ -65,7 +65,6 @@ from ray_cmf.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
-FINAL_FLAG = "ray_cmf_final"
 SAMPLES = "samples"
 _OWN_COLUMNS = frozenset({"step", "wall_time", SAMPLES, THROUGHPUT})  # what a row holds beside the metrics
 STEPS_MAX, STEPS_MIN = "ray_cmf_steps_max", "ray_cmf_steps_min"  # every sync carries the ranks' step counts
@@ -522,7 +521,7 @@ class StepLogger:
         ):  # the run's last row, off the cadence: Result.metrics and the reports end with it
             ray.train.report(self._unreported)
         self._finished = True
-        if self._sampler is not None:  # its rows reach the writer before this rank's final report
+        if self._sampler is not None:  # its rows reach the writer before the run ends
             self._sampler.stop()
         if self._watch is not None:
             self._watch.stop()
@@ -539,8 +538,6 @@ class StepLogger:
                     "ray_cmf: could not commit run %r: %s; `ray-cmf recover` commits its rows", self.run_name, exc
                 )
             self._buffer.close()
-        if self._context is not None:
-            ray.train.report({FINAL_FLAG: True, "step": self.steps_done})
         self._artifact = artifact
         return artifact
 
@@ -570,7 +567,7 @@ class _CallbackRuntime:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
     )
     reports: int = 0
-    ended: str | None = None  # the state its last end committed (a failure, StepLogger's final report)
+    ended: str | None = None  # the state its last end committed (a failure, the controller's end)
 
 
 class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, WorkerCallback):
@@ -716,7 +713,7 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         self._rt()  # the run and its config are recorded now: a run its driver's end cuts short is known
         if self.system_metrics is None:
             return
-        run = self._run_context.get_run_config().name
+        run, run_id = self._run_context.get_run_config().name, _run_id(self._run_context)
         group = "" if self._worker_groups == 1 else f"-{self._worker_groups}"  # one process per series
         try:
             for worker in worker_group.get_workers():
@@ -725,8 +722,8 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
                     watch_process(
                         meta.pid,
                         meta.node_id,
-                        f"{run}/rank{rank}{group}",
-                        Bound("run", registered_run(run, self.trial_id), _run_id(self._run_context)),
+                        f"{run}/rank{rank}{group} ({run_id})",  # two trials' runs may share a name
+                        Bound("run", registered_run(run, self.trial_id), run_id),
                         self.system_metrics,
                         instance=f"rank{rank}{group}",
                         extra={"rank": rank},
@@ -769,9 +766,6 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
         rt = self._rt()
         checkpoint = training_report.checkpoint
-        if any(m.get(FINAL_FLAG) for m in metrics):  # StepLogger's last report, not the loop's: no row
-            self._commit(rt, {"status": "COMPLETE"}, "COMPLETE", end=True)  # also what the workers left
-            return
         rt.reports += 1
         for rank, reported in enumerate(metrics):
             source = f"Train report {rt.reports}, rank {rank}"
@@ -793,13 +787,13 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
 
     @_hook
     def after_controller_finish(self, result: Any) -> None:
-        """The run's end: commit what is left and mark the run as it ended (unless StepLogger or a failure
-        did so already), then wait for the commits, which the controller's end would cut short."""
+        """The run's end: commit what is left and mark the run as it ended (unless a failure did so already),
+        then wait for the commits, which the controller's end would cut short."""
         rt = self._rt()  # a run that never reported is bound now: its workers' samples wait for it
         status = "FAILED" if getattr(result, "error", None) is not None else "COMPLETE"
         # a run that failed once, then completed; samples handed over; rows its stopped workers handed over
         if rt.ended != status or self._stopping or status == "FAILED":
-            self._commit(rt, {"status": status}, status, end=True)  # after StepLogger's final report
+            self._commit(rt, {"status": status}, status, end=True)
         rt.commits.shutdown(wait=True)
 
     @_hook

@@ -913,6 +913,44 @@ def test_a_later_attempt_supersedes_what_earlier_ones_logged_from_its_first_step
     assert read[["step", "v"]].values.tolist() == [[r["step"], r["v"]] for r in timeline]
 
 
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5)), min_size=1, max_size=5), st.integers(1, 3))
+@example([(1, 5), (3, 4)], 1)  # workers restarted from the checkpoint of step 2
+def test_a_restarted_worker_group_supersedes_what_the_earlier_one_reported_from_its_first_step_on(
+    groups: list[tuple[int, int]], attempt: int
+) -> None:
+    """Ray Train restarts a run's failed workers from its last checkpoint, within one attempt of the run: the
+    reports of the earlier group from the restart's first step on stayed beside the later group's, and a
+    trial's ``_best`` read a replaced report (found by a new user). A later worker group supersedes them as a
+    later attempt does."""
+    import pandas as pd
+
+    from ray_cmf.compare import dedup_attempts
+
+    rows, timeline = [], []
+    for group, (start, count) in enumerate(groups, start=1):
+        mine = [
+            {
+                "trial_id": "t",
+                "rank": r,
+                "step": start + i,
+                "attempt": attempt,
+                "worker_group": group,
+                "v": group * 100 + i,
+            }
+            for i in range(count)
+            for r in range(2)
+        ]
+        rows += mine
+        if mine:
+            timeline = [row for row in timeline if row["step"] < start] + mine
+    frame = pd.DataFrame(rows, columns=["trial_id", "rank", "step", "attempt", "worker_group", "v"])
+    read = dedup_attempts(frame, "step", by=["trial_id", "rank"])
+    expected = sorted(timeline, key=lambda row: (row["rank"], row["step"]))
+    assert read.sort_values(["rank", "step"])[["rank", "step", "v"]].values.tolist() == [
+        [row["rank"], row["step"], row["v"]] for row in expected
+    ]
+
+
 def test_plotting_a_metric_that_reads_as_text_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -929,7 +929,8 @@ def test_a_train_callback_in_a_trial_records_what_the_trial_reads(ray_session: N
             train_loop_config=config,
             scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
             run_config=RunConfig(
-                storage_path=str(tmp_path / "train"),
+                name="alike",  # as Ray Train names the runs of trials that start in the same second
+                storage_path=str(tmp_path / "train" / tune.get_context().get_trial_id()),
                 callbacks=[CmfTrainCallback("ignored_in_a_trial", store=store, system_metrics=0.1)],
             ),
         )
@@ -942,7 +943,74 @@ def test_a_train_callback_in_a_trial_records_what_the_trial_reads(ray_session: N
     }
     assert set(sweep.of_series("train_reports").trials()["steps"]) == {3}
     sampled = sweep.of_series("system_metrics").steps()
-    assert set(sampled["trial_id"]) == set(configs)  # the trial's own sampler and its run's worker
+    # each trial's own sampler and its run's worker: the runs' samplers were one watch, and one trial lost its
+    # worker's series (a new user)
+    workers = sampled[sampled["rank"].notna()]
+    assert workers.groupby("trial_id")["rank"].apply(set).to_dict() == {t: {0} for t in configs}
+    assert set(sampled["trial_id"]) == set(configs)
+
+
+def _reports_val_loss_then_finishes(config: dict[str, Any]) -> None:
+    import ray.train
+    import torch
+
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(metrics, sync_every=2, trial_id=config["trial_id"], system_metrics=None)
+    for step in range(1, 5):
+        metrics["loss"].update(torch.tensor(float(step)))
+        steps.step()
+        if step % 2 == 0:
+            ray.train.report({"val_loss": 1.0 / step, "step": step})
+    steps.finish()
+
+
+def test_a_train_run_whose_reports_reach_tune_ends_with_its_own_last_report(ray_session: None, tmp_path: Path) -> None:
+    """Ray's TuneReportCallback passes a Train run's reports on to the Tune trial that runs it. ``finish()`` made
+    one more report, flagged ``ray_cmf_final``, to tell CmfTrainCallback the loop completed: Tune took it for a
+    result without the sweep's metric, and with ``TuneConfig(metric=...)`` stopped the whole sweep (found by a
+    new user). The run's end is now the controller's alone, and the trial's last result is the loop's."""
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from ray_cmf import CmfRayLogger, CmfTrainCallback
+
+    store = str(tmp_path / "store")
+
+    def trainable(config: dict[str, Any]) -> None:
+        trial_id = tune.get_context().get_trial_id()
+        TorchTrainer(
+            _reports_val_loss_then_finishes,
+            train_loop_config={"trial_id": trial_id},
+            scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+            run_config=RunConfig(
+                storage_path=str(tmp_path / "train"),
+                callbacks=[CmfTrainCallback("reaches_tune", store=store, system_metrics=None), TuneReportCallback()],
+            ),
+        ).fit()
+
+    results = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 0.1}),
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min"),
+        run_config=tune.RunConfig(
+            name="reaches_tune",
+            storage_path=str(tmp_path / "tune"),
+            callbacks=[CmfRayLogger("reaches_tune", store=store, system_metrics=None)],
+            verbose=0,
+        ),
+    ).fit()
+    [result] = results
+    assert result.error is None and result.metrics["val_loss"] == 0.25, result.error
+    sweep = Sweep(store, pipeline="reaches_tune")
+    [trial] = sweep.trials(["val_loss"]).to_dict(orient="records")
+    assert trial["status"] == "COMPLETE" and trial["steps"] == 2 and trial["val_loss_final"] == 0.25
+    assert not [c for c in sweep.steps().columns if "ray_cmf" in c]
+    [run] = sweep.of_series("train_reports").trials().to_dict(orient="records")
+    assert run["status"] == "COMPLETE" and run["steps"] == 2
 
 
 def test_a_step_logger_waits_for_its_trials_registration(ray_session: None, tmp_path: Path) -> None:
