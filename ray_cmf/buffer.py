@@ -311,28 +311,28 @@ class MetricBuffer:
             )
         n = self._n
         columns = self._columns
-        try:
+        try:  # all or nothing, whatever ends it (a refused value, or Ctrl-C's KeyboardInterrupt at any line)
             for key, value in row.items():
                 column = columns.get(key)
                 if column is not None and type(value) is column.pytype:
                     column.values.append(value)
                 else:
                     self._append_slow(key, value, n)
+            skipped = self._skipped  # None under a key with no column yet: stored nowhere
+            if skipped:
+                self._skipped = 0
+            if len(row) - skipped != len(columns):
+                for column in columns.values():
+                    if len(column.values) == n:
+                        column.append_null(n)
+            self._n = n + 1
         except BaseException as exc:
-            self._skipped = 0
+            self._n, self._skipped = n, 0
             self._rollback(n)
             if isinstance(exc, OverflowError):  # an int beyond int64 into an int column, on the fast path
                 key = next(k for k, v in row.items() if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX)
                 raise PrecisionError(key, self._first_row + n, row[key], "does not fit in int64") from exc
             raise
-        skipped = self._skipped  # None under a key with no column yet: stored nowhere
-        if skipped:
-            self._skipped = 0
-        if len(row) - skipped != len(columns):
-            for column in columns.values():
-                if len(column.values) == n:
-                    column.append_null(n)
-        self._n = n + 1
         if n + 1 >= self.flush_rows:
             self._owner = threading.get_ident()
             self._seal()

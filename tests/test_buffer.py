@@ -358,3 +358,35 @@ def test_a_result_with_a_text_the_store_cannot_hold_keeps_the_rest(
     assert table.column("loss").to_pylist() == [0.5, 0.25]
     assert "trial t at step 1: dropping metric 'file'" in caplog.text and "lone surrogate" in caplog.text
     assert "'b\\udc80'" in caplog.text
+
+
+def test_a_row_that_ctrl_c_interrupts_is_all_or_nothing(tmp_path: Path) -> None:
+    """Ctrl-C raises KeyboardInterrupt wherever the main thread is, also inside ``append`` (a Tune driver's
+    result hook, say): at any line of it, the row is wholly in or wholly out, and the rows before it and after
+    it are finished intact. Interrupted after it had filled a row's missing columns but before it counted the
+    row, the buffer's columns disagreed in length, and finishing it failed: every row of the series was lost."""
+    code = MetricBuffer.append.__code__
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno})
+    for line in lines:
+        buf = MetricBuffer(tmp_path / f"spill{line}")
+        buf.append({"a": 1.0, "b": 1})
+
+        def interrupt(frame: Any, event: str, arg: Any, at: int = line) -> Any:
+            if frame.f_code is code and event == "line" and frame.f_lineno == at:
+                raise KeyboardInterrupt
+            return interrupt
+
+        sys.settrace(lambda frame, event, arg: interrupt if frame.f_code is code else None)
+        try:
+            buf.append({"a": 2.0})  # a row that lacks a column: its null is filled in
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        kept = buf.rows
+        buf.append({"a": 3.0, "b": 3})
+        df = _read(buf.finish(tmp_path / f"o{line}.parquet").path)
+        if kept == 2:  # interrupted once the row was in
+            assert df["a"].tolist() == [1.0, 2.0, 3.0] and df["b"].isna().tolist() == [False, True, False], line
+        else:
+            assert kept == 1 and df["a"].tolist() == [1.0, 3.0] and df["b"].tolist() == [1, 3], (line, kept)
