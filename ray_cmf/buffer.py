@@ -52,6 +52,7 @@ _FILLED_BY_RAY_CMF = {  # columns that ray_cmf gives the rows itself: a metric o
 # What a user's own series (a Cmf's, a trial's Tune results) may not hold either: ray_cmf's Train rows fill it
 TRAIN_RANK = {RANK_COLUMN: "reads that column as a Train rank's (a trial is summarised by its lowest rank's rows)"}
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
+_SPILL_IDLE_S = 1.0  # how long a spill thread sleeps without a hand-over before it looks at its queue anyway
 _CLOCK_TICKS = 4  # the flush clock looks at each buffer this many times per flush_seconds
 _CLOCK_MAX_WAIT_S = 1.0  # and at every buffer at least this often
 _TYPECODE_KINDS = {"d": "float", "q": "int", "b": "bool"}
@@ -193,7 +194,10 @@ class _SpillThread(threading.Thread):
 
     def run(self) -> None:
         while True:
-            item = self.queue.get()
+            try:  # woken by each hand-over, and by the clock: a Ctrl-C in the middle of a hand-over's wake-up
+                item = self.queue.get(timeout=_SPILL_IDLE_S)  # leaves it asleep (CPython's gh-92530)
+            except queue.Empty:
+                continue
             try:
                 if item is self._STOP:
                     return

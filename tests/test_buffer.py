@@ -6,6 +6,7 @@ import hashlib
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -390,3 +391,54 @@ def test_a_row_that_ctrl_c_interrupts_is_all_or_nothing(tmp_path: Path) -> None:
             assert df["a"].tolist() == [1.0, 2.0, 3.0] and df["b"].isna().tolist() == [False, True, False], line
         else:
             assert kept == 1 and df["a"].tolist() == [1.0, 3.0] and df["b"].tolist() == [1, 3], (line, kept)
+
+
+def _interrupted_at(code: Any, line: int) -> Callable[..., Any]:
+    """A trace function that raises KeyboardInterrupt, once, as ``code`` is about to run ``line``."""
+    armed = [True]
+
+    def interrupt(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == line and armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        return interrupt
+
+    return lambda frame, event, arg: interrupt if frame.f_code is code else None
+
+
+def _finished_within(buf: MetricBuffer, path: Path, seconds: float) -> Any:
+    """``buf.finish(path)`` on a thread of its own; None where it had not returned after ``seconds``."""
+    import threading
+
+    finished: list[Any] = []
+    end = threading.Thread(target=lambda: finished.append(buf.finish(path)), daemon=True)
+    end.start()
+    end.join(seconds)
+    return finished[0] if finished else None
+
+
+def test_a_hand_over_that_ctrl_c_interrupts_never_hangs_the_end(tmp_path: Path) -> None:
+    """Ctrl-C inside the hand-over of a sealed chunk to the spill thread (``queue.put``), at the line of
+    ``Condition.notify`` after it woke the thread but before it forgot the wake-up (CPython's gh-92530): the
+    next hand-over's wake-up went to that stale one, the spill thread slept on with chunks queued, and the
+    script hung at its end instead of exiting on Ctrl-C (found by a new user: 1 Ctrl-C in 45)."""
+    import threading
+
+    code = threading.Condition.notify.__code__
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno})
+    for line in lines:
+        buf = MetricBuffer(tmp_path / f"spill{line}", flush_rows=2)
+        buf.append({"a": 1.0})
+        buf.append({"a": 2.0})  # the first chunk starts the spill thread, which then waits for the next
+        time.sleep(0.05)
+        buf.append({"a": 3.0})
+        sys.settrace(_interrupted_at(code, line))
+        try:
+            buf.append({"a": 4.0})  # seals the second chunk: its hand-over wakes the spill thread
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        finished = _finished_within(buf, tmp_path / f"o{line}.parquet", 30)
+        assert finished is not None, f"finishing hung after Ctrl-C at line {line} of Condition.notify"
+        assert _read(finished.path)["a"].tolist() == [1.0, 2.0, 3.0, 4.0], line
