@@ -618,8 +618,8 @@ class CmfRayLogger(tune.Callback):
         no tags: the restored trial whose id ends in the index that the tag starts with (``<exp>_00001`` and
         ``1_lr=0.1``, as Tune numbers a sweep's trials) is then the one it replaces."""
         replaced = self._replaceable.get(trial.experiment_tag)
-        if replaced is None:
-            index = _index_of(trial.experiment_tag, trial.experiment_tag.partition("_")[0])
+        index = _index_of(trial.experiment_tag, trial.experiment_tag.partition("_")[0])
+        if replaced is None and index is not None:
             untagged = [tid for tid, state in self._trials.items() if state.tag is None]
             replaced = next((tid for tid in untagged if _index_of(tid, tid.rpartition("_")[2]) == index), None)
         return {RESTARTED_FROM_PROPERTY: replaced} if replaced not in (None, trial.trial_id) else {}

@@ -1023,6 +1023,24 @@ def test_a_logger_pickled_by_an_earlier_version_restores_with_defaults(ray_sessi
     assert again.committed is True and again.keys == set() and again.models == {}
 
 
+def test_a_trial_restored_without_tags_is_paired_by_tunes_trial_index(tmp_path: Path) -> None:
+    """Without the experiment tags an earlier version's state lacks, a new trial is paired with the restored trial
+    whose id ends in its tag's index, and with none where the tag or the ids hold no index."""
+    from types import SimpleNamespace
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.constants import RESTARTED_FROM_PROPERTY
+    from ray_cmf.tune import _TrialState
+
+    logger = CmfRayLogger("paired", store=str(tmp_path / "store"))
+    logger._trials = {"ab12c_00000": _TrialState(), "ab12c_00001": _TrialState(), "custom": _TrialState()}
+    new = SimpleNamespace(trial_id="f00d1234", experiment_tag="1_lr=0.2")
+    assert logger._replaced(new) == {RESTARTED_FROM_PROPERTY: "ab12c_00001"}
+    assert logger._replaced(SimpleNamespace(trial_id="f00d1234", experiment_tag="lr=0.2")) == {}
+    assert logger._replaced(SimpleNamespace(trial_id="f00d1234", experiment_tag="7_lr=0.2")) == {}
+    assert logger._replaced(SimpleNamespace(trial_id="ab12c_00001", experiment_tag="1_lr=0.2")) == {}  # itself
+
+
 def test_a_trial_that_errors_as_it_starts_is_marked_failed(ray_session: None, tmp_path: Path) -> None:
     """Tune calls ``on_trial_error`` right after ``on_trial_start`` for a trainable that raises at once. The
     writer runs requests on several threads, so the end must wait for the start's registration, not race it
