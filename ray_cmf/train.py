@@ -567,7 +567,6 @@ class _CallbackRuntime:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
     )
     reports: int = 0
-    ended: str | None = None  # the state its last end committed (a failure, the controller's end)
 
 
 class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, WorkerCallback):
@@ -787,13 +786,12 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
 
     @_hook
     def after_controller_finish(self, result: Any) -> None:
-        """The run's end: commit what is left and mark the run as it ended (unless a failure did so already),
-        then wait for the commits, which the controller's end would cut short."""
+        """The run's end: commit what is left (samples handed over, rows its stopped workers handed over) and
+        mark the run as it ended, also one that failed once and then completed; then wait for the commits,
+        which the controller's end would cut short."""
         rt = self._rt()  # a run that never reported is bound now: its workers' samples wait for it
         status = "FAILED" if getattr(result, "error", None) is not None else "COMPLETE"
-        # a run that failed once, then completed; samples handed over; rows its stopped workers handed over
-        if rt.ended != status or self._stopping or status == "FAILED":
-            self._commit(rt, {"status": status}, status, end=True)
+        self._commit(rt, {"status": status}, status, end=True)
         rt.commits.shutdown(wait=True)
 
     @_hook
@@ -812,7 +810,6 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         handed_over_rows = rt.buffer.sealed()
         stopping: list[Any] = []
         if end:
-            rt.ended = state
             stopping, self._stopping = self._stopping, []  # this end waits for them
 
         def commit() -> None:
