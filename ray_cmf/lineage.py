@@ -71,6 +71,7 @@ _CREATION_RACES = (  # what ML-Metadata says when another process creates the sa
     "subset of tables",
     "retry the connection",
     "database is locked",
+    "Concurrent writes aborted",  # SQLite's: ML-Metadata's own retries of a busy database ran out
 )
 _DEADLOCKS = ("Deadlock found", "deadlock detected")  # MySQL's and PostgreSQL's: the transaction was rolled back
 _DEADLOCK_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)  # seconds between the tries of a call that a deadlock rolled back
