@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray_cmf._names import check_metric_key, check_name, check_texts
+from ray_cmf.attempts import latest_attempt
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.buffer import TRAIN_RANK, MetricBuffer
 from ray_cmf.client import WriterClient, WriterSink
@@ -336,7 +337,9 @@ class Cmf:
         name, and of a name this Cmf logged, its own series (another Cmf of the execution logs its own).
         Rows logged but not committed yet are not returned (commit them first), and asking for them
         raises :class:`MetricsNotFoundError` saying so. A Cmf without a current execution reads the
-        pipeline's series when one execution alone committed that name (or the version ``commit``).
+        pipeline's series when one execution alone committed that name (or the version ``commit``). A
+        retried or restored trial's series reads as its latest attempt left it, as ``Sweep.steps`` reads it
+        (see :func:`ray_cmf.attempts.latest_attempt`).
 
         Values come back exactly as logged: a column without nulls has its NumPy dtype; one with nulls
         (a key missing from some rows, or None) is Arrow-backed (``pd.ArrowDtype``), so its ints stay
@@ -364,7 +367,7 @@ class Cmf:
                 f"{metrics_name!r} has {buffer.rows} rows logged by this execution ({binding.name if binding else ''}) "
                 f"but none committed; call commit_metrics({metrics_name!r}) first"
             ) from None
-        return exact_frame(table, SEQUENCE_COLUMN)
+        return exact_frame(latest_attempt(table, metrics_name), SEQUENCE_COLUMN)
 
     def log_execution_metrics(self, metrics_name: str, custom_properties: Mapping[str, Any] | None = None) -> Artifact:
         """Record execution-level metrics (e.g. final accuracy) as a Metrics artifact."""

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from ray_cmf._json import JsonText, float_of
 from ray_cmf._names import check_limit, check_mode, recorded_modes
+from ray_cmf.attempts import dedup_attempts
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
@@ -49,7 +49,6 @@ from ray_cmf.constants import (
     SYSTEM_METRICS_NAME,
     THROUGHPUT,
     TRIAL_EXECUTION_TYPE,
-    WORKER_GROUP_COLUMN,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -71,7 +70,6 @@ from ray_cmf.frames import (
     RANK_COLUMN,
     RESTART_COLUMNS,
     SERIES_COLUMN,
-    STEP_COLUMN,
     TRIAL_COLUMN,
     blank,
     exact_frame,
@@ -83,9 +81,11 @@ from ray_cmf.frames import (
     mode_of,
     numbers_as_text,
     numeric,
+    row_steps,
     settle_ints,
     sort_trials,
     step_candidates,
+    step_columns,
     summarize,
     trial_order,
 )
@@ -157,60 +157,6 @@ def _queried_metrics(query: Query | None, metrics: list[str] | None) -> list[str
         return []
     named = [n.rsplit("_", 1)[0] for n in query.names() if n.endswith(("_best", "_final"))]
     return [m for m in dict.fromkeys(named) if m not in metrics]
-
-
-def dedup_attempts(
-    frame: pd.DataFrame,
-    step: str = STEP_COLUMN,
-    by: Sequence[str] = (),
-    resumed: Mapping[str, Mapping[int, int]] | None = None,
-) -> pd.DataFrame:
-    """The rows of the run as its last attempt left it, one per step (per ``by`` group): each attempt of a
-    restored or retried trial supersedes what earlier attempts logged from its first step on (a restore
-    resumes at its checkpoint, a retry at the start: what came after that point is no longer the run's).
-    ``resumed`` (``{trial_id: {attempt: step}}``, with ``by`` holding the trial column) says where attempts
-    resumed, logged rows or not: each then supersedes every step after that one (steps count in whole
-    numbers)."""
-    import pandas as pd
-
-    if step not in frame.columns or ATTEMPT_COLUMN not in frame.columns:
-        return frame
-    frame = frame.assign(**{_RESTART: _restarts(frame)})
-    kept = frame
-    if pd.api.types.is_numeric_dtype(frame[step]):
-        attempts = [*by, _RESTART]
-        starts = frame.groupby(attempts, dropna=False, observed=True)[step].min().reset_index(name="_start")
-        recorded = [(t, a * _GROUPS, s + 1) for t, of in (resumed or {}).items() for a, s in of.items()]
-        if recorded:
-            known = pd.DataFrame(recorded, columns=[TRIAL_COLUMN, _RESTART, "_start"])
-            groups = frame[list(by)].drop_duplicates()  # each group of the trial (its series, its ranks)
-            known = groups.merge(known, on=TRIAL_COLUMN)[[*attempts, "_start"]]
-            both = pd.concat([starts, known], ignore_index=True)
-            starts = both.groupby(attempts, dropna=False, observed=True)["_start"].min().reset_index()
-        latest_first = starts[::-1].groupby(list(by) or (lambda _: 0), dropna=False, observed=True)["_start"]
-        starts["_until"] = latest_first.transform(lambda later: later.cummin().shift(1))  # a later one's first step
-        cut = frame.merge(starts[[*attempts, "_until"]], on=attempts, how="left")
-        kept = cut[~(cut[step] >= cut["_until"]).fillna(False).astype(bool)].drop(columns="_until")
-    keys = [*by, step]
-    ranks = [c for c in by if c == RANK_COLUMN]  # a report's ranks side by side, as they were logged
-    order = [*(c for c in by if c != RANK_COLUMN), step, *ranks, _RESTART]
-    latest = kept.sort_values(order, kind="stable").drop_duplicates(subset=keys, keep="last")
-    return latest.drop(columns=_RESTART).reset_index(drop=True)
-
-
-_RESTART, _GROUPS = "_restart", 1 << 20  # a row's place among the restarts; worker groups per attempt at most
-
-
-def _restarts(frame: pd.DataFrame) -> pd.Series:
-    """Each row's place among the run's restarts: its attempt, then the start of the Train workers that logged
-    it (``worker_group``: Ray restarts a run's failed workers from its last checkpoint, as a restore does)."""
-    import pandas as pd
-
-    attempt = pd.to_numeric(frame[ATTEMPT_COLUMN], errors="coerce").fillna(1).astype("int64")
-    if WORKER_GROUP_COLUMN not in frame.columns:
-        return attempt * _GROUPS
-    group = pd.to_numeric(frame[WORKER_GROUP_COLUMN], errors="coerce").fillna(1).astype("int64")
-    return attempt * _GROUPS + group - 1
 
 
 @dataclass(frozen=True)
@@ -594,7 +540,7 @@ class Sweep:
             return pa.table({})
         schema = unify([schema for schema, _ in footers.values()], _big_ints(footers))
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
-        steps = _step_columns(self._candidates, schema, [schema for schema, _ in footers.values()])
+        steps = step_columns(self._candidates, schema, [schema for schema, _ in footers.values()])
         table = _scan_with_trials(dataset, _columns(schema, metrics, steps), files, several=several)
         return _keyed(table, steps, metrics)
 
@@ -611,7 +557,7 @@ class Sweep:
                 continue
             table = _concat([pa.Table.from_batches([b]) for b in batches])
             present = [m for m in metrics if m in table.column_names] if metrics is not None else None
-            steps = _step_columns(self._candidates, table.schema)
+            steps = step_columns(self._candidates, table.schema)
             tables.append(
                 _Spilled(trial, manifest.instance, table.select(_columns(table.schema, present, steps)), steps)
             )
@@ -1332,20 +1278,6 @@ def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
     return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
 
 
-def _step_columns(candidates: Sequence[str], schema: pa.Schema, files: Sequence[pa.Schema] = ()) -> list[str]:
-    """The columns that step the series (see :func:`_keyed`), in ``candidates``' order: each of its ``files``'
-    first candidate, and beside a ``step`` the one a row without it falls back to (Tune's iteration, a
-    Train report's index)."""
-    steps = []
-    for of in (schema, *files):
-        first = next((c for c in candidates if c in of.names), None)
-        if first is None:
-            raise RayCmfError(f"The series has no step column (one of {list(candidates)}); it has {of.names}")
-        fallback = candidates[1]
-        steps += [first, fallback] if first == "step" and fallback in of.names else [first]
-    return [c for c in candidates if c in steps]
-
-
 def _columns(schema: pa.Schema, metrics: list[str] | None, steps: Sequence[str]) -> list[str]:
     """The ``steps`` columns, the columns asked for (by default every column logged, bookkeeping such as a
     row's ``pid`` or ``wall_time`` included: only what ray_cmf keys rows by is not), and the rank and attempt
@@ -1363,10 +1295,7 @@ def _keyed(table: pa.Table, steps: Sequence[str], asked: Collection[str] | None)
     trials that did is read at its row numbers, as it is alone. A step column ``asked`` for (None: every
     column logged) is also kept as it was logged (a ``training_iteration`` beside the ``step``)."""
     present = [c for c in steps if c in table.column_names]
-    step = table.column(present[0])
-    for other in present[1:] if is_number(step.type) else ():
-        if step.null_count:
-            step = pc.coalesce(step, table.column(other).cast(step.type))
+    step = row_steps(table, present)
     index = table.column_names.index(present[0])
     kept = (lambda c: c != present[0] and c not in _NOT_LOGGED) if asked is None else asked.__contains__
     table = table.drop_columns([c for c in present if c == "step" or not kept(c)])

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ray_cmf._cells import shown_text
 from ray_cmf.constants import (
@@ -25,7 +26,7 @@ from ray_cmf.constants import (
     SEQUENCE_COLUMN,
     WORKER_GROUP_COLUMN,
 )
-from ray_cmf.errors import InvalidArgumentError
+from ray_cmf.errors import InvalidArgumentError, RayCmfError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,6 +52,30 @@ _NOT_METRICS = frozenset({*KEY_COLUMNS, *STEP_CANDIDATES, *_BOOKKEEPING})
 def step_candidates(metrics_name: str) -> tuple[str, ...]:
     """The columns a series' rows are stepped by, first that holds one first (see :data:`STEP_CANDIDATES`)."""
     return REPORT_STEP_CANDIDATES if metrics_name == REPORTS_METRICS_NAME else STEP_CANDIDATES
+
+
+def step_columns(candidates: Sequence[str], schema: pa.Schema, files: Sequence[pa.Schema] = ()) -> list[str]:
+    """The columns that step the series (see :func:`row_steps`), in ``candidates``' order: each of its
+    ``files``' first candidate, and beside a ``step`` the one a row without it falls back to (Tune's
+    iteration, a Train report's index)."""
+    steps = []
+    for of in (schema, *files):
+        first = next((c for c in candidates if c in of.names), None)
+        if first is None:
+            raise RayCmfError(f"The series has no step column (one of {list(candidates)}); it has {of.names}")
+        fallback = candidates[1]
+        steps += [first, fallback] if first == "step" and fallback in of.names else [first]
+    return [c for c in candidates if c in steps]
+
+
+def row_steps(table: pa.Table, steps: Sequence[str]) -> pa.ChunkedArray:
+    """Each row's step: its first of the ``steps`` columns (those of :func:`step_columns` that ``table``
+    has) that holds a value; a column of numbers falls back only to numbers."""
+    step = table.column(steps[0])
+    for other in steps[1:] if is_number(step.type) else ():
+        if step.null_count:
+            step = pc.coalesce(step, table.column(other).cast(step.type))
+    return step
 
 
 def is_metric(column: str) -> bool:

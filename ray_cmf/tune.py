@@ -334,7 +334,7 @@ class _TrialState:
 
     def rank(self, step: Any, value: Any) -> None:
         """Note a result's value of the ranked metric at ``step``, as the series reads (see
-        :func:`ray_cmf.compare.dedup_attempts`): the first result of a retry or a restore supersedes what
+        :func:`ray_cmf.attempts.dedup_attempts`): the first result of a retry or a restore supersedes what
         earlier attempts reported from its step on."""
         at = float(step) if isinstance(step, int | float) and not isinstance(step, bool) else math.nan
         if not math.isfinite(at):

@@ -899,7 +899,7 @@ def test_a_later_attempt_supersedes_what_earlier_ones_logged_from_its_first_step
     attempts ``recorded`` where they resumed, that holds for an attempt that logged no row too."""
     import pandas as pd
 
-    from ray_cmf.compare import dedup_attempts
+    from ray_cmf.attempts import dedup_attempts
 
     rows, timeline = [], []
     for attempt, (start, count) in enumerate(attempts, start=1):
@@ -924,7 +924,7 @@ def test_a_restarted_worker_group_supersedes_what_the_earlier_one_reported_from_
     later attempt does."""
     import pandas as pd
 
-    from ray_cmf.compare import dedup_attempts
+    from ray_cmf.attempts import dedup_attempts
 
     rows, timeline = [], []
     for group, (start, count) in enumerate(groups, start=1):
@@ -949,6 +949,46 @@ def test_a_restarted_worker_group_supersedes_what_the_earlier_one_reported_from_
     assert read.sort_values(["rank", "step"])[["rank", "step", "v"]].values.tolist() == [
         [row["rank"], row["step"], row["v"]] for row in expected
     ]
+
+
+_ATTEMPT_ROWS = st.lists(st.tuples(st.booleans(), floats), max_size=5)  # each row: logged with a step?, its value
+
+
+@given(st.lists(st.tuples(st.integers(1, 6), _ATTEMPT_ROWS), min_size=1, max_size=4))
+@example([(1, [(True, 0.0)] * 4), (1, [(True, 1.0)] * 2)])  # a retry from scratch that stops short
+@example([(1, [(True, 0.0)] * 3), (2, [(False, 1.0), (True, 2.0)])])  # a restore whose first row has no step
+def test_a_series_read_by_its_cmf_is_its_latest_attempts_timeline(attempts: list[tuple[int, list[Any]]]) -> None:
+    """``latest_attempt`` (what ``Cmf.read_metrics`` reads) keeps what ``Sweep.steps`` keeps, in logged order
+    and bit for bit: a later attempt supersedes what earlier ones logged from its first step on, and a row
+    without a step is kept (nothing tells it re-logged)."""
+    from ray_cmf.attempts import latest_attempt
+
+    rows = [
+        {"step": start + i if stepped else None, "v": value, "attempt": attempt}
+        for attempt, (start, logged) in enumerate(attempts, start=1)
+        for i, (stepped, value) in enumerate(logged)
+    ]
+    firsts = [
+        min((r["step"] for r in rows if r["attempt"] == a and r["step"] is not None), default=None)
+        for a in range(1, len(attempts) + 1)
+    ]
+    kept = []
+    for r in rows:
+        cut = min((f for f in firsts[r["attempt"] :] if f is not None), default=None)  # later attempts' first step
+        if r["step"] is None or cut is None or r["step"] < cut:
+            kept.append(r)
+    table = pa.table(
+        {
+            "SequenceNumber": pa.array(range(1, len(rows) + 1), pa.int64()),
+            "step": pa.array([r["step"] for r in rows], pa.int64()),
+            "v": pa.array([r["v"] for r in rows], pa.float64()),
+            "attempt": pa.array([r["attempt"] for r in rows], pa.int64()),
+        }
+    )
+    read = latest_attempt(table, "inner")
+    assert read.column_names == ["SequenceNumber", "step", "v"]
+    assert read.column("step").to_pylist() == [r["step"] for r in kept]
+    assert all(same(r["v"], v) for r, v in zip(kept, read.column("v").to_pylist(), strict=True))
 
 
 def test_plotting_a_metric_that_reads_as_text_is_a_clear_error(

@@ -20,7 +20,7 @@ import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf import MetricsNotFoundError, Store, Sweep
-from ray_cmf.compare import dedup_attempts
+from ray_cmf.attempts import dedup_attempts
 from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, RESULTS_METRICS_NAME, STEP_METRICS_TYPE, TRIAL_EXECUTION_TYPE
 from ray_cmf.frames import SERIES_COLUMN
 from ray_cmf.lineage import Lineage, properties
@@ -1581,6 +1581,34 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 3)]
 
 
+def _logs_4_fails_then_logs_3(tmp_path: Path) -> Any:
+    """A trainable whose first attempt logs steps 1-4 of ``inner`` (each handed to the store) and fails; its
+    retry logs steps 1-3, commits them, and writes what ``read_metrics`` reads (the latest version, and that
+    version by its md5) to ``tmp_path/read.json``."""
+    marker = tmp_path / "failed-once"
+
+    def trainable(config: dict[str, Any]) -> None:
+        from ray_cmf.lineage import properties
+        from ray_cmf.tune import get_cmf
+
+        first = not marker.exists()
+        marker.touch()
+        cmf = get_cmf()
+        for step in range(1, 5 if first else 4):
+            cmf.log_metric("inner", {"step": step, "loss": step * (0.1 if first else 1.0)})
+            cmf.flush()
+        if first:
+            raise RuntimeError("fails once")
+        artifact = cmf.commit_metrics("inner")
+        assert artifact is not None
+        latest = cmf.read_metrics("inner")
+        by_md5 = cmf.read_metrics("inner", commit=str(properties(artifact)["Commit"]))
+        read = [list(latest.columns), latest.values.tolist(), by_md5.values.tolist()]
+        (tmp_path / "read.json").write_text(json.dumps(read))
+
+    return trainable
+
+
 def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_comes_late(
     ray_session: None, tmp_path: Path
 ) -> None:
@@ -1590,20 +1618,6 @@ def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_co
     trial's last (found by a new user, in 1 of 11 sweeps). The registration comes late here every time."""
 
     from ray_cmf import CmfRayLogger
-    from ray_cmf.tune import get_cmf
-
-    marker = tmp_path / "failed-once"
-
-    def trainable(config: dict[str, Any]) -> None:
-        first = not marker.exists()
-        marker.touch()
-        cmf = get_cmf()
-        for step in range(1, 5 if first else 4):
-            cmf.log_metric("inner", {"step": step, "loss": step * (0.1 if first else 1.0)})
-            cmf.flush()
-        if first:
-            raise RuntimeError("fails once")
-        cmf.commit_metrics("inner")
 
     class LateToRegisterTheRetry(CmfRayLogger):
         def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -1613,12 +1627,25 @@ def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_co
                 super().on_trial_start(iteration, trials, trial, **info)
 
     logger = LateToRegisterTheRetry("retried", store=str(tmp_path / "store"), system_metrics=None)
-    _retried_once(trainable, {}, logger, tmp_path)
+    _retried_once(_logs_4_fails_then_logs_3(tmp_path), {}, logger, tmp_path)
     sweep = Sweep(tmp_path / "store", metrics_name="inner")
     steps = sweep.steps(["loss", "attempt"])
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, float(s), 2] for s in range(1, 4)]
     [trial] = sweep.trials(["loss"]).to_dict(orient="records")
     assert (trial["status"], trial["steps"], trial["loss_final"]) == ("COMPLETE", 3, 3.0)
+
+
+def test_a_retried_trial_reads_back_its_series_as_the_sweep_does(ray_session: None, tmp_path: Path) -> None:
+    """``read_metrics`` in a retried trial returned every attempt's rows: the failed attempt's steps 1-4 and
+    then the retry's 1-3, seven rows, where ``Sweep.steps`` and the CLI read the retry's three (latest
+    attempt wins). The trial now reads back what the sweep reads, with or without the md5 of its commit."""
+    from ray_cmf import CmfRayLogger
+
+    logger = CmfRayLogger("reread", store=str(tmp_path / "store"), system_metrics=None)
+    _retried_once(_logs_4_fails_then_logs_3(tmp_path), {}, logger, tmp_path)
+    columns, latest, by_md5 = json.loads((tmp_path / "read.json").read_text())
+    assert columns == ["step", "loss"]
+    assert latest == by_md5 == [[s, float(s)] for s in range(1, 4)]
 
 
 def test_a_trainable_class_logs_through_trial_cmf_in_step_and_is_told_where_not_to(
