@@ -306,22 +306,22 @@ def summarize(frame: pd.DataFrame, metrics: Sequence[str], mode: str | Mapping[s
 
     frame = lead_rank(frame)
     trial = frame[TRIAL_COLUMN].astype(str)
-    summary = pd.DataFrame(index=pd.Index(trial.unique(), name=TRIAL_COLUMN))
+    columns: dict[str, Any] = {}  # made whole at the end: a frame grown a column at a time warns past 100
     for metric in metrics:
         if metric not in frame.columns:
-            summary[f"{metric}_best"] = summary[f"{metric}_final"] = math.nan
+            columns[f"{metric}_best"] = columns[f"{metric}_final"] = math.nan
         elif pd.api.types.is_integer_dtype(frame[metric].dtype):  # ints are all finite: kept as ints
             grouped = frame[metric].groupby(trial)
-            summary[f"{metric}_best"] = exact_ints(grouped.max() if mode_of(mode, metric) == "max" else grouped.min())
-            summary[f"{metric}_final"] = exact_ints(grouped.last())
+            columns[f"{metric}_best"] = exact_ints(grouped.max() if mode_of(mode, metric) == "max" else grouped.min())
+            columns[f"{metric}_final"] = exact_ints(grouped.last())
         else:
             values = floats(frame[metric])
             finite = pd.Series(np.where(np.isfinite(values), values, np.nan), index=frame.index).groupby(trial)
-            summary[f"{metric}_best"] = finite.max() if mode_of(mode, metric) == "max" else finite.min()
+            columns[f"{metric}_best"] = finite.max() if mode_of(mode, metric) == "max" else finite.min()
             last = frame[metric].groupby(trial).last()
-            summary[f"{metric}_final"] = pd.Series(floats(last), index=last.index)
-    summary["steps"] = trial.groupby(trial).size()
-    return summary
+            columns[f"{metric}_final"] = pd.Series(floats(last), index=last.index)
+    columns["steps"] = trial.groupby(trial).size()
+    return pd.DataFrame(columns, index=pd.Index(trial.unique(), name=TRIAL_COLUMN))
 
 
 def lead_rank(frame: pd.DataFrame) -> pd.DataFrame:

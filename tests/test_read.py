@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -989,6 +990,21 @@ def test_a_series_read_by_its_cmf_is_its_latest_attempts_timeline(attempts: list
     assert read.column_names == ["SequenceNumber", "step", "v"]
     assert read.column("step").to_pylist() == [r["step"] for r in kept]
     assert all(same(r["v"], v) for r, v in zip(kept, read.column("v").to_pylist(), strict=True))
+
+
+def test_a_trial_table_of_many_metrics_reads_without_warnings(tmp_path: Path) -> None:
+    """``Sweep.trials()`` of trials with 60 metrics printed pandas' "DataFrame is highly fragmented"
+    PerformanceWarning over and over (a new user's Train runs): it built the table a column at a time."""
+    rows = [
+        {"training_iteration": i, "rank": r, **{f"m{k}": k + i / 10 + r for k in range(60)}}
+        for i in range(1, 4)
+        for r in range(2)
+    ]
+    store = write_trials(tmp_path / "store", [Trial("a", series={"tune_results": rows})])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [trial] = Sweep(store).trials().to_dict("records")
+    assert (trial["m59_final"], trial["m0_best"], trial["steps"]) == (59.3, 0.1, 3)  # rank 0's, as Train reads
 
 
 def test_plotting_a_metric_that_reads_as_text_is_a_clear_error(
