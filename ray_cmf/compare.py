@@ -869,11 +869,34 @@ class Sweep:
         asked = list(metrics) if metrics is not None else None
         spilled = self._spilled(asked) if live else []  # read once: for the metrics they hold and for the rows
         chosen = self._summarised(self._schema(), asked, [s.table.schema for s in spilled])
-        table = self._step_table(chosen if asked is not None else None, trials, live=live, spilled=spilled)
-        if not table.num_rows:
-            return _no_summary(chosen)
-        frame = _tidy(exact_frame(table, arrow_numbers=True), chosen, overlap=live, starts=self._starts())
-        return summarize(frame, chosen, mode)
+        parts = []
+        for group in self._by_number_kinds(chosen, trials, spilled):
+            table = self._step_table(chosen if asked is not None else None, group, live=live, spilled=spilled)
+            if table.num_rows:
+                frame = _tidy(exact_frame(table, arrow_numbers=True), chosen, overlap=live, starts=self._starts())
+                parts.append(summarize(frame, chosen, mode))
+        if len(parts) > 1:
+            return exact_summary({trial: row for part in parts for trial, row in part.to_dict("index").items()})
+        return parts[0] if parts else _no_summary(chosen)
+
+    def _by_number_kinds(self, metrics: list[str], trials: set[str], spilled: list[_Spilled]) -> list[set[str]]:
+        """``trials`` in groups whose rows hold each of ``metrics`` alike, as ints or not: one scan unifies a
+        column's types, and a trial's ints read beside another trial's floats would read as floats (each
+        trial's ``_best`` and ``_final`` keep its own ints, as its file's footer does)."""
+        footers = self._footers()
+        schemas: dict[str, list[pa.Schema]] = {}
+        for file in self.files():
+            if file.trial_id in trials and file.path in footers:
+                schemas.setdefault(file.trial_id, []).append(footers[file.path][0])
+        for rows in spilled:
+            if rows.trial in trials:
+                schemas.setdefault(rows.trial, []).append(rows.table.schema)
+        groups: dict[tuple[bool, ...], set[str]] = {}
+        for trial in trials:
+            schema = unify(schemas.get(trial, []))
+            kinds = tuple(m in schema.names and pa.types.is_integer(schema.field(m).type) for m in metrics)
+            groups.setdefault(kinds, set()).add(trial)
+        return list(groups.values())
 
     def modes(self) -> dict[str, str]:
         """Whether lower (``min``) or higher (``max``) is better, by metric (``{metric: mode}``), as the

@@ -992,6 +992,26 @@ def test_a_series_read_by_its_cmf_is_its_latest_attempts_timeline(attempts: list
     assert all(same(r["v"], v) for r, v in zip(kept, read.column("v").to_pylist(), strict=True))
 
 
+@pytest.mark.parametrize("scanned_for", ["a Train run's ranks", "a live read"])
+def test_an_int_metric_keeps_its_ints_beside_a_trial_that_logged_it_as_floats(tmp_path: Path, scanned_for: str) -> None:
+    """A trial that logged ``mix`` as ints read ``mix_best``/``mix_final`` as floats (2.0, and 2**53 + 1
+    rounded) when another trial of the sweep logged it as floats and the table was read by a scan of every
+    trial's rows (a trial Tune retried, a Train run's ranks, a live read: what the files' footers cannot
+    summarise), though the same trials read from their footers kept 2 and 2**53 + 1 (a new user's, with a
+    retried trial). Each trial's values are now read in its own types."""
+    ranked = scanned_for == "a Train run's ranks"
+    big = 2**53 + 1  # an int a float cannot hold
+    ints = [{"training_iteration": i, "mix": v} for i, v in enumerate([2, 3, 4, big], start=1)]
+    floats_ = [{"training_iteration": i, "mix": i * 0.5} for i in range(1, 4)]
+    if ranked:
+        ints, floats_ = ([{**row, "rank": rank} for row in rows for rank in (0, 1)] for rows in (ints, floats_))
+    trials = [Trial("int", series={"tune_results": ints}), Trial("float", series={"tune_results": floats_})]
+    store = write_trials(tmp_path / "store", trials)
+    table = Sweep(store).trials(live=not ranked).set_index("trial_id")
+    assert [(type(v), v) for v in table.loc["int", ["mix_best", "mix_final"]]] == [(int, 2), (int, big)]
+    assert table.loc["float", ["mix_best", "mix_final"]].tolist() == [0.5, 1.5]
+
+
 def test_a_trial_table_of_many_metrics_reads_without_warnings(tmp_path: Path) -> None:
     """``Sweep.trials()`` of trials with 60 metrics printed pandas' "DataFrame is highly fragmented"
     PerformanceWarning over and over (a new user's Train runs): it built the table a column at a time."""
