@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ray_cmf.constants import ATTEMPT_COLUMN, WORKER_GROUP_COLUMN
 from ray_cmf.frames import RANK_COLUMN, STEP_COLUMN, TRIAL_COLUMN, row_steps, step_candidates, step_columns
@@ -25,13 +26,15 @@ _ROW = "_row"  # a row's place in the table, kept through the resolution
 def latest_attempt(table: pa.Table, metrics_name: str) -> pa.Table:
     """One stored version of a series as its latest attempt left it, in logged order and without the
     ``attempt`` column: the rows that a later attempt superseded are dropped, as ``Sweep.steps`` drops
-    them (rows are stepped as it steps them, see :func:`ray_cmf.frames.row_steps`). A series logged by one
-    attempt only is returned as it is."""
-    if ATTEMPT_COLUMN not in table.column_names:
+    them (rows are stepped as it steps them, see :func:`ray_cmf.frames.row_steps`). A series that only the
+    first attempt logged keeps every row, a step logged twice included."""
+    names = table.column_names
+    if ATTEMPT_COLUMN not in names:
         return table
+    if (pc.max(table.column(ATTEMPT_COLUMN)).as_py() or 1) == 1:  # as Sweep: no later attempt logged a row
+        return table.drop_columns([ATTEMPT_COLUMN])
     import pandas as pd
 
-    names = table.column_names
     steps = step_columns(step_candidates(metrics_name), table.schema)
     by = [RANK_COLUMN] if RANK_COLUMN in names else []  # a Train report's ranks each hold the step
     frame = pd.DataFrame(
@@ -52,9 +55,11 @@ def dedup_attempts(
     by: Sequence[str] = (),
     resumed: Mapping[str, Mapping[int, int]] | None = None,
 ) -> pd.DataFrame:
-    """The rows of the run as its last attempt left it, one per step (per ``by`` group): each attempt of a
+    """The rows of the run as its last attempt left it, in step order (per ``by`` group): each attempt of a
     restored or retried trial supersedes what earlier attempts logged from its first step on (a restore
-    resumes at its checkpoint, a retry at the start: what came after that point is no longer the run's).
+    resumes at its checkpoint, a retry at the start: what came after that point is no longer the run's),
+    and a step one attempt logged twice keeps both rows, as in a run never restarted (of steps that are not
+    numbers, only the latest row of each).
     ``resumed`` (``{trial_id: {attempt: step}}``, with ``by`` holding the trial column) says where attempts
     resumed, logged rows or not: each then supersedes every step after that one (steps count in whole
     numbers)."""
@@ -64,7 +69,8 @@ def dedup_attempts(
         return frame
     frame = frame.assign(**{_RESTART: _restarts(frame)})
     kept = frame
-    if pd.api.types.is_numeric_dtype(frame[step]):
+    numbers = pd.api.types.is_numeric_dtype(frame[step])
+    if numbers:
         attempts = [*by, _RESTART]
         starts = frame.groupby(attempts, dropna=False, observed=True)[step].min().reset_index(name="_start")
         recorded = [(t, a * _GROUPS, s + 1) for t, of in (resumed or {}).items() for a, s in of.items()]
@@ -78,10 +84,11 @@ def dedup_attempts(
         starts["_until"] = latest_first.transform(lambda later: later.cummin().shift(1))  # a later one's first step
         cut = frame.merge(starts[[*attempts, "_until"]], on=attempts, how="left")
         kept = cut[~(cut[step] >= cut["_until"]).fillna(False).astype(bool)].drop(columns="_until")
-    keys = [*by, step]
     ranks = [c for c in by if c == RANK_COLUMN]  # a report's ranks side by side, as they were logged
     order = [*(c for c in by if c != RANK_COLUMN), step, *ranks, _RESTART]
-    latest = kept.sort_values(order, kind="stable").drop_duplicates(subset=keys, keep="last")
+    latest = kept.sort_values(order, kind="stable")
+    if not numbers:  # steps that are not numbers: a later attempt's row of a step replaces the earlier ones'
+        latest = latest.drop_duplicates(subset=[*by, step], keep="last")
     return latest.drop(columns=_RESTART).reset_index(drop=True)
 
 

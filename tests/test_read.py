@@ -952,22 +952,27 @@ def test_a_restarted_worker_group_supersedes_what_the_earlier_one_reported_from_
     ]
 
 
-_ATTEMPT_ROWS = st.lists(st.tuples(st.booleans(), floats), max_size=5)  # each row: logged with a step?, its value
+_ATTEMPT_ROWS = st.lists(  # each row: logged with a step?, the step past the attempt's start, its value
+    st.tuples(st.booleans(), st.integers(0, 3), floats), max_size=5
+)
 
 
 @given(st.lists(st.tuples(st.integers(1, 6), _ATTEMPT_ROWS), min_size=1, max_size=4))
-@example([(1, [(True, 0.0)] * 4), (1, [(True, 1.0)] * 2)])  # a retry from scratch that stops short
-@example([(1, [(True, 0.0)] * 3), (2, [(False, 1.0), (True, 2.0)])])  # a restore whose first row has no step
+@example([(1, [(True, i, 0.0) for i in range(4)]), (1, [(True, i, 1.0) for i in range(2)])])  # a retry, shorter
+@example([(1, [(True, i, 0.0) for i in range(3)]), (2, [(False, 0, 1.0), (True, 0, 2.0)])])  # a stepless first row
+@example([(1, [(True, 0, 0.0), (True, 0, 1.0), (True, 1, 2.0)])])  # one attempt that logs a step twice
+@example([(1, [(True, 0, 0.0)]), (1, [(True, 0, 1.0), (True, 0, 2.0)])])  # and a retry that does
 def test_a_series_read_by_its_cmf_is_its_latest_attempts_timeline(attempts: list[tuple[int, list[Any]]]) -> None:
     """``latest_attempt`` (what ``Cmf.read_metrics`` reads) keeps what ``Sweep.steps`` keeps, in logged order
-    and bit for bit: a later attempt supersedes what earlier ones logged from its first step on, and a row
-    without a step is kept (nothing tells it re-logged)."""
+    and bit for bit: a later attempt supersedes what earlier ones logged from its first step on; a row without
+    a step is kept (nothing tells it re-logged), and so is each row of a step that one attempt logged twice
+    (for each batch of an epoch, say), as in a trial that was never retried."""
     from ray_cmf.attempts import latest_attempt
 
     rows = [
-        {"step": start + i if stepped else None, "v": value, "attempt": attempt}
+        {"step": start + offset if stepped else None, "v": value, "attempt": attempt}
         for attempt, (start, logged) in enumerate(attempts, start=1)
-        for i, (stepped, value) in enumerate(logged)
+        for stepped, offset, value in logged
     ]
     firsts = [
         min((r["step"] for r in rows if r["attempt"] == a and r["step"] is not None), default=None)
