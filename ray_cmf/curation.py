@@ -38,7 +38,10 @@ def tag_properties(tags: Mapping[str, Any]) -> dict[str, str]:
     for key, value in tags.items():
         check_tag_key(key)
         if not isinstance(value, str | int | float | bool) or (isinstance(value, float) and value != value):
-            raise InvalidArgumentError(f"Tag {key!r} has value {value!r}: a tag's value is text or a number")
+            raise InvalidArgumentError(
+                f"Tag {key!r} has value {value!r}: a tag's value is text, a number other than NaN, or a bool "
+                f"(a tag is removed with remove=[{key!r}])"
+            )
         check_texts(f"tag {key!r}", value)
         props[TAG_PREFIX + key] = str(value)
     return props

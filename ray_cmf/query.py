@@ -91,7 +91,7 @@ def _tokens(text: str) -> list[_Token]:
         elif kind == "quoted":
             out.append(_Token("name", raw[1:-1], start, at))
         elif kind == "text":
-            out.append(_Token("text", re.sub(r"\\(.)", r"\1", raw[1:-1]), start, at))
+            out.append(_Token("text", re.sub(r"\\([\\\"'])", r"\1", raw[1:-1]), start, at))  # \\ \" \' only
         elif kind == "number":
             value: float | int = float(raw) if re.search(r"[.eEna]", raw) else int(raw)
             out.append(_Token("number", value, start, at))

@@ -122,6 +122,35 @@ def test_tags_and_notes_read_back_as_the_text_they_were(tmp_path_factory: pytest
     assert sweep.trials(where=f"`tag/verdict` == {quoted}")["trial_id"].tolist() == ["a"]
 
 
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_a_where_matches_text_with_backslashes_as_the_table_shows_it(tmp_path: Path, quote: str) -> None:
+    """A query for a tag holding a Windows path, written as ``trials`` and ``show`` print it, found no trial
+    (exit 0): a backslash in quoted text escaped any character after it, and was dropped, so ``delete
+    --where`` could also pick other trials than the ones shown (a new user's). A backslash now escapes only
+    a quote or a backslash; any other stands for itself."""
+    sweep = Sweep(_sweep(tmp_path / "store"))
+    sweep.tag("a", dir=r"C:\tmp\a")
+    sweep.tag("b", dir="C:tmpa")
+    for literal in (r"C:\tmp\a", r"C:\\tmp\\a"):
+        assert sweep.trials(where=f"`tag/dir` == {quote}{literal}{quote}")["trial_id"].tolist() == ["a"], literal
+    escaped = r"""`tag/dir` in ["C:tmpa", "x\"y", 'it\'s', 'C:\\']"""  # quotes and a backslash, escaped
+    assert sweep.trials(where=escaped)["trial_id"].tolist() == ["b"]
+    sweep.tag("c", dir='x"y')
+    sweep.tag("d", dir="C:\\")
+    assert sweep.trials(where=escaped)["trial_id"].tolist() == ["b", "c", "d"]
+
+
+@pytest.mark.parametrize("value", [math.nan, None])
+def test_a_tag_of_nan_or_none_is_refused_saying_what_a_tag_holds(tmp_path: Path, value: Any) -> None:
+    """A tag of NaN was refused with "a tag's value is text or a number", while a bool was taken (a new
+    user's): the error now says which values a tag holds, and how a tag is removed."""
+    sweep = Sweep(_sweep(tmp_path / "store"))
+    with pytest.raises(InvalidArgumentError, match=r"text, a number other than NaN, or a bool .*remove=\['x'\]"):
+        sweep.tag("a", x=value)
+    sweep.tag("a", x=True)
+    assert sweep.trials().set_index("trial_id").loc["a", "tag/x"] == "True"
+
+
 def test_a_tag_set_while_the_writer_ends_the_trial_keeps_both(tmp_path: Path) -> None:
     """The trial is RUNNING when another process tags it; the writer then ends it: both changes stay."""
     store = write_trials(tmp_path / "store", [Trial("live", {"lr": 0.1}, {"": _rows(1.0)}, status="RUNNING")])
