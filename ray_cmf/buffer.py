@@ -35,7 +35,14 @@ from ray_cmf.constants import (
     EXACT_FLOAT_INT,
     SEQUENCE_COLUMN,
 )
-from ray_cmf.errors import InvalidNameError, InvalidValueError, PrecisionError, RayCmfError, SchemaError
+from ray_cmf.errors import (
+    InvalidArgumentError,
+    InvalidNameError,
+    InvalidValueError,
+    PrecisionError,
+    RayCmfError,
+    SchemaError,
+)
 from ray_cmf.exits import track
 from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest
@@ -336,6 +343,11 @@ class MetricBuffer:
             if isinstance(exc, OverflowError):  # an int beyond int64 into an int column, on the fast path
                 key = next(k for k, v in row.items() if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX)
                 raise PrecisionError(key, self._first_row + n, row[key], "does not fit in int64") from exc
+            if isinstance(exc, AttributeError) and not isinstance(row, Mapping):  # checked only here: no cost
+                raise InvalidArgumentError(
+                    f"Row {self._first_row + n} is a {type(row).__name__} ({row!r:.60}), not a mapping of metric "
+                    "name to value (a dict, {'loss': 0.5})"
+                ) from None
             raise
         if n + 1 >= self.flush_rows:
             self._owner = threading.get_ident()

@@ -223,7 +223,14 @@ class Cmf:
 
     def update_execution(self, execution_id: int, custom_properties: Mapping[str, Any] | None = None) -> Execution:
         """Merge custom properties into an execution (cmflib's signature), and into the config that
-        ``Sweep.trials()`` shows as ``config/<key>`` columns."""
+        ``Sweep.trials()`` shows as ``config/<key>`` columns.
+
+        Raises:
+            InvalidArgumentError: ``execution_id`` is not an int.
+            StoreError: No execution has that id.
+        """
+        if not isinstance(execution_id, int) or isinstance(execution_id, bool):
+            raise InvalidArgumentError(f"execution_id {execution_id!r} is not an int: pass an execution's .id")
         check_texts("custom_properties", custom_properties)
         updated = self._writer.call(
             StoreWriter.update_execution,

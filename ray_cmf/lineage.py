@@ -499,7 +499,7 @@ class Lineage:
     ) -> Execution:
         """Merge ``props`` into an execution's custom properties (``config``: into its config too), drop those
         named in ``remove`` and optionally set its state."""
-        [execution] = self.store.get_executions_by_id([execution_id])
+        execution = self.get_execution(execution_id)
         held = (_text(key, self._dialect) for key in remove)
         dropped = [key for key in held if key in execution.custom_properties]
         if not props and state is None and not dropped:

@@ -107,7 +107,19 @@ def trial_cmf(
     in_trial = threading.current_thread() is not threading.main_thread()  # Tune's thread for the trainable
     here = capture(code=False, software=False) if in_trial else None
     token = ray.get_runtime_context().get_actor_id() if in_trial else None  # this start's, not a failed one's
-    joined = writer.wait_for_trial(StoreWriter.join, trial_id, timeout, environment=here, token=token)
+    own = None if ray_driver() else tune.get_context().get_trial_id()
+    foreign = own is not None and own != trial_id  # cmflib's examples name trials themselves: no wait for those
+    try:
+        joined = writer.wait_for_trial(
+            StoreWriter.join, trial_id, 0.0 if foreign else timeout, environment=here, token=token
+        )
+    except RayCmfError:
+        if not foreign:
+            raise
+        raise RayCmfError(
+            f"{trial_id!r} is no trial of this sweep; Tune names this trial {own!r}: ask for "
+            "ray_cmf.tune.get_cmf(), or logger.cmf_obj[ray.tune.get_context().get_trial_id()]"
+        ) from None
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
     trainable = _running(tune.Trainable.train)  # a tune.Trainable's step() asks
     if trainable is not None:

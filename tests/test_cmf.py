@@ -18,6 +18,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf import (
     Cmf,
+    InvalidArgumentError,
     InvalidNameError,
     MetricsNotFoundError,
     PrecisionError,
@@ -117,6 +118,24 @@ def test_update_execution_merges_properties(store_dir: Path) -> None:
     cmf.update_execution(execution.id, {"b": "two", "best": float("nan")})
     props = properties(cmf.store.lineage.get_execution(execution.id))
     assert props["a"] == 1 and props["b"] == "two" and props["best"] != props["best"]
+
+
+def test_an_execution_id_or_a_row_of_the_wrong_kind_is_an_error_that_names_it(store_dir: Path) -> None:
+    """``update_execution`` of an id no execution has raised "not enough values to unpack", of a text id a
+    TypeError from ML-Metadata, and ``log_metric`` of a list of pairs "'list' object has no attribute 'items'"
+    (a cmflib user's). Each now names the value and what it should be; the refused row leaves no trace."""
+    cmf = Cmf(pipeline_name="p", store=store_dir)
+    execution = cmf.create_execution("Train")
+    with pytest.raises(StoreError, match="No MLMD execution with id 999999"):
+        cmf.update_execution(999999, {"lr": 0.2})
+    with pytest.raises(InvalidArgumentError, match=r"execution_id '1' is not an int: pass an execution's \.id"):
+        cmf.update_execution("1", {"lr": 0.2})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"Row 1 is a list \(\[\('loss', 0.5\)\]\), not a mapping"):
+        cmf.log_metric("steps", [("loss", 0.5)])  # type: ignore[arg-type]
+    cmf.log_metric("steps", {"loss": 0.25})
+    cmf.commit_metrics("steps")
+    assert cmf.read_metrics("steps")["loss"].to_dict() == {1: 0.25}
+    assert properties(cmf.update_execution(execution.id, {"lr": 0.2}))["lr"] == 0.2
 
 
 def test_the_config_a_sweep_shows_is_what_the_execution_holds(store_dir: Path) -> None:

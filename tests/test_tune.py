@@ -1648,6 +1648,36 @@ def test_a_retried_trial_reads_back_its_series_as_the_sweep_does(ray_session: No
     assert latest == by_md5 == [[s, float(s)] for s in range(1, 4)]
 
 
+def test_a_trial_that_asks_for_a_trial_id_of_its_own_making_is_told_tunes(ray_session: None, tmp_path: Path) -> None:
+    """cmflib's example names its trials itself (``cmf_obj[config["trial_id"]]``): in ray_cmf such a trial
+    waited 60 s, then failed saying to add the CmfRayLogger that was in its callbacks (a cmflib user's). It
+    is now told at once which id Tune gave it."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger, RayCmfError
+
+    said = tmp_path / "said.txt"
+
+    def trainable(config: dict[str, Any]) -> None:
+        try:
+            logger.cmf_obj[config["trial_id"]]
+        except RayCmfError as exc:
+            said.write_text(f"{exc}\n{tune.get_context().get_trial_id()}")
+        tune.report({"loss": 1.0})
+
+    logger = CmfRayLogger("named", store=str(tmp_path / "store"), system_metrics=None)
+    tune.Tuner(
+        trainable,
+        param_space={"trial_id": "t1"},
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0),
+    ).fit()
+    error, own = said.read_text().rsplit("\n", 1)
+    assert error == (
+        f"'t1' is no trial of this sweep; Tune names this trial {own!r}: ask for ray_cmf.tune.get_cmf(), or "
+        "logger.cmf_obj[ray.tune.get_context().get_trial_id()]"
+    )
+
+
 def test_a_trainable_class_logs_through_trial_cmf_in_step_and_is_told_where_not_to(
     ray_session: None, tmp_path: Path
 ) -> None:
