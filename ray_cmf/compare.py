@@ -494,7 +494,7 @@ class Sweep:
             self._check_metrics(metrics, [s.table for s in spilled] if live else None)
         several = self._several((s.trial, s.instance) for s in spilled)
         mine = [s.keyed(several, metrics) for s in spilled if trials is None or s.trial in trials]
-        tables = [t for t in [self._committed(metrics, trials, several), *mine] if t.num_rows]
+        tables = [t for t in [self._committed(metrics, trials, several, numbered=live), *mine] if t.num_rows]
         if not tables:
             return pa.table({})
         table = _concat(tables)
@@ -532,7 +532,10 @@ class Sweep:
         if unknown and (known or spilled is None):
             raise self._unknown(unknown)
 
-    def _committed(self, metrics: list[str] | None, trials: set[str] | None, several: set[str]) -> pa.Table:
+    def _committed(
+        self, metrics: list[str] | None, trials: set[str] | None, several: set[str], *, numbered: bool = False
+    ) -> pa.Table:
+        """The committed rows asked for, keyed (``numbered``: with their row numbers, see :func:`_columns`)."""
         mine = [f for f in self.files() if trials is None or f.trial_id in trials]
         footers = self._footers(mine)
         files = [f for f in mine if f.path in footers]
@@ -541,7 +544,7 @@ class Sweep:
         schema = unify([schema for schema, _ in footers.values()], _big_ints(footers))
         dataset = pads.dataset(list(dict.fromkeys(str(f.path) for f in files)), format="parquet", schema=schema)
         steps = step_columns(self._candidates, schema, [schema for schema, _ in footers.values()])
-        table = _scan_with_trials(dataset, _columns(schema, metrics, steps), files, several=several)
+        table = _scan_with_trials(dataset, _columns(schema, metrics, steps, numbered), files, several=several)
         return _keyed(table, steps, metrics)
 
     def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
@@ -559,7 +562,7 @@ class Sweep:
             present = [m for m in metrics if m in table.column_names] if metrics is not None else None
             steps = step_columns(self._candidates, table.schema)
             tables.append(
-                _Spilled(trial, manifest.instance, table.select(_columns(table.schema, present, steps)), steps)
+                _Spilled(trial, manifest.instance, table.select(_columns(table.schema, present, steps, True)), steps)
             )
         return tables
 
@@ -1301,13 +1304,16 @@ def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
     return pd.DataFrame(columns=[TRIAL_COLUMN, "step", *(metrics or [])])
 
 
-def _columns(schema: pa.Schema, metrics: list[str] | None, steps: Sequence[str]) -> list[str]:
+def _columns(schema: pa.Schema, metrics: list[str] | None, steps: Sequence[str], numbered: bool = False) -> list[str]:
     """The ``steps`` columns, the columns asked for (by default every column logged, bookkeeping such as a
     row's ``pid`` or ``wall_time`` included: only what ray_cmf keys rows by is not), and the rank and attempt
-    columns, to read."""
+    columns, to read; ``numbered``: the row numbers too, which tell a live read's rows apart (a spill holds
+    rows its series' committed version holds too)."""
     names = schema.names
     chosen = [m for m in metrics if m in names] if metrics is not None else _logged_columns(schema)
     keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN) if c in names]
+    if numbered and SEQUENCE_COLUMN in names:
+        keys.append(SEQUENCE_COLUMN)
     return list(dict.fromkeys([*[s for s in steps if s in names], *chosen, *keys]))
 
 
@@ -1316,12 +1322,13 @@ def _keyed(table: pa.Table, steps: Sequence[str], asked: Collection[str] | None)
     each row's first of the ``steps`` columns that holds a value. A Tune trainable's own ``step`` is the step
     the user counts in, and a row without one keeps its iteration; a trial that logged no ``step`` beside
     trials that did is read at its row numbers, as it is alone. A step column ``asked`` for (None: every
-    column logged) is also kept as it was logged (a ``training_iteration`` beside the ``step``)."""
+    column logged) is also kept as it was logged (a ``training_iteration`` beside the ``step``). The row
+    numbers stay, for :func:`_tidy` to tell rows apart by."""
     present = [c for c in steps if c in table.column_names]
     step = row_steps(table, present)
     index = table.column_names.index(present[0])
     kept = (lambda c: c != present[0] and c not in _NOT_LOGGED) if asked is None else asked.__contains__
-    table = table.drop_columns([c for c in present if c == "step" or not kept(c)])
+    table = table.drop_columns([c for c in present if c == "step" or not (kept(c) or c == SEQUENCE_COLUMN)])
     return table.add_column(min(index, table.num_columns), "step", step)
 
 
@@ -1333,17 +1340,17 @@ def _tidy(
     starts: Mapping[str, Mapping[int, int]] | None = None,
 ) -> pd.DataFrame:
     """(trial_id, [series], [rank], step, metrics…) with re-run steps resolved to their latest attempt
-    (``overlap``: also where a committed version and its spill hold the same step; ``starts``: the steps
+    (``overlap``: also where a committed version and its spill hold the same row; ``starts``: the steps
     later attempts resumed after, see :func:`dedup_attempts`)."""
     keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in frame.columns]
     present = set(frame[TRIAL_COLUMN]) if starts and TRIAL_COLUMN in keys else set()
     starts = {t: s for t, s in (starts or {}).items() if t in present}
     if ATTEMPT_COLUMN in frame.columns and len(frame) and (frame[ATTEMPT_COLUMN].max() > 1 or starts):
         frame = dedup_attempts(frame, "step", by=keys, resumed=starts)
-    if overlap:
-        frame = frame.drop_duplicates([*keys, "step"], keep="last")
-    if ATTEMPT_COLUMN in frame.columns and ATTEMPT_COLUMN not in (metrics or []):
-        frame = frame.drop(columns=[ATTEMPT_COLUMN])
+    if overlap:  # the same row, by its number in its series: a step logged twice keeps both rows
+        frame = frame.drop_duplicates([*keys, SEQUENCE_COLUMN if SEQUENCE_COLUMN in frame else "step"], keep="last")
+    unasked = [c for c in (ATTEMPT_COLUMN, SEQUENCE_COLUMN) if c in frame.columns and c not in (metrics or [])]
+    frame = frame.drop(columns=unasked)
     if SERIES_COLUMN in frame.columns:
         frame = _series_in_step_order(frame)
     rest = [c for c in frame.columns if c not in keys and c != "step"]

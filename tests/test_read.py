@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import InvalidArgumentError, MetricsNotFoundError, RayCmfError, Sweep
+from ray_cmf import Cmf, InvalidArgumentError, MetricsNotFoundError, RayCmfError, Sweep
 from ray_cmf._json import JsonText
 from ray_cmf.cli import main, parse
 from tests._stores import Trial, write_trials
@@ -1015,6 +1015,27 @@ def test_an_int_metric_keeps_its_ints_beside_a_trial_that_logged_it_as_floats(tm
     table = Sweep(store).trials(live=not ranked).set_index("trial_id")
     assert [(type(v), v) for v in table.loc["int", ["mix_best", "mix_final"]]] == [(int, 2), (int, big)]
     assert table.loc["float", ["mix_best", "mix_final"]].tolist() == [0.5, 1.5]
+
+
+def test_a_running_series_that_logs_a_step_more_than_once_reads_live_as_it_reads_committed(tmp_path: Path) -> None:
+    """A run that logs a row per batch under its epoch's ``step`` read live (``steps(live=True)``, the served
+    report, ``trials(live=True)``) one row per step, 3 where it had logged 9 and its committed read gave 9:
+    rows that its spill and its committed version both held were told apart by their step, not by the row."""
+    cmf = Cmf(pipeline_name="p", store=str(tmp_path / "store"))
+    cmf.create_execution("Train")
+    for epoch in range(3):
+        for batch in range(3):
+            cmf.log_metric("s", {"step": epoch, "batch": batch, "loss": epoch + batch / 10})
+        if epoch == 1:
+            cmf.commit_metrics("s")  # epochs 0 and 1 committed, and epoch 2 only spilled
+    cmf.flush()
+    sweep = Sweep(tmp_path / "store", metrics_name="s")
+    live = sweep.steps(live=True)
+    assert live[["step", "batch", "loss"]].values.tolist() == [[e, b, e + b / 10] for e in range(3) for b in range(3)]
+    assert list(live.columns) == ["trial_id", "step", "batch", "loss"]
+    assert sweep.trials(live=True)["steps"].tolist() == [9]
+    cmf.commit_metrics("s")
+    assert Sweep(tmp_path / "store", metrics_name="s").steps().equals(live)
 
 
 def test_a_trial_table_of_many_metrics_reads_without_warnings(tmp_path: Path) -> None:
