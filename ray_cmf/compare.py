@@ -886,10 +886,11 @@ class Sweep:
         """``trials`` in groups whose rows hold each of ``metrics`` alike, as ints or not: one scan unifies a
         column's types, and a trial's ints read beside another trial's floats would read as floats (each
         trial's ``_best`` and ``_final`` keep its own ints, as its file's footer does)."""
-        footers = self._footers()
+        mine = [f for f in self.files() if f.trial_id in trials]
+        footers = self._footers(mine)  # read once, and for the scan too
         schemas: dict[str, list[pa.Schema]] = {}
-        for file in self.files():
-            if file.trial_id in trials and file.path in footers:
+        for file in mine:
+            if file.path in footers:
                 schemas.setdefault(file.trial_id, []).append(footers[file.path][0])
         for rows in spilled:
             if rows.trial in trials:
