@@ -206,7 +206,10 @@ def start_samplers() -> list[Any]:
     return [_sampler(node["NodeID"]).ready.remote() for node in ray.nodes() if node.get("Alive")]
 
 
-def wait_for_samplers(starting: list[Any], timeout: float) -> None:
+SAMPLERS_START_S = 60.0  # how long a sweep's or a Train run's start waits for its nodes' samplers
+
+
+def wait_for_samplers(starting: list[Any], timeout: float = SAMPLERS_START_S) -> None:
     """Wait until the samplers are up, so that even the first trials, however short, are sampled from their
     start; a warning after ``timeout`` seconds (their trials are then sampled once they are up)."""
     import ray

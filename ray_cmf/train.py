@@ -56,7 +56,15 @@ from ray_cmf.lineage import Artifact, observed_config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
-from ray_cmf.node_sampler import Bound, Watch, hand_over_samples_at_the_end, handed_over, watch_process
+from ray_cmf.node_sampler import (
+    Bound,
+    Watch,
+    hand_over_samples_at_the_end,
+    handed_over,
+    start_samplers,
+    wait_for_samplers,
+    watch_process,
+)
 from ray_cmf.results import append_result, result_row, without
 from ray_cmf.stall import StallWatch, flush_every_watch
 from ray_cmf.store import Store
@@ -700,7 +708,12 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
 
     @_hook
     def after_controller_start(self, train_run_context: Any) -> None:
+        """Start the sampler of every live node before the workers start, as a sweep's start does: one started
+        with the first worker group came up a second or more into the workers' loops, whose start (all of a
+        short loop) it never sampled."""
         self._run_context = train_run_context
+        if self.system_metrics is not None:
+            wait_for_samplers(start_samplers())
 
     @_hook
     def after_worker_group_start(self, worker_group: Any) -> None:

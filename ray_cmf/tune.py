@@ -68,7 +68,6 @@ from ray_cmf.writer import StoreWriter
 log = logging.getLogger(__name__)
 
 _TRIAL_CMFS: dict[str, Cmf] = {}
-SAMPLERS_START_S = 60.0  # how long a sweep's start waits for its nodes' samplers
 _HAND_OVER = "_ray_cmf_hand_over"  # on a Tune session object: the hand-over of the trial it runs now
 
 
@@ -647,7 +646,7 @@ class CmfRayLogger(tune.Callback):
         starting = start_samplers() if self.system_metrics is not None else []
         self._rt.writer.call(StoreWriter.sweep_runs, sweep=self._sweep, running=True)  # before the first trial
         as_the_driver_ends(self._at_driver_end)
-        wait_for_samplers(starting, SAMPLERS_START_S)
+        wait_for_samplers(starting)
 
     @_hook
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

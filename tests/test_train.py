@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -300,6 +301,31 @@ def test_workers_of_a_loop_that_logs_nothing_are_sampled_and_the_run_ends_comple
     assert all(len(rows) >= 2 for rows in by_rank.values())  # a first and a last sample at least
     [execution] = Lineage(tmp_path / "store" / MLMD_FILE, readonly=True).store.get_executions()
     assert execution.last_known_state == mlpb.Execution.COMPLETE and properties(execution)["status"] == "COMPLETE"
+
+
+def test_a_train_run_has_its_nodes_samplers_up_before_its_workers_start(ray_session: None, tmp_path: Path) -> None:
+    """A standalone TorchTrainer run's node sampler was started with its first worker group, and came up a
+    second or more into the workers' loops: their start was never sampled, nor any of a loop shorter than that
+    (a new user's). The callback now starts every live node's sampler as the controller starts, before any
+    worker, and waits for it, as a sweep's start does (the controller's process has none cached yet)."""
+    import ray
+
+    from ray_cmf import CmfTrainCallback, node_sampler
+    from ray_cmf.node_sampler import SAMPLER_NAME
+
+    name = f"{SAMPLER_NAME}_{ray.get_runtime_context().get_node_id()}"
+    with contextlib.suppress(ValueError):  # an earlier test's: this test needs the node without one
+        ray.kill(ray.get_actor(name))
+    while True:  # a killed actor's name is freed a moment later
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            break
+        time.sleep(0.05)
+    node_sampler._SAMPLERS.clear()  # as in a new controller's process
+    callback = CmfTrainCallback("early", store=str(tmp_path / "store"))
+    callback.after_controller_start(None)
+    assert ray.get(ray.get_actor(name).ready.remote()) is True
 
 
 def test_worker_killed_once_then_restarted_leaves_the_series_intact(ray_session: None, tmp_path: Path) -> None:
