@@ -24,7 +24,7 @@ from ray_cmf import Cmf, InvalidArgumentError, MetricsNotFoundError, RayCmfError
 from ray_cmf._json import JsonText
 from ray_cmf.cli import main, parse
 from tests._stores import Trial, write_trials
-from tests._values import INT64_MAX, INT64_MIN, floats, same
+from tests._values import INT64_MAX, INT64_MIN, column_of, floats, same
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
@@ -1036,6 +1036,38 @@ def test_a_running_series_that_logs_a_step_more_than_once_reads_live_as_it_reads
     assert sweep.trials(live=True)["steps"].tolist() == [9]
     cmf.commit_metrics("s")
     assert Sweep(tmp_path / "store", metrics_name="s").steps().equals(live)
+
+
+def test_two_running_runs_with_ragged_non_finite_unicode_rows_read_live_as_committed(tmp_path: Path) -> None:
+    """The live read tells rows apart by run and row number: two executions of one series name, each logging
+    several rows per step, a unicode metric of NaN, inf and -0.0, and a key only some rows carry, read live
+    bit for bit as they read once committed."""
+    logged: dict[str, list[dict[str, Any]]] = {}
+    cmfs = []
+    for run, values in (("a", [math.nan, math.inf, -0.0]), ("b", [-math.inf, 5e-324, 1.5])):
+        cmf = Cmf(pipeline_name="p", store=str(tmp_path / "store"))
+        cmf.create_execution("Train", execution_name=run, create_new_execution=False)
+        rows = [
+            {"step": epoch, "损失": values[batch], **({"lr": 0.1 * epoch} if batch == 0 else {})}
+            for epoch in range(3)
+            for batch in range(3)
+        ]
+        for i, row in enumerate(rows):
+            cmf.log_metric("s", row)
+            if i == 5:
+                cmf.commit_metrics("s")
+        cmf.flush()
+        logged[run], cmfs = rows, [*cmfs, cmf]
+    live = Sweep(tmp_path / "store", metrics_name="s").steps(live=True)
+    for cmf in cmfs:
+        cmf.commit_metrics("s")
+    committed = Sweep(tmp_path / "store", metrics_name="s").steps()
+    for frame in (live, committed):
+        for run, rows in logged.items():
+            mine = frame[frame["trial_id"] == run]
+            assert mine["step"].tolist() == [r["step"] for r in rows]
+            for key in ("损失", "lr"):
+                assert all(same(r.get(key), v) for r, v in zip(rows, column_of(mine, key, 0), strict=True)), key
 
 
 def test_a_trial_table_of_many_metrics_reads_without_warnings(tmp_path: Path) -> None:
