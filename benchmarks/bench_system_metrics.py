@@ -53,8 +53,8 @@ PROCESS = psutil.Process()  # made once, as the sampler makes its own once
 def floor_reading() -> None:
     process = PROCESS
     with process.oneshot():
-        process.cpu_percent(), process.memory_info()
-    psutil.cpu_percent(), psutil.virtual_memory(), psutil.disk_io_counters(), psutil.net_io_counters()
+        process.cpu_times(), process.memory_info()
+    psutil.cpu_times(), psutil.virtual_memory(), psutil.disk_io_counters(), psutil.net_io_counters()
 
 
 def training_loop() -> float:

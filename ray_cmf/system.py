@@ -1,9 +1,9 @@
 """SystemSampler: a low-cost background series of this process's and its node's resource use.
 
-Every ``interval`` seconds one row: process and node CPU %, RSS and node memory, disk and network rates
-since the previous row, and per-GPU utilization, memory and power when NVML (``nvidia-ml-py``) sees a
-GPU. Rows go into an ordinary :class:`~ray_cmf.buffer.MetricBuffer`, so the series is as durable as any
-other: spilled through the writer, committed at its trial's or run's end, recovered after a crash.
+Every ``interval`` seconds one row: process and node CPU % (over at least :data:`CPU_WINDOW_S`), RSS and node
+memory, disk and network rates since the previous row, and per-GPU utilization, memory and power when NVML
+(``nvidia-ml-py``) sees a GPU. Rows go into an ordinary :class:`~ray_cmf.buffer.MetricBuffer`, so the series is as
+durable as any other: spilled through the writer, committed at its trial's or run's end, recovered after a crash.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:  # the store's modules load ML-Metadata: a sampler in a bare w
 log = logging.getLogger(__name__)
 _MB = 2**20
 RAMP_FIRST_S = 0.05  # a ramped sampler's first gap (see SystemSampler)
+# CPU time advances in clock ticks (10 ms on Linux): over a few ms one tick reads as several CPUs, over 0.2 s the
+# rounding is within 10 points. A row's CPU % spans at least this long, or is left out.
+CPU_WINDOW_S = 0.2
 
 
 class _Gpus:
@@ -54,12 +58,44 @@ class _Gpus:
         return row
 
 
+class _CpuClock:
+    """A process's and its node's CPU time readings, kept until a newer one is :data:`CPU_WINDOW_S` old, so
+    each CPU % spans the time since the previous row, or the last :data:`CPU_WINDOW_S` when rows are closer."""
+
+    def __init__(self) -> None:
+        self._readings: deque[tuple[float, float, float, float]] = deque()  # (monotonic, process, node busy, total)
+        self._cpus = psutil.cpu_count() or 1
+
+    def percents(self, process: psutil.Process) -> tuple[float, float] | None:
+        """The process's CPU % (100 per CPU) and the node's (0-100) since the newest reading at least
+        :data:`CPU_WINDOW_S` old; None when there is none yet."""
+        times, node = process.cpu_times(), psutil.cpu_times()
+        total = sum(node) - getattr(node, "guest", 0.0) - getattr(node, "guest_nice", 0.0)  # guest is in user
+        now = (time.monotonic(), times.user + times.system, total - node.idle - getattr(node, "iowait", 0.0), total)
+        while len(self._readings) > 1 and now[0] - self._readings[1][0] >= CPU_WINDOW_S:
+            self._readings.popleft()
+        then = self._readings[0] if self._readings and now[0] - self._readings[0][0] >= CPU_WINDOW_S else None
+        self._readings.append(now)
+        if then is None:
+            return None
+        process_cpu = (now[1] - then[1]) / (now[0] - then[0]) * 100
+        node_cpu = (now[2] - then[2]) / max(now[3] - then[3], 1e-9) * 100
+        return _clamp(process_cpu, 100.0 * self._cpus), _clamp(node_cpu, 100.0)
+
+
+def _clamp(percent: float, most: float) -> float:
+    """A CPU % within what the hardware allows (a reading's tick rounding can pass it), to 0.1."""
+    return round(min(max(percent, 0.0), most), 1)
+
+
 class SystemSampler:
     """Samples a process (this one by default) and its node into ``buffer`` every ``interval`` seconds, on a
     daemon thread.
 
     The first row is taken at :meth:`start`, without the CPU % and the rates (they need a previous
-    reading), and the last at :meth:`stop`, so even a process that lives less than an interval has two.
+    reading), and the last at :meth:`stop`, so even a process that lives less than an interval has two. A
+    row's CPU % spans at least :data:`CPU_WINDOW_S` (reaching back past the previous row when that is closer),
+    and rows before the process was watched that long have none.
     :meth:`stop` ends the thread and closes the buffer, which hands its rows to its sink. A process that
     exits ends its series quietly.
 
@@ -94,6 +130,7 @@ class SystemSampler:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ray_cmf-system-metrics", daemon=True)
         self._last = self._counters()
+        self._cpu = _CpuClock()
 
     def start(self) -> SystemSampler:
         self._thread.start()
@@ -140,11 +177,11 @@ class SystemSampler:
         seconds = max(now - then, 1e-9)
         memory = psutil.virtual_memory()
         with self._process.oneshot():
-            process_cpu, rss = self._process.cpu_percent(), self._process.memory_info().rss
+            rss = self._process.memory_info().rss
             # exiting (its memory is released before it turns zombie) or exited and not yet reaped: no reading
             if rss == 0 or self._process.status() == psutil.STATUS_ZOMBIE:
                 raise psutil.ZombieProcess(self._process.pid)
-        node_cpu = psutil.cpu_percent()
+            cpu = self._cpu.percents(self._process)
         self.samples += 1
         row: dict[str, Any] = {
             "step": self.samples,
@@ -154,8 +191,9 @@ class SystemSampler:
             "node_mem_used_mb": (memory.total - memory.available) / _MB,
             "node_mem_percent": memory.percent,
         }
+        if cpu is not None:
+            row["proc_cpu_percent"], row["node_cpu_percent"] = cpu
         if not first:
-            row["proc_cpu_percent"], row["node_cpu_percent"] = process_cpu, node_cpu
             if disk is not None and disk0 is not None:
                 row["disk_read_mb_s"] = (disk.read_bytes - disk0.read_bytes) / _MB / seconds
                 row["disk_write_mb_s"] = (disk.write_bytes - disk0.write_bytes) / _MB / seconds

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,7 @@ from ray_cmf.constants import ENVIRONMENT_TYPE, MLMD_FILE, STEP_METRICS_TYPE
 from ray_cmf.environment import strip_credentials
 from ray_cmf.lineage import Lineage, properties
 from ray_cmf.series_format import SpillManifest, read_segments
-from ray_cmf.system import SystemSampler
+from ray_cmf.system import CPU_WINDOW_S, SystemSampler
 from tests._sweeps import run_grid
 
 SECRET = "hunter2-not-for-the-store"
@@ -364,14 +365,40 @@ def test_sampler_rows_have_plausible_values_at_its_cadence(tmp_path: Path) -> No
     for row in rows:
         assert row["rank"] == 3 and row["proc_rss_mb"] > 0 and row["node_mem_used_mb"] > 0
     for row in later:
-        assert 0 <= row["proc_cpu_percent"] <= 100 * os.cpu_count() and 0 <= row["node_cpu_percent"] <= 100
         assert row["disk_read_mb_s"] >= 0 and row["net_recv_mb_s"] >= 0
+    cpu = [(row["proc_cpu_percent"], row["node_cpu_percent"]) for row in later if row["proc_cpu_percent"] is not None]
+    assert len(cpu) >= len(later) - 2  # all but rows closer than CPU_WINDOW_S to the first
+    assert all(0 <= process <= 100 * (os.cpu_count() or 1) and 0 <= node <= 100 for process, node in cpu)
     assert [row["step"] for row in rows] == list(range(1, len(rows) + 1))
+
+
+def test_rows_closer_than_the_cpu_window_read_no_tick_rounding_as_cpu(tmp_path: Path) -> None:
+    """A row taken moments after the previous one (a trial's last, at its end) read 222% CPU on a 2-core host:
+    process CPU time advances in 10-ms clock ticks, so over a few ms one tick reads as several CPUs. Each row's
+    CPU % now spans at least CPU_WINDOW_S, and a row with no reading that old has none."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s")))
+        sampler = SystemSampler(buffer, interval=60, pid=busy.pid)
+        began = time.monotonic()
+        rows = [sampler.sample(first=True)]
+        while time.monotonic() - began < 3 * CPU_WINDOW_S:  # back-to-back rows, a fraction of a tick apart
+            rows.append(sampler.sample())
+    finally:
+        busy.kill()
+        busy.wait()
+    measured = [r for r in rows if r.get("proc_cpu_percent") is not None]
+    assert len(measured) > len(rows) // 3  # every row from CPU_WINDOW_S on
+    for row in measured:
+        assert 0 <= row["proc_cpu_percent"] <= 100 * (os.cpu_count() or 1), row
+        assert 0 <= row["node_cpu_percent"] <= 100, row
+    assert statistics.median(r["proc_cpu_percent"] for r in measured) > 50  # the busy process, seen
 
 
 def test_a_process_shorter_than_an_interval_gets_a_first_and_a_last_row(tmp_path: Path) -> None:
     buffer = MetricBuffer(tmp_path / "spill", manifest=SpillManifest("system_metrics", 1, str(tmp_path / "s.parquet")))
     sampler = SystemSampler(buffer, interval=60).start()
+    time.sleep(2 * CPU_WINDOW_S)  # long enough for a CPU reading
     sampler.stop()
     rows = [row for batch in read_segments(tmp_path / "spill") for row in batch.to_pylist()]
     assert [row["step"] for row in rows] == [1, 2] and rows[1]["proc_cpu_percent"] is not None
@@ -471,7 +498,8 @@ def test_each_trial_has_a_system_metrics_series_committed_at_its_end(sweep: Path
         assert properties(artifact)["at_end"] is True  # the trainable never committed it
         rows = pq.read_table(sweep / properties(artifact)["url"]).to_pylist()
         assert len(rows) >= 4  # 1.6 s of training, a row every 0.2 s
-        assert all(0 <= r["proc_cpu_percent"] <= 100 * os.cpu_count() for r in rows[1:])
+        cpu = [r["proc_cpu_percent"] for r in rows if r["proc_cpu_percent"] is not None]  # none in the first 0.2 s
+        assert rows[-1]["proc_cpu_percent"] is not None and all(0 <= c <= 100 * (os.cpu_count() or 1) for c in cpu)
         assert all(r["proc_rss_mb"] > 0 for r in rows)
         pids = {r["pid"] for r in rows}  # the README's pid column, which rows sampled in-process lacked (a new user)
         assert len(pids) == 1 and os.getpid() not in pids  # sampled in the trial's process

@@ -24,6 +24,7 @@ from ray_cmf.attempts import dedup_attempts
 from ray_cmf.constants import DATASET_TYPE, MODEL_TYPE, RESULTS_METRICS_NAME, STEP_METRICS_TYPE, TRIAL_EXECUTION_TYPE
 from ray_cmf.frames import SERIES_COLUMN
 from ray_cmf.lineage import Lineage, properties
+from ray_cmf.system import CPU_WINDOW_S
 from ray_cmf.versioning import file_md5
 
 pytestmark = pytest.mark.integration
@@ -1103,7 +1104,9 @@ def test_every_trial_gets_system_metrics_without_code_in_its_trainable(ray_sessi
         rows = pq.read_table(store / properties(system)["url"]).to_pylist()
         assert len(rows) >= 2 and {r["pid"] for r in rows} == {pids[trial_id]}  # the trial's process, only
         assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))  # one sampler: no step twice
-        assert all(r["proc_rss_mb"] > 0 for r in rows) and rows[-1]["proc_cpu_percent"] is not None
+        assert all(r["proc_rss_mb"] > 0 for r in rows)
+        if rows[-1]["wall_time"] - rows[0]["wall_time"] > 2 * CPU_WINDOW_S:  # a trial sampled for less has no CPU %
+            assert rows[-1].get("proc_cpu_percent") is not None
     long = Sweep(store, metrics_name="system_metrics").trials(where="`config/results` == 6")
     assert (long["steps"] >= 6).all()  # 1.8 s at a row every 0.25 s
 
