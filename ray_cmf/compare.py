@@ -163,7 +163,8 @@ def _queried_metrics(query: Query | None, metrics: list[str] | None) -> list[str
 class TrialFile:
     """The latest committed version of one of a trial's series: ``url`` as MLMD records it, ``path`` where
     its bytes are read (the file itself, or the same content from the DVC cache or the remote, by ``md5``);
-    ``instance`` tells a trial's series of one name apart (a Train rank's: ``rank1``)."""
+    ``instance`` tells a trial's series of one name apart (a Train rank's: ``rank1``); ``uri``: the absolute
+    path it was committed at (MLMD's ``uri``)."""
 
     trial_id: str
     execution: Execution
@@ -172,6 +173,7 @@ class TrialFile:
     md5: str
     url: str
     instance: str = ""
+    uri: str = ""
 
 
 @dataclass(frozen=True)
@@ -430,12 +432,13 @@ class Sweep:
                     if collected(artifact):
                         continue
                     label = _run_series(runs[run], instance) if several_runs and run is not None else instance
-                    file = self._file(execution, stage, label, properties(artifact))
+                    file = self._file(execution, stage, label, artifact)
                     if file is not None:
                         self._files.append(file)
         return self._files
 
-    def _file(self, execution: Execution, stage: str, instance: str, props: Mapping[str, Any]) -> TrialFile | None:
+    def _file(self, execution: Execution, stage: str, instance: str, artifact: Artifact) -> TrialFile | None:
+        props = properties(artifact)
         path = self.store.resolve(props["url"])
         if self.store.escapes(path):
             log.warning("ray_cmf: skipping %s: it is a symlink out of the store", path)
@@ -443,7 +446,8 @@ class Sweep:
         content = self.store.content(path, props["Commit"])
         if content is None:
             return None
-        return TrialFile(self.key(execution), execution, stage, content, props["Commit"], props["url"], instance)
+        key = self.key(execution)
+        return TrialFile(key, execution, stage, content, props["Commit"], props["url"], instance, artifact.uri)
 
     def _several(self, spilled: Iterable[tuple[str, str]] = ()) -> set[str]:
         """The trials that hold more than one series of this name (where there are any, rows carry a
@@ -1480,30 +1484,41 @@ def _big_ints(footers: Mapping[Path, tuple[pa.Schema, dict[str, Any] | None]]) -
     return big
 
 
-_ABSENT = (
-    "ray_cmf: skipping trial %s: its file %s is neither in this store nor on a remote it knows (a file another "
-    "machine committed reaches it once that machine runs `ray-cmf push`; `ray-cmf pull` then fetches it)"
-)
-
-
 def _read_footers(files: Sequence[TrialFile]) -> dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None]:
-    """Each file's schema and ray_cmf summary; a missing or unreadable file is None, with a warning."""
+    """Each file's schema and ray_cmf summary; a missing or unreadable file is None, with a warning that
+    names every trial whose series it holds (trials that logged the same rows share one file)."""
     import pyarrow.parquet as pq
 
-    footers: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] = {}
+    holders: dict[Path, list[TrialFile]] = {}
     for file in files:
-        if file.path in footers:
-            continue
+        holders.setdefault(file.path, []).append(file)
+    footers: dict[Path, tuple[pa.Schema, dict[str, Any] | None] | None] = {}
+    for path, held in holders.items():
+        trials = ", ".join(dict.fromkeys(file.trial_id for file in held))
         try:
-            meta = pq.read_metadata(file.path)
+            meta = pq.read_metadata(path)
         except FileNotFoundError:
-            log.warning(_ABSENT, file.trial_id, file.path)
-            footers[file.path] = None
+            log.warning("ray_cmf: skipping trial %s: %s", trials, _absent(path, held[0]))
+            footers[path] = None
             continue
         except (OSError, pa.ArrowInvalid) as exc:
-            log.warning("ray_cmf: skipping trial %s: cannot read %s (%s)", file.trial_id, file.path, exc)
-            footers[file.path] = None
+            log.warning("ray_cmf: skipping trial %s: cannot read %s (%s)", trials, path, exc)
+            footers[path] = None
             continue
         raw = (meta.metadata or {}).get(SUMMARY_KEY.encode())
-        footers[file.path] = (meta.schema.to_arrow_schema(), SeriesSummary.parse(raw))
+        footers[path] = (meta.schema.to_arrow_schema(), SeriesSummary.parse(raw))
     return footers
+
+
+def _absent(path: Path, file: TrialFile) -> str:
+    """Why a committed file cannot be read, and what brings it: the store it was committed into, where that
+    is another directory of this machine (``Cmf(filepath=...)`` keeps MLMD apart from its files); else a push
+    from the machine that committed it."""
+    written = Path(file.uri)
+    if file.uri.endswith(file.url) and written != path and written.is_file():
+        root = file.uri[: -len(file.url)].rstrip("/\\") or "/"
+        return f"its file {path} is not in this store: it was committed into the store {root}: read that store"
+    return (
+        f"its file {path} is neither in this store nor on a remote it knows (a file another machine committed "
+        "reaches it once that machine runs `ray-cmf push`; `ray-cmf pull` then fetches it)"
+    )

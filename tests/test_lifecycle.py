@@ -1096,6 +1096,28 @@ def test_a_trial_whose_file_is_absent_says_how_to_get_it(tmp_path: Path, caplog:
     assert "skipping trial away: its file" in caplog.text and "`ray-cmf push`" in caplog.text
 
 
+def test_a_store_read_by_its_mlmd_file_alone_names_every_trial_skipped_and_the_store_holding_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Cmf(filepath="X/mlmd.sqlite")`` keeps its files in ``./cmf_store`` (cmflib's filepath names the MLMD file
+    only). Read as ``Sweep("X")``, the first trial was said skipped, and the others, whose series held the same
+    content (one file), read as empty unsaid; nothing named the store that holds the files (a new user)."""
+    monkeypatch.chdir(tmp_path)
+    for run in ("first", "second"):
+        cmf = Cmf(filepath="X/mlmd.sqlite", pipeline_name="p")
+        cmf.create_context(pipeline_stage="train")
+        cmf.create_execution(execution_type=run)
+        cmf.log_metric("m", {"step": 1, "loss": 0.5})
+        cmf.commit_metrics("m")
+        cmf.close()
+    table = Sweep("X", "p", metrics_name="m").trials()
+    assert list(table["steps"]) == [0, 0]
+    [said] = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert all(trial in said for trial in table["trial_id"]), said
+    assert f"committed into the store {tmp_path / 'cmf_store'}" in said, said
+    assert len(Sweep(tmp_path / "cmf_store", "p", metrics_name="m").steps()) == 2  # the store it names reads them
+
+
 def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = write_trials(
         tmp_path / "store",
