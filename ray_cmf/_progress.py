@@ -35,6 +35,7 @@ def status(description: str) -> Iterator[None]:
         yield
         return
     from rich.console import Console
+    from rich.text import Text
 
-    with Console(stderr=True).status(description):
+    with Console(stderr=True).status(Text(description)):  # a pipeline's "[x]" is no style
         yield

@@ -59,17 +59,18 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str, *, d
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console() if sys.stdout.isatty() else Console(width=100_000)  # piped: a line per row, never folded
     if not rows:
-        console.print(f"{title}: none", soft_wrap=True)
+        console.print(f"{title}: none", soft_wrap=True, markup=False)
         return
-    table = Table(title=title, title_justify="left")
+    table = Table(title=Text(title), title_justify="left")  # Text: a value's "[red]" is no style to rich
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for column in columns:
-        table.add_column(str(column), overflow="fold" if sys.stdout.isatty() else "ignore", no_wrap=True)
+        table.add_column(Text(str(column)), overflow="fold" if sys.stdout.isatty() else "ignore", no_wrap=True)
     for cells in _cells(rows, columns, digits):
-        table.add_row(*cells)
+        table.add_row(*map(Text, cells))
     console.print(table)
 
 
@@ -434,11 +435,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         _print_json(payload)
         return EXIT_OK
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
     status = f"{payload['status']}{' (recovered)' if payload['recovered'] else ''}"
     status += f"  DELETED at {payload['deleted_at']}" if payload["deleted_at"] else ""
-    console.print(f"[bold]{args.trial}[/bold]  status={status}  stage={stage}  execution={execution.id}")
+    console.print(
+        f"[bold]{escape(args.trial)}[/bold]  status={status}  stage={escape(stage)}  execution={execution.id}"
+    )
     for link in RESTART_COLUMNS:
         if payload[link]:
             console.print(f"{link.replace('_', ' ')} {payload[link]}", markup=False, highlight=False)

@@ -449,6 +449,31 @@ def test_text_tables_never_show_two_different_values_as_one(tmp_path: Path, caps
     assert [c.strip() for c in cells["config/lr"]] == ["0.1", '"0.1"'], out
 
 
+def test_text_tables_show_text_that_reads_as_rich_markup_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config of ``[None]`` showed as an empty cell in ``trials`` and ``diff``, and a tag ``[bold]x[/bold] [n]``
+    as ``x``: rich read each ``[word]`` of a cell as a style (a new user)."""
+    store = tmp_path / "store"
+    for name, value in (("a", [None]), ("b", "[red]")):
+        with Cmf(pipeline_name="p", store=store) as cmf:
+            cmf.create_execution("trial", {"[k]": value}, execution_name=name)
+            cmf.log_metric("s", {"step": 0, "loss": 1.0})
+            cmf.commit_metrics("s")
+    Sweep(store, "p", metrics_name="s").tag("a", lbl="[bold]x[/bold] [n]")
+    Sweep(store, "p", metrics_name="s").note("a", "see [link] and [red]")
+    code, out, _ = _cli(capsys, "trials", "--store", str(store), "--metrics-name", "s")
+    lines = [line.replace("┃", "│") for line in out.splitlines() if "│" in line or "┃" in line]
+    header, *rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines]
+    table = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert code == 0 and (table["a"]["config/[k]"], table["b"]["config/[k]"]) == ("[null]", "[red]"), out
+    assert (table["a"]["tag/lbl"], table["a"]["note"]) == ("[bold]x[/bold] [n]", "see [link] and [red]"), out
+    code, out, _ = _cli(capsys, "diff", "a", "b", "--store", str(store), "--metrics-name", "s")
+    assert code == 0 and "│ [null] " in out and '│ "[red]" ' in out, out  # diff writes text as JSON
+    code, out, _ = _cli(capsys, "show", "a", "--store", str(store), "--metrics-name", "s")
+    assert code == 0 and "[bold]x[/bold] [n]" in out and "see [link] and [red]" in out, out
+
+
 _texts = st.sampled_from(["0.1", "1", "True", "NaN", "abc", "abc ", "", "1e-07", "ab\tcd", "ab cd", "a\nb", "a\r\nb"])
 
 
