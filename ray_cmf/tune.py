@@ -657,7 +657,7 @@ class CmfRayLogger(tune.Callback):
             earlier, state.buffer = state.buffer, None
             self._rt.futures.append(submit_or_run(self._rt.executor, earlier.close))  # handed over off the event loop
         self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
-        if state.watch is not None:  # a retry: the failed start's sampler hands over its last rows
+        if state.watch is not None:  # a retry Tune did not announce (on_trial_recover stops it otherwise)
             submit_or_run(self._rt.sampling, self._unwatch, state.watch)
         state.watch = None
         actor = trial.temporary_state.ray_actor
@@ -742,6 +742,15 @@ class CmfRayLogger(tune.Callback):
         if not (getattr(trial, "last_result", None) or {}).get("done"):
             self._state(trial).stopped = True
         self._end(trial, "COMPLETE")
+
+    @_hook
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """A trial failed and Tune will retry it: its failed start's process gets its last sample now, while it
+        may still live (the retry's start hands over that start's rows)."""
+        state = self._trials.get(trial.trial_id)
+        if state is not None and state.watch is not None:
+            submit_or_run(self._rt.sampling, self._unwatch, state.watch)
+            state.watch = None
 
     @_hook
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -1584,6 +1584,29 @@ def test_a_trial_retried_by_tune_keeps_each_attempts_rows_apart(ray_session: Non
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, 0.5 * s, 2] for s in range(1, 3)]
 
 
+def test_a_retried_trials_failed_attempt_gets_its_last_system_sample(ray_session: None, tmp_path: Path) -> None:
+    """Tune retries a failed trial (``on_trial_recover``) and stops its process: the failed attempt's sampler
+    was stopped only at the retry's start, after that, so the attempt had no last row and its final second (an
+    allocation before a crash, say) was never sampled; a trial that failed for good had one (a new user)."""
+    from ray_cmf import CmfRayLogger
+
+    marker = tmp_path / "failed-once"
+
+    def trainable(config: dict[str, Any]) -> None:
+        first = not marker.exists()
+        time.sleep(1.0)  # sampled at 0, 0.05, 0.15, 0.35 and 0.75 s by the ramp; the last row comes after
+        if first:
+            marker.write_text(json.dumps(time.time()))
+            raise RuntimeError("fails once")
+
+    logger = CmfRayLogger("retried", store=str(tmp_path / "store"))
+    _retried_once(trainable, {}, logger, tmp_path)
+    rows = Sweep(tmp_path / "store", metrics_name="system_metrics").steps(["wall_time", "pid"])
+    attempts = [group for _, group in rows.groupby(rows[SERIES_COLUMN].astype(str), sort=False)]
+    assert len(attempts) == 2 and attempts[0]["pid"].nunique() == 1  # the failed start's series, then the retry's
+    assert attempts[0]["wall_time"].max() >= json.loads(marker.read_text())  # sampled as it failed
+
+
 def _logs_4_fails_then_logs_3(tmp_path: Path) -> Any:
     """A trainable whose first attempt logs steps 1-4 of ``inner`` (each handed to the store) and fails; its
     retry logs steps 1-3, commits them, and writes what ``read_metrics`` reads (the latest version, and that
