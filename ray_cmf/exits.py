@@ -100,9 +100,16 @@ def ended_by(error: BaseException | None) -> tuple[str, str | None]:
 
 
 def _note_uncaught(previous: Any, kind: type[BaseException], error: BaseException, trace: Any) -> None:
-    """Remember that an uncaught exception ends the process (then report it as before)."""
-    _ending["state"], _ending["error"] = ended_by(error)
+    """Remember that an uncaught exception ends the process (then report it as before); at an interactive
+    prompt, which shows the error of a statement this way and goes on, it ends nothing."""
+    if not _interactive():
+        _ending["state"], _ending["error"] = ended_by(error)
     previous(kind, error, trace)
+
+
+def _interactive() -> bool:
+    """Whether an interactive prompt runs this process (``python -i``, the plain REPL)."""
+    return bool(sys.flags.interactive) or hasattr(sys, "ps1")
 
 
 def _noting_exit(previous: Callable[..., NoReturn]) -> Callable[..., NoReturn]:

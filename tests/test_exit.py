@@ -350,3 +350,37 @@ def test_a_sys_exit_that_was_caught_ends_no_later_run(tmp_path: Path) -> None:
     before.close()
     executions = Lineage(tmp_path / "store" / "mlmd.sqlite", readonly=True).store.get_executions()
     assert {e.name: state_name(e) for e in executions} == {"before": "COMPLETE", "after": "COMPLETE"}
+
+
+def test_an_error_the_interactive_prompt_shows_ends_no_run(tmp_path: Path) -> None:
+    """At an interactive prompt (``python -i``), a statement that raised (``1/0``, a Ctrl-C) made every run that
+    ended later in the session read FAILED with that error, or CANCELED, though it began after it and was
+    closed cleanly (found by a new user): the prompt shows the error through ``sys.excepthook`` and goes on."""
+    from ray_cmf.lineage import Lineage, state_name
+
+    store = tmp_path / "store"
+    session = textwrap.dedent(
+        f"""
+        from ray_cmf import Cmf
+        def run(name):
+            cmf = Cmf(pipeline_name="p", store={str(store)!r})
+            cmf.create_execution("run", execution_name=name)
+            cmf.log_metric("m", {{"step": 0, "v": 1.0}})
+            return cmf
+
+        live = run("live across the errors")
+        1 / 0
+        run("after an error").close()
+        raise KeyboardInterrupt
+        run("after a ctrl-c").close()
+        live.close()
+        left = run("left to the session's end")
+        """
+    )
+    done = subprocess.run([sys.executable, "-i"], input=session, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ZeroDivisionError" in done.stderr, done.stderr[-3000:]
+    executions = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    ended = {e.name: (state_name(e), properties(e).get("error")) for e in executions}
+    assert ended == dict.fromkeys(
+        ["live across the errors", "after an error", "after a ctrl-c", "left to the session's end"], ("COMPLETE", None)
+    )
