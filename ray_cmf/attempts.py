@@ -55,7 +55,7 @@ def dedup_attempts(
     by: Sequence[str] = (),
     resumed: Mapping[str, Mapping[int, int]] | None = None,
 ) -> pd.DataFrame:
-    """The rows of the run as its last attempt left it, in step order (per ``by`` group): each attempt of a
+    """The rows of the run as its last attempt left it, as logged (see :func:`_as_logged`): each attempt of a
     restored or retried trial supersedes what earlier attempts logged from its first step on (a restore
     resumes at its checkpoint, a retry at the start: what came after that point is no longer the run's),
     and a step one attempt logged twice keeps both rows, as in a run never restarted (of steps that are not
@@ -67,7 +67,8 @@ def dedup_attempts(
 
     if step not in frame.columns or ATTEMPT_COLUMN not in frame.columns:
         return frame
-    frame = frame.assign(**{_RESTART: _restarts(frame)})
+    frame = frame.reset_index(drop=True)
+    frame = frame.assign(**{_RESTART: _restarts(frame), _AT: np.arange(len(frame))})
     kept = frame
     numbers = pd.api.types.is_numeric_dtype(frame[step])
     if numbers:
@@ -84,15 +85,24 @@ def dedup_attempts(
         starts["_until"] = latest_first.transform(lambda later: later.cummin().shift(1))  # a later one's first step
         cut = frame.merge(starts[[*attempts, "_until"]], on=attempts, how="left")
         kept = cut[~(cut[step] >= cut["_until"]).fillna(False).astype(bool)].drop(columns="_until")
-    ranks = [c for c in by if c == RANK_COLUMN]  # a report's ranks side by side, as they were logged
-    order = [*(c for c in by if c != RANK_COLUMN), step, *ranks, _RESTART]
-    latest = kept.sort_values(order, kind="stable")
-    if not numbers:  # steps that are not numbers: a later attempt's row of a step replaces the earlier ones'
-        latest = latest.drop_duplicates(subset=[*by, step], keep="last")
-    return latest.drop(columns=_RESTART).reset_index(drop=True)
+    else:  # steps that are not numbers: a later attempt's row of a step replaces the earlier ones'
+        kept = kept.sort_values([_RESTART, _AT], kind="stable").drop_duplicates(subset=[*by, step], keep="last")
+    return _as_logged(kept, [c for c in by if c != RANK_COLUMN]).drop(columns=[_RESTART, _AT])
+
+
+def _as_logged(frame: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    """Each ``by`` group's rows (in the order the groups come) by restart, then as logged: an earlier attempt's
+    rows that stayed come before a later one's, wherever the store put them (a report's ranks stay side by
+    side, as logged)."""
+    import pandas as pd
+
+    group = frame.groupby(list(by), dropna=False, observed=True, sort=False).ngroup() if by else 0
+    order = pd.DataFrame({"group": group, "restart": frame[_RESTART], "at": frame[_AT]}, index=frame.index)
+    return frame.loc[order.sort_values(["group", "restart", "at"], kind="stable").index].reset_index(drop=True)
 
 
 _RESTART, _GROUPS = "_restart", 1 << 20  # a row's place among the restarts; worker groups per attempt at most
+_AT = "_at"  # a row's place in the frame
 
 
 def _restarts(frame: pd.DataFrame) -> pd.Series:

@@ -38,9 +38,12 @@ def write_trials(
     stage: str = "exp",
     metrics_name: str = "tune_results",
     sweep: str | None = None,
+    start: bool = False,
 ) -> Store:
     """Register each trial and commit (or, for a running one, only spill) its series; returns the store.
-    ``sweep``: the id of the sweep they are of (a trial id that another sweep left in the stage is a new trial)."""
+    ``sweep``: the id of the sweep they are of (a trial id that another sweep left in the stage is a new trial);
+    ``start``: register each as Tune starts a trial: every start of one id is its next attempt (a retry), and
+    its rows say which."""
     store = Store(store_dir)
     client = WriterClient(StoreWriter(store))
     for trial in trials:
@@ -54,9 +57,10 @@ def write_trials(
             type_name=TRIAL_EXECUTION_TYPE,
             props=props,
             sweep=sweep,
+            start=start,
         )
         for instance, rows in trial.series.items():
-            key = SeriesKey(binding, metrics_name, instance)
+            key = SeriesKey(binding, metrics_name, instance, attempts=start)  # rows stamped with their attempt
             buffer = MetricBuffer(sink=client.sink(key), flush_rows=7)
             for row in rows:
                 buffer.append(row)

@@ -952,6 +952,25 @@ def test_a_restarted_worker_group_supersedes_what_the_earlier_one_reported_from_
     ]
 
 
+def test_a_trial_reads_in_logged_order_beside_a_retried_one(tmp_path: Path) -> None:
+    """A trial whose step restarts each epoch read as logged (0, 1, 2, 0, 1, 2) alone, but sorted by step (0, 0,
+    1, 1, 2, 2: its epochs interleaved) once another trial of the view had been retried: resolving that trial's
+    attempts sorted every trial's rows by step (a new user). Every trial now reads in logged order."""
+    epochs = [{"step": s, "epoch": e, "loss": 10.0 * e + s} for e in range(2) for s in range(3)]
+    retried = [{"step": s, "loss": -1.0} for s in range(1, 4)]
+    store = write_trials(
+        tmp_path / "store", [Trial("e", series={"": epochs}), Trial("r", series={"": retried})], sweep="s", start=True
+    )
+    write_trials(tmp_path / "store", [Trial("r", series={"": [{"step": 2, "loss": -2.0}]})], sweep="s", start=True)
+    steps = Sweep(store).steps(["epoch", "loss"]).set_index("trial_id")
+    assert steps.loc["e", ["step", "epoch", "loss"]].values.tolist() == [
+        [r["step"], r["epoch"], r["loss"]] for r in epochs
+    ]
+    assert steps.loc["r", ["step", "loss"]].values.tolist() == [[1, -1.0], [2, -2.0]]  # the retry's timeline
+    [read] = [t for t in Sweep(store).trials(["loss"]).to_dict("records") if t["trial_id"] == "e"]
+    assert (read["loss_final"], read["steps"]) == (12.0, 6)
+
+
 _ATTEMPT_ROWS = st.lists(  # each row: logged with a step?, the step past the attempt's start, its value
     st.tuples(st.booleans(), st.integers(0, 3), floats), max_size=5
 )
