@@ -446,12 +446,13 @@ class StepLogger:
 
     def _last_row(self) -> None:
         """As the loop's thread ends without ``finish``: the row of the sync its last step started. Every rank
-        started it too, unless one failed: then it is given up after a moment."""
+        started it too, unless one failed: then it is given up after a moment, or as soon as the collective
+        fails (a rank that died closes its connections), and the run ends all the same."""
         assert self._pending is not None
         try:
             self._pending[0].wait_within(_LAST_SYNC_WAIT_S, "the sync of the loop's last step")
             self._complete(report=False)
-        except RayCmfError as exc:
+        except Exception as exc:  # RayCmfError (it timed out), or the process group's own (gloo's RuntimeError)
             log.warning("ray_cmf: the row of step %d is not logged: %s", self.steps_done, exc)
 
     def _complete(self, report: bool = True) -> dict[str, float]:

@@ -291,6 +291,52 @@ def test_a_step_logger_without_ray_that_never_finishes_ends_its_run_with_every_r
     assert rows["step"].tolist() == [3, 6, 9] and rows["loss"].tolist() == [2.0, 5.0, 8.0]
 
 
+RANKS = textwrap.dedent(
+    """
+    import sys, time, torch, torch.distributed as dist
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+    store, rank, init = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    metrics = MetricCollection({"loss": Mean()})
+    steps = StepLogger(metrics, sync_every=1, store=store, pipeline_name="p", run_name="ranks", system_metrics=None)
+    for step in range(1, 10):
+        if step == 4 and rank == 1:
+            raise RuntimeError("rank 1 blew up")  # before its step: rank 0's sync of step 4 never pairs up
+        metrics["loss"].update(torch.tensor(float(step)))
+        steps.step()
+        if step == 4:
+            time.sleep(0.5)
+            dist.all_reduce(torch.zeros(1))  # as DDP's backward does: the peer is gone
+    """
+)
+
+
+def test_a_rank_that_dies_with_a_sync_in_flight_still_ends_rank_0s_run(tmp_path: Path) -> None:
+    """In a torch.distributed job without Ray, rank 1 died and rank 0 failed in its next collective while the
+    sync of its last step was in flight: that sync's wait at exit raised gloo's error, the run never ended and
+    read CRASHED with 0 steps and no error (found by a new user). The row of that sync is given up; the run
+    ends FAILED with rank 0's error and every row before it."""
+    from ray_cmf import Sweep
+    from ray_cmf.lineage import Lineage, state_name
+
+    store, init = tmp_path / "store", tmp_path / "init"
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANKS, str(store), str(rank), str(init)], stderr=subprocess.PIPE, text=True
+        )
+        for rank in range(2)
+    ]
+    errors = [rank.communicate(timeout=180)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [1, 1], errors
+    [execution] = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert state_name(execution) == "FAILED", errors[0][-3000:]
+    assert properties(execution)["error"].startswith("RuntimeError"), properties(execution)
+    assert recover(Store(store)) == []
+    rows = Sweep(str(store), "p", metrics_name="train_steps").steps(["loss"])
+    assert rows["step"].tolist() == [1, 2, 3] and rows["loss"].tolist() == [1.0, 2.0, 3.0]
+
+
 EXITS = textwrap.dedent(
     """
     import sys
