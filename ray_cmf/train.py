@@ -52,7 +52,7 @@ from ray_cmf.constants import (
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
 from ray_cmf.exits import error_properties, on_thread_end, outcome, track
-from ray_cmf.lineage import Artifact, observed_config_properties
+from ray_cmf.lineage import Artifact, config_properties, observed_config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
 from ray_cmf.metrics.packing import world_size
@@ -193,6 +193,12 @@ class StepLogger:
         modes: ``{metric: "min" | "max"}``: whether lower or higher is better, recorded with the run so that
             reading it gives ``<metric>_best`` the right way round. A metric that knows it needs none
             (``Accuracy``: ``max``); one none declares reads as ``min``.
+        config: The run's hyperparameters, recorded as its config (``config/...`` in ``trials``, ``show`` and
+            ``diff``), outside Ray Train: inside it, the run's config is its ``train_loop_config``, which
+            ``CmfTrainCallback`` records.
+
+    Raises:
+        InvalidArgumentError: ``config`` inside Ray Train, or holding a text the store cannot hold.
 
     Example (in ``train_loop_per_worker``; ``examples/torch_trainer.py`` runs one)::
 
@@ -224,6 +230,7 @@ class StepLogger:
         system_metrics: float | None = DEFAULT_SYSTEM_METRICS_SECONDS,
         registration_timeout: float = _BIND_TIMEOUT_S,
         modes: Mapping[str, str] | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         if sync_every < 1 or (report_every is not None and report_every < 1):
             raise ValueError(f"sync_every and report_every must be >= 1, got {sync_every!r}, {report_every!r}")
@@ -244,6 +251,7 @@ class StepLogger:
         self.trial_id = trial_id
         self._registration_timeout = registration_timeout
         self._context = _train_context()
+        self._config = self._checked_config(config)
         self.run_name = run_name or (
             self._context.get_experiment_name() if self._context else f"local-{uuid.uuid4().hex[:8]}"
         )
@@ -336,6 +344,17 @@ class StepLogger:
         """The run's registration by rank 0 (this fit's, not an earlier run's of the name)."""
         return self._writer.wait_binding("run", self._registered_as, self._registration_timeout, self._token)
 
+    def _checked_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``config`` as the run's properties; refused inside Ray Train, whose run has its own."""
+        if config is None:
+            return {}
+        if self._context is not None:
+            raise InvalidArgumentError(
+                "StepLogger(config=...) records a run's config outside Ray Train; inside it, the run's config is "
+                "its train_loop_config, which CmfTrainCallback records"
+            )
+        return config_properties(config)
+
     def _bind(self, pipeline: str, stage: str | None, store: Store | None) -> Reply:
         """Rank 0: register the run's execution (in the trial's pipeline and stage inside a Tune trial).
 
@@ -352,6 +371,7 @@ class StepLogger:
             "sync_every": self.sync_every,
             **({TRIAL_PROPERTY: self.trial_id} if self.trial_id else {}),
             **self._modes,
+            **self._config,
         }
         return self._writer.send(
             StoreWriter.bind,

@@ -552,6 +552,36 @@ def test_trials_never_ranks_train_runs_by_their_throughput(
     assert "sorted by loss_best" in capsys.readouterr().out
 
 
+def test_a_plain_scripts_run_records_its_config_for_trials_and_diff(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain PyTorch script had no way to record its hyperparameters: ``show`` printed an empty config and
+    ``diff`` of two runs at different learning rates showed results only (found by a new user)."""
+    import ray_cmf.train
+    from ray_cmf import InvalidArgumentError, Sweep
+    from ray_cmf.cli import main
+    from ray_cmf.metrics import Mean, MetricCollection
+    from ray_cmf.train import StepLogger
+
+    store = str(tmp_path / "store")
+    for name, config in (("a", {"lr": 0.1, "opt": {"name": "sgd"}}), ("b", {"lr": 0.5, "opt": {"name": "sgd"}})):
+        metrics = MetricCollection({"loss": Mean()})
+        steps = StepLogger(metrics, sync_every=1, store=store, pipeline_name="p", run_name=name, config=config)
+        metrics["loss"].update(torch.tensor(config["lr"]))
+        steps.step()
+        steps.finish()
+    sweep = Sweep(store, "p", metrics_name="train_steps")
+    assert sweep.config("a") == {"lr": 0.1, "opt.name": "sgd"}
+    assert main(["diff", "a", "b", "--store", store, "--metrics-name", "train_steps", "--json"]) == 0
+    fields = {row["field"] for row in json.loads(capsys.readouterr().out)}
+    assert "config/lr" in fields and "config/opt.name" not in fields, fields
+    with pytest.raises(InvalidArgumentError, match="config"):
+        StepLogger(MetricCollection({"loss": Mean()}), store=store, run_name="c", config={"bad": "\udc80"})
+    monkeypatch.setattr(ray_cmf.train, "_train_context", lambda: object())  # inside Ray Train
+    with pytest.raises(InvalidArgumentError, match="train_loop_config"):
+        StepLogger(MetricCollection({"loss": Mean()}), store=store, run_name="d", config={"lr": 0.1})
+
+
 def test_a_step_loggers_own_counts_stay_out_of_the_users_collection(tmp_path: Path) -> None:
     """StepLogger syncs its sample and step counts with the user's metrics, in the same collective, but they
     are not the user's: they were among the collection's keys and in its ``state_dict``, which then loaded
