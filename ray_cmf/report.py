@@ -122,7 +122,9 @@ def _hover_config(trials: pd.DataFrame, configs: Mapping[str, Mapping[str, Any]]
     texts = _shorts([[config.get(k) for k in keys] for config in own])  # None: blank, for the table
     return {
         str(trial_id): ", ".join(
-            f"{k}={'None' if config[k] is None else text}" for k, text in zip(keys, line, strict=True) if k in config
+            _plain(f"{k}={'None' if config[k] is None else _clip(text)}")
+            for k, text in zip(keys, line, strict=True)
+            if k in config
         )
         for trial_id, config, line in zip(trials["trial_id"], own, texts, strict=True)
     }
@@ -139,19 +141,38 @@ _DIGITS = 4  # a report table's floats, unless a value needs more to be told apa
 def _short(value: Any, digits: int = _DIGITS) -> str:
     if isinstance(value, float):
         return str(jsonable(value)) if not math.isfinite(value) else number_text(value, digits)  # NaN, Infinity
-    return html.escape(str(value))[:40]
+    return str(value)
 
 
 def _shorts(values: list[list[Any]]) -> list[list[str]]:
-    """The texts of a table's cells (None blank), each float with the digits that tell it apart from the other
-    numbers of its row and column, and a text that reads as one of those numbers quoted (see
+    """The plain texts of a table's cells (None blank), each float with the digits that tell it apart from the
+    other numbers of its row and column, and a text that reads as one of those numbers quoted (see
     :mod:`ray_cmf._cells`)."""
-    return cell_texts(values, _DIGITS, lambda v, d: "" if v is None else _short(v, d), _quoted)
+    return cell_texts(values, _DIGITS, lambda v, d: "" if v is None else _short(v, d), quoted)
 
 
-def _quoted(text: str) -> str:
-    """A text as a quoted literal in a cell (see :func:`~ray_cmf._cells.quoted`), at most 40 characters."""
-    return html.escape(quoted(text)[:40])
+_CELL_CHARS = 40  # a cell's text shows at most this many characters (its whole text on hover)
+
+
+def _clip(text: str) -> str:
+    """``text`` in at most :data:`_CELL_CHARS` characters: a longer one keeps its start and its end (where
+    paths and names tend to differ) around an ellipsis."""
+    if len(text) <= _CELL_CHARS:
+        return text
+    half = (_CELL_CHARS - 1) // 2
+    return f"{text[:half]}…{text[-(_CELL_CHARS - 1 - half) :]}"
+
+
+def _cell(text: str, attributes: str = "") -> str:
+    """A table cell of a plain ``text``: clipped (see :func:`_clip`), with its whole text as its title then."""
+    shown = _clip(text)
+    whole = f' title="{html.escape(text, quote=True)}"' if shown != text else ""
+    return f"<td{attributes}{whole}>{html.escape(shown)}</td>"
+
+
+def _plain(text: str) -> str:
+    """A text as plotly shows it as written: it reads tags (``<b>``) and entities in what it draws."""
+    return html.escape(text, quote=False)
 
 
 @dataclass
@@ -400,24 +421,24 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
             numbers = floats(values)
             if log_spread(numbers):
                 with np.errstate(invalid="ignore"):  # a non-finite value is left out (None) either way
-                    dims.append({"label": f"log10({key})", "values": _floats(np.log10(numbers))})
+                    dims.append({"label": _plain(f"log10({key})"), "values": _floats(np.log10(numbers))})
             else:
-                dims.append({"label": key, "values": _floats(values)})
+                dims.append({"label": _plain(key), "values": _floats(values)})
         else:
             labels = _category_labels(values)
             codes = {category: i for i, category in enumerate(labels)}
             dims.append(
                 {
-                    "label": key,
+                    "label": _plain(key),
                     "values": [codes.get(_category(v)) for v in values],
                     "tickvals": list(range(len(labels))),
-                    "ticktext": list(labels.values()),
+                    "ticktext": [_plain(label) for label in labels.values()],
                 }
             )
     if not dims:
         return None
     shown = _floats(trials[f"{metric}_best"])
-    dims.append({"label": f"best {metric}", "values": shown})
+    dims.append({"label": _plain(f"best {metric}"), "values": shown})
     return {
         "type": "parcoords",
         "dimensions": dims,
@@ -500,23 +521,33 @@ def _params(trials: pd.DataFrame, metric: str) -> list[dict[str, Any]]:
     best = _floats(trials[f"{metric}_best"])
     figures = []
     for key, score in importance(trials, metric).items():
+        numbers = floats(trials[f"config/{key}"])
         figures.append(
             {
                 "key": key,
                 "importance": score,
-                "log": log_spread(floats(trials[f"config/{key}"])),
+                "log": log_spread(numbers),
+                "scale_note": _linear_note(numbers),
                 "trace": {
                     "type": "scatter",
                     "mode": "markers",
                     "x": _floats(trials[f"config/{key}"]),
                     "y": best,
-                    "text": trials["trial_id"].astype(str).tolist(),
+                    "text": [_plain(str(trial)) for trial in trials["trial_id"]],
                     "hovertemplate": f"%{{text}}<br>{html.escape(key)}=%{{x}}<br>best {html.escape(metric)}"
                     "=%{y:.5g}<extra></extra>",
                 },
             }
         )
     return figures
+
+
+def _linear_note(values: np.ndarray) -> str | None:
+    """Why a hyperparameter spread over decades is drawn on a linear axis all the same: a value of 0 or less
+    has no logarithm. None where nothing needs saying."""
+    finite = values[np.isfinite(values)]
+    positive = finite[finite > 0]
+    return "linear: it holds values <= 0" if positive.size < finite.size and log_spread(positive) else None
 
 
 def _lineage(sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
@@ -751,13 +782,13 @@ def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], 
     head = "".join(f"<th{order if c == sorted_by else ''}>{html.escape(c)}</th>" for c in columns)
     body, rows = [], groups.to_dict(orient="records")
     for row, texts in zip(rows, _shorts([[row[k] for k in keys] for row in rows]), strict=True):
-        cells = [f"<td>{text}</td>" for text in texts]
+        cells = [_cell(text) for text in texts]
         cells += [f'<td data-v="{row["trials"]}">{row["trials"]}</td>', f"<td>{html.escape(str(row['status']))}</td>"]
         for column in summaries:
             mean, std = row[f"{column}_mean"], row[f"{column}_std"]
             sort = f' data-v="{jsonable(float(mean))}"' if mean == mean else ""
             text = "" if mean != mean else _short(mean) + (f" ± {_short(std)}" if std == std else "")
-            cells.append(f"<td{sort}>{text}</td>")
+            cells.append(_cell(text, sort))
         group, status = html.escape(str(row["group"]), quote=True), html.escape(str(row["status"]), quote=True)
         members = html.escape(", ".join(row["trial_ids"]), quote=True)
         body.append(f'<tr data-trial="{group}" data-status="{status}" title="{members}">{"".join(cells)}</tr>')
@@ -782,7 +813,7 @@ def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
             value = row[c]
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             sort = "" if not numeric or value != value else f' data-v="{_sort_key(value)}"'
-            cells.append(f"<td{sort}>{text}</td>")
+            cells.append(_cell(text, sort))
         trial, status = html.escape(str(row["trial_id"]), quote=True), html.escape(str(row["status"]), quote=True)
         note = notes.get(str(row["trial_id"]))
         hint = f' title="{html.escape(note, quote=True)}"' if note else ""

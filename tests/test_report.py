@@ -237,6 +237,58 @@ def test_the_served_page_updates_in_place_in_chromium(live_server: tuple[ReportS
     assert errors == []
 
 
+def test_the_served_page_follows_new_columns_trials_and_hyperparameters_in_chromium(
+    tmp_path: Path, browser: Any
+) -> None:
+    """Served live, a metric that appeared after the page opened brought its cells but not their headers (a
+    trial's ``steps`` read another column's number), a trial that started later reached neither the
+    hyperparameter scatter nor the lineage, and the plot beside a new one kept its old width, cut off (a new
+    user)."""
+    store = tmp_path / "store"
+    first = Cmf(pipeline_name="live", store=store)
+    first.create_execution("train", {"lr": 0.1}, execution_name="a")
+    for step in range(10):
+        first.log_metric("m", {"step": step, "loss": 1.0 / (step + 1)})
+    first.flush()
+    server = ReportServer(lambda: Sweep(store, metrics_name="m"), port=0, refresh_seconds=1)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    second = Cmf(pipeline_name="live", store=store)
+    try:
+        page, _, errors = open_report(browser, server.url, offline=False)
+        assert page.locator("#params .js-plotly-plot").count() == 0  # one trial: nothing varies yet
+        assert page.locator("#parcoords").is_hidden()  # not an empty box
+        second.create_execution("train", {"lr": 0.001}, execution_name="b")
+        for step in range(5):
+            second.log_metric("m", {"step": step, "loss": 2.0, "extra": float(step)})
+        second.flush()
+        page.wait_for_function(
+            "document.querySelectorAll('#trials tbody tr').length === 2"
+            " && document.querySelectorAll('#params .js-plotly-plot').length === 1",
+            timeout=30_000,
+            polling=200,
+        )
+        headers = page.locator("#trials th").all_text_contents()
+        cells = page.locator("#trials tbody tr").evaluate_all(
+            "rows => rows.map(r => [r.dataset.trial, Array.from(r.cells, c => c.textContent)])"
+        )
+        table = {trial: dict(zip(headers, texts, strict=True)) for trial, texts in cells}
+        assert (table["a"]["steps"], table["b"]["steps"], table["b"]["extra_final"]) == ("10", "5", "4"), table
+        assert page.evaluate("document.querySelector('#params .js-plotly-plot').data[0].x") == [0.1, 0.001]
+        assert "b (" in " ".join(page.locator("#lineage summary").all_text_contents())
+        assert page.locator("#parcoords.js-plotly-plot").is_visible()
+        widths = page.evaluate(
+            "Array.from(document.querySelectorAll('#curves .plot'), d => [d._fullLayout.width, d.clientWidth])"
+        )
+        assert len(widths) == 2 and all(abs(drawn - room) <= 2 for drawn, room in widths), widths
+        screenshot(page, "report-live-new-columns.png")
+        assert errors == []
+    finally:
+        server.shutdown()
+        server.server_close()
+        second.close()
+        first.close()
+
+
 def test_the_server_sends_the_content_as_json(live_server: tuple[ReportServer, Any]) -> None:
     server, _ = live_server
     parts = json.loads(urllib.request.urlopen(server.url + "data.json").read())
@@ -343,11 +395,42 @@ def test_the_hover_names_only_a_trials_own_config_keys(tmp_path: Path) -> None:
     ]
     data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
     hovers = {t["meta"]: t["hovertemplate"].split("<br>")[1] for t in data["sections"][0]["traces"]}
-    assert hovers == {"own": "a=1, lr=0.5, nested.c=None", "other": "a=2, lr=NaN, tag=&quot;&quot;"}, hovers
+    assert hovers == {"own": "a=1, lr=0.5, nested.c=None", "other": 'a=2, lr=NaN, tag=""'}, hovers
 
 
 def _losses(scale: float) -> dict[str, list[dict[str, Any]]]:
     return {"": [{"training_iteration": i + 1, "loss": scale / (i + 1)} for i in range(3)]}
+
+
+def test_long_texts_and_markup_read_in_the_report_as_logged(tmp_path: Path, browser: Any) -> None:
+    """Three trials' ``data`` paths, which differ after their 40th character, read alike in the table (cut
+    with no mark), a value holding ``<img`` was cut inside its escape, plotly drew a metric ``a<b>&amp;c`` as
+    a bold ``a&c`` and a config key ``<b>key</b>`` as a bold ``key``, and a hyperparameter over decades that
+    holds a 0 was drawn on a linear axis unsaid (a new user)."""
+    from tests._stores import Trial, write_trials
+
+    root = "/mnt/datasets/imagenet/2012/train_shards_version_"
+    trials = [
+        Trial(
+            f"t{i}",
+            {"data": root + version, "<b>key</b>": i, "wd": wd, "html": "<img src=x onerror=alert('cfg')>"},
+            {"": [{"training_iteration": s, "a<b>&amp;c": float(i + s)} for s in range(1, 4)]},
+        )
+        for i, (version, wd) in enumerate(zip("ABCD", [1e-5, 1e-3, 0.0, 10.0], strict=True))
+    ]
+    path = Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html")
+    page, _, errors = open_report(browser, path.as_uri(), offline=True)
+    cells = page.locator("#trials td").evaluate_all("cells => cells.map(c => [c.textContent, c.title])")
+    paths = [(text, title) for text, title in cells if title.startswith(root)]
+    assert sorted(title for _, title in paths) == [root + v for v in "ABCD"]
+    assert len({text for text, _ in paths}) == 4 and all("…" in text and len(text) == 40 for text, _ in paths)
+    assert [text for text, _ in cells if "img" in text] == ["<img src=x onerror=alert('cfg')>"] * 4  # all of it
+    assert page.locator("#curve-0 .gtitle").text_content() == "a<b>&amp;c · tune_results"
+    labels = page.locator("#parcoords .axis-title").all_text_contents()
+    assert "<b>key</b>" in labels and "best a<b>&amp;c" in labels, labels
+    titles = page.locator("#params .xtitle").all_text_contents()
+    assert "wd (linear: it holds values <= 0)" in titles and "<b>key</b>" in titles, titles
+    assert errors == []
 
 
 def test_a_clean_sweep_reads_as_a_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
