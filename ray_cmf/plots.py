@@ -26,6 +26,12 @@ _MARKS_NOTE = "▲ ▼ off the plot (inf, beyond ±1e300, or far beyond the othe
 _MAX_MARKS = 200  # per curve, as the report's points
 
 
+def _written(text: object) -> str:
+    """A name or value as matplotlib draws it as written: it reads each ``$...$`` as math (and fails on
+    some, such as ``$\\frac$``); an escaped ``\\$`` is a dollar sign."""
+    return str(text).replace("$", r"\$")
+
+
 def _finite(values: np.ndarray) -> np.ndarray:
     return values[np.isfinite(values)]
 
@@ -97,7 +103,7 @@ def curves(
         cmap = plt.get_cmap("viridis")
         pairs = zip(trials["trial_id"], values, strict=True)
         colour_of = {t: cmap(norm(v)) if np.isfinite(v) else _NO_VALUE for t, v in pairs}  # no such key: grey
-        fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=color_by)
+        fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=_written(color_by))
     elif key is not None:
         labels = ["(none)" if blank(v) else str(v) for v in trials[key]]  # a trial without the key is a category
         categories = list(dict.fromkeys(labels))
@@ -106,10 +112,10 @@ def curves(
         colour_of = {t: palette(categories.index(label) % palette.N) for t, label in pairs}
         ax.legend(
             handles=[
-                matplotlib.lines.Line2D([], [], color=palette(i % palette.N), label=c)
+                matplotlib.lines.Line2D([], [], color=palette(i % palette.N), label=_written(c))
                 for i, c in enumerate(categories[: _LEGEND_MAX * 2])
             ],
-            title=color_by,
+            title=_written(color_by),
             fontsize="small",
         )
     curves = list(steps.groupby("trial_id", sort=False))
@@ -128,7 +134,7 @@ def curves(
             color=colour_of.get(trial_id),
             alpha=0.35 if many else 0.9,
             linewidth=0.8 if many else 1.5,
-            label=None if (many or key) else trial_id,
+            label=None if (many or key) else _written(trial_id),
         )
         marked |= _mark_off_plot(ax, span, x, y, line.get_color())
     ax.set_ylim(*_limits(span))
@@ -137,8 +143,8 @@ def curves(
     if not many and key is None:
         ax.legend(title="trial", fontsize="small")
     ax.set_xlabel("step")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{title} ({steps['trial_id'].nunique()} trials)")
+    ax.set_ylabel(_written(metric))
+    ax.set_title(_written(f"{title} ({steps['trial_id'].nunique()} trials)"))
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -165,13 +171,13 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
         else:
             _fit(ax, "x", values)
         _fit(ax, "y", scores)
-        ax.set_xlabel(key[len("config/") :])
-        ax.set_ylabel(f"best {metric}")
+        ax.set_xlabel(_written(key[len("config/") :]))
+        ax.set_ylabel(_written(f"best {metric}"))
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.set_visible(False)
-    fig.colorbar(points, ax=axes, label=f"best {metric}")
-    fig.suptitle(f"{title} ({len(trials)} trials)")
+    fig.colorbar(points, ax=axes, label=_written(f"best {metric}"))
+    fig.suptitle(_written(f"{title} ({len(trials)} trials)"))
     return _save(fig, path)
 
 

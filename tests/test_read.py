@@ -681,6 +681,31 @@ def test_a_plot_counts_and_draws_only_the_trials_that_logged_its_metric(
     assert ax.get_title().endswith("(1 trials)") and [line.get_label() for line in ax.lines] == ["has"]
 
 
+def test_a_plot_writes_dollar_signs_as_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metric named ``cost $x^2$`` and a config value ``x$\\frac$y`` failed ``ray-cmf plot`` (matplotlib read
+    each ``$...$`` as mathtext: "Expected \\frac{num}{den}"), and a ``$a$`` would have drawn as italic math."""
+    from ray_cmf import plots
+
+    rows = [{"training_iteration": s, "cost $x^2$": 1.0 / s} for s in (1, 2, 3)]
+    trials = [
+        Trial(f"t{i}", {"opt": opt, "lr": lr}, {"": rows})
+        for i, (opt, lr) in enumerate([("a$b$c", 0.1), ("x$\\frac$y", 0.2)])
+    ]
+    sweep = Sweep(write_trials(tmp_path / "store", trials))
+    assert sweep.plot_curves("cost $x^2$", tmp_path / "c.png", color_by="opt").stat().st_size > 0
+    assert sweep.plot_params("cost $x^2$", tmp_path / "p.png").stat().st_size > 0
+    drawn: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
+    sweep.plot_curves("cost $x^2$", tmp_path / "c.png", color_by="opt")
+    [ax] = drawn[0].axes
+    texts = [ax.yaxis.label, *ax.get_legend().get_texts()]
+    assert [t._preprocess_math(t.get_text()) for t in texts] == [  # as drawn: no math
+        ("cost $x^2$", False),
+        ("a$b$c", False),
+        ("x$\\frac$y", False),
+    ]
+
+
 def test_show_prints_a_config_value_as_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``show`` printed a NaN config as the text ``'NaN'`` (and inf as ``'Infinity'``): the JSON spelling,
     which reads as a config of words, and gave a trial every key of the sweep (None for the ones it lacks).
