@@ -197,7 +197,7 @@ class Cmf:
         )
         if self.execution.last_known_state == RUNNING:  # one this Cmf runs (not a finished one reopened)
             self._running = self._binding
-            track(self)  # from now on, however the process ends, the execution says so
+        track(self)  # however the process ends, what it logs is committed then (and a run it runs ends)
         recorded = properties(self.execution)
         if any(key.startswith(ENV_PREFIX) for key in recorded):  # made before, by the run whose code it records
             _warn_of_other_config(execution_name, recorded.get(CONFIG_JSON), props.get(CONFIG_JSON))

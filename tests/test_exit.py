@@ -337,6 +337,36 @@ def test_a_rank_that_dies_with_a_sync_in_flight_still_ends_rank_0s_run(tmp_path:
     assert rows["step"].tolist() == [1, 2, 3] and rows["loss"].tolist() == [1.0, 2.0, 3.0]
 
 
+REOPENS = textwrap.dedent(
+    """
+    import sys
+    from ray_cmf import Cmf
+    cmf = Cmf(pipeline_name="p", store=sys.argv[1])
+    cmf.create_execution("T", {"k": 3}, execution_name="same")  # the second script reopens the first's
+    cmf.log_metric("m", {"step": int(sys.argv[2]), "x": float(sys.argv[2])})
+    """
+)
+
+
+def test_a_script_that_reopens_a_finished_execution_commits_its_rows_as_it_ends(tmp_path: Path) -> None:
+    """A later script that reopened an execution by its ``execution_name`` left its rows spilled at its end,
+    uncommitted and unsaid: the execution read one step of two, and ``recover`` then marked it recovered,
+    though nothing had crashed (found by a new user). Its rows are committed as it ends; the execution keeps
+    the state its own run left it in."""
+    from ray_cmf import Sweep
+    from ray_cmf.lineage import Lineage, state_name
+
+    store = tmp_path / "store"
+    for step in ("0", "7"):
+        done = subprocess.run([sys.executable, "-c", REOPENS, str(store), step], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+    rows = Sweep(str(store), "p", metrics_name="m").steps(["x"])
+    assert rows["step"].tolist() == [0, 7] and rows["x"].tolist() == [0.0, 7.0]
+    assert list((store / "spill").iterdir()) == [] and recover(Store(store)) == []
+    [execution] = Lineage(store / "mlmd.sqlite", readonly=True).store.get_executions()
+    assert state_name(execution) == "COMPLETE" and not properties(execution).get("recovered")
+
+
 EXITS = textwrap.dedent(
     """
     import sys
