@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -33,6 +34,7 @@ from ray_cmf.results import TUNE_BOOKKEEPING, summary_kinds
 from ray_cmf.store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # as a shell reports a command Ctrl-C ended (128 + SIGINT)
 
 
 def _print_json(payload: Any) -> None:
@@ -57,21 +59,32 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str, *, d
     if args.json:
         _print_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    console = Console() if sys.stdout.isatty() else Console(width=100_000)  # piped: a line per row, never folded
+    console = _console()
     if not rows:
         console.print(f"{title}: none", soft_wrap=True, markup=False)
         return
     table = Table(title=Text(title), title_justify="left")  # Text: a value's "[red]" is no style to rich
     columns = list(dict.fromkeys(k for row in rows for k in row))
     for column in columns:
-        table.add_column(Text(str(column)), overflow="fold" if sys.stdout.isatty() else "ignore", no_wrap=True)
+        table.add_column(Text(str(column)), overflow="ignore", no_wrap=True)
     for cells in _cells(rows, columns, digits):
         table.add_row(*map(Text, cells))
     console.print(table)
+
+
+def _console() -> Any:
+    """A rich console that prints a table at its own width, never a value cut to fit a terminal (the terminal
+    wraps a long line), and that ends as ``main`` does when its reader goes (piped into ``head``): quietly."""
+    from rich.console import Console
+
+    class Printer(Console):
+        def on_broken_pipe(self) -> None:  # rich's own exits 1
+            raise BrokenPipeError
+
+    return Printer(width=100_000)
 
 
 def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], digits: int = 6) -> list[list[str]]:
@@ -434,10 +447,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(payload)
         return EXIT_OK
-    from rich.console import Console
     from rich.markup import escape
 
-    console = Console()
+    console = _console()
     status = f"{payload['status']}{' (recovered)' if payload['recovered'] else ''}"
     status += f"  DELETED at {payload['deleted_at']}" if payload["deleted_at"] else ""
     console.print(
@@ -499,7 +511,12 @@ def _output(path: str) -> Path:
     target = Path(path)
     if target.is_dir():
         raise RayCmfError(f"-o {path!r} is a directory; name the file to write")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:  # before the work: a file can be made there
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target.parent):
+            pass
+    except OSError as exc:
+        raise RayCmfError(f"cannot write {path}: {exc.strerror or exc}") from None
     return target
 
 
@@ -649,17 +666,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ray_cmf.report import ReportServer
 
     _picked(args)  # a bad store, pipeline, stage or --where fails here, before the server starts
-    server = ReportServer(
-        lambda: _picked(args),
-        host=args.host,
-        port=args.port,
-        refresh_seconds=args.refresh,
-        metrics=args.metric,
-        series=args.series,
-        mode=args.mode,
-        max_points=args.max_points,
-        group_by=args.group_by,
-    )
+    try:
+        server = ReportServer(
+            lambda: _picked(args),
+            host=args.host,
+            port=args.port,
+            refresh_seconds=args.refresh,
+            metrics=args.metric,
+            series=args.series,
+            mode=args.mode,
+            max_points=args.max_points,
+            group_by=args.group_by,
+        )
+    except (OSError, OverflowError) as exc:  # in use, not this machine's address, beyond 65535
+        raise RayCmfError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     print(f"ray-cmf: serving the report of {args.store or 'the store'} at {server.url} (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()
@@ -873,16 +893,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-columns", action="store_true", help=ALL_COLUMNS_HELP)
     p = command("compare", cmd_compare, "the top trials by one metric")
     _add_sweep_options(p, metric_help=f"metric column (repeatable): ranked by the first (default: {RANKED_DEFAULT})")
-    p.add_argument("--top", type=_positive, default=5)
+    p.add_argument("--top", type=_positive, default=5, help="how many of the best trials (default: 5)")
     p = command("show", cmd_show, "one trial: config, tags, note, environment, seeds, lineage, files, last rows")
     _add_sweep_options(p, where=False, metric_help="a metric of the last rows (repeatable; default: all)", mode=False)
     p.add_argument("trial")
-    p.add_argument("--rows", type=int, default=5, help="how many last rows to show (of each series)")
+    p.add_argument("--rows", type=_positive, default=5, help="how many last rows to show (of each series)")
     p = command("diff", cmd_diff, "config, environment, seeds and results that differ between two trials")
     _add_sweep_options(p, where=False, metric_help="a metric whose summaries to compare (repeatable; default: all)")
     p.add_argument("trial_a")
     p.add_argument("trial_b")
-    p.add_argument("--all-columns", action="store_true", help=ALL_COLUMNS_HELP)
+    p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
     p = command("report", cmd_report, "the sweep's interactive report: one self-contained HTML file")
     _add_sweep_options(p)
     p.add_argument("-o", "--output", required=True, help="HTML path")
@@ -893,7 +913,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0 picks a free one)")
-    p.add_argument("--refresh", type=int, default=10, help="seconds between rebuilds and page updates")
+    p.add_argument("--refresh", type=_positive, default=10, help="seconds between rebuilds and page updates")
     p.add_argument("--series", action="append", help=SERIES_HELP)
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
@@ -994,6 +1014,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # piped into `head`, which has read enough: end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (an output is written whole or not at all)
+        print(f"ray-cmf {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1534,3 +1534,97 @@ def test_options_may_come_between_the_trial_and_its_tags(tmp_path: Path, capsys:
     with pytest.raises(SystemExit) as exited:
         main(["tag", "a", "--store", root, "team=y", "--colour", "red"])
     assert exited.value.code == 2 and "--colour" in capsys.readouterr().err
+
+
+def _on_a_terminal(argv: list[str], columns: int, interrupt_after: bytes | None = None) -> tuple[int, str]:
+    """``ray-cmf argv`` run on a terminal ``columns`` wide (Ctrl-C sent once ``interrupt_after`` shows):
+    its exit code and what it printed, without colours."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ.update(COLUMNS=str(columns), LINES="50")
+        os.execv(sys.executable, [sys.executable, "-m", "ray_cmf.cli", *argv])
+    output = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the child ended: its side of the terminal closed
+            break
+        if not chunk:
+            break
+        output += chunk
+        if interrupt_after is not None and interrupt_after in output:
+            os.kill(pid, signal.SIGINT)
+            interrupt_after = None
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", output.decode()).replace("\r", "")
+
+
+def test_a_table_wider_than_the_terminal_shows_every_value_whole(tmp_path: Path) -> None:
+    """On a terminal narrower than a table, every trial id read ``d0988`` and 1.79847e-08 read ``1.7984``
+    (``1.`` at 40 columns), with nothing marking the cut: rich shrank the columns to fit (a new user). A table
+    now keeps its width (the terminal wraps its lines), so each value shows whole."""
+    ids = [f"d0988_{i:05d}" for i in range(3)]
+    store = write_trials(
+        tmp_path / "store",
+        [Trial(t, {"lr": 0.01 * (i + 1)}, {"": _rows(1.79847e-08 * (i + 1))}) for i, t in enumerate(ids)],
+    )
+    code, out = _on_a_terminal(["trials", "--store", str(store.root)], columns=40)
+    assert code == 0, out
+    lines = " ".join(out.split())  # the terminal's own line breaks mean nothing
+    assert all(t in lines for t in ids) and "3.59694e-09" in lines and "1.07908e-08" in lines, out
+
+
+def test_output_a_command_cannot_write_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report -o /proc/nope.html`` (and plot, export) ended in a traceback naming a temporary file beside it
+    (a new user): the path given is refused, named, with exit 2."""
+    store = str(_sweep(tmp_path / "store").root)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file, where a directory is needed")  # no directory can be made under it
+    for command, name in ((["report"], "r.html"), (["export"], "e.csv"), (["plot", "--metric", "loss"], "p.png")):
+        target = str(blocked / "sub" / name)
+        assert main([*command, "--store", store, "-o", target]) == 2
+        assert f"cannot write {target}" in capsys.readouterr().err
+
+
+def test_serve_says_why_it_cannot_listen(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A port in use, or one beyond 65535, ended ``serve`` in a traceback (a new user)."""
+    import socket
+
+    store = str(_sweep(tmp_path / "store").root)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--store", store, "--port", str(port)]) == 2
+        assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert main(["serve", "--store", store, "--port", "99999"]) == 2
+    assert "cannot serve on 127.0.0.1:99999" in capsys.readouterr().err
+
+
+def test_show_piped_into_head_ends_quietly(tmp_path: Path) -> None:
+    """``ray-cmf show T | head -1`` exited 1, silently, where every other command ends 0 (a new user): rich's
+    console exits 1 itself when its reader goes."""
+    store = str(_sweep(tmp_path / "store").root)
+    command = f"{sys.executable} -m ray_cmf.cli show a --store {store} --rows 50 | head -c 10; exit ${{PIPESTATUS[0]}}"
+    for _ in range(3):
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
+def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during a long ``export`` printed a whole KeyboardInterrupt traceback (a new user)."""
+    import ray_cmf.cli
+
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_cmf.cli, "cmd_export", interrupted)
+    store = str(_sweep(tmp_path / "store").root)
+    assert main(["export", "--store", store, "-o", str(tmp_path / "out.csv")]) == 130
+    assert capsys.readouterr().err == "ray-cmf export: interrupted\n"
