@@ -598,9 +598,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
+    if args.endpoint_url and not args.add_remote:
+        raise RayCmfError("--endpoint-url names the server of the remote --add-remote sets; give both")
     store = _store_dir(args)
     if args.add_remote:
-        store.set_remote(args.add_remote, args.endpoint_url)
+        store.set_remote(args.add_remote, args.endpoint_url, check=True)  # a failed push changes nothing
     with status(f"pushing {store.root} to {store.remote.url if store.remote else 'the DVC remote'}"):
         report = store.push()
     _emit(args, [{"remote": store.remote.url if store.remote else "(dvc default)", "dvc": report.strip()}], "dvc push")

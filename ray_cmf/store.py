@@ -191,11 +191,18 @@ class Store:
             raise StoreError(f"The store {self.root} has no remote; set one with `ray-cmf push --add-remote URL`")
         return remote
 
-    def set_remote(self, url: str, endpoint_url: str | None = None) -> Remote:
+    def set_remote(self, url: str, endpoint_url: str | None = None, *, check: bool = False) -> Remote:
         """Make ``url`` the store's DVC remote (``endpoint_url``: an S3-compatible server) and record it in
         the config file, so that other machines can fetch files by their md5. A relative directory is taken
-        from the current directory, as every other path a command is given."""
+        from the current directory, as every other path a command is given. ``check``: try it first.
+
+        Raises:
+            StoreError: ``check``, and the remote does not answer or refuses the credentials: the store keeps
+                the remote it had.
+        """
         remote = Remote(url if "://" in url else os.path.normpath(Path(url).absolute()), endpoint_url)
+        if check:
+            remote.exists("0" * 32)  # one that does not answer, or refuses the credentials: StoreError
         self.dvc.add_remote("default", remote.url, endpoint_url=endpoint_url)
         self._write_config(remote=remote.to_config())
         return remote

@@ -260,6 +260,34 @@ def test_push_to_a_local_remote(store_copy: Path, tmp_path: Path, capsys: pytest
         assert not (tmp_path / "r2").exists() and not (missing / ".dvc").exists()
 
 
+def test_a_push_to_a_remote_that_cannot_be_reached_keeps_the_remote_there_was(
+    store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``push --add-remote s3://... --endpoint-url`` that failed ("Unable to locate credentials") had made that
+    remote the store's all the same, in ``ray_cmf.json`` and DVC's config, in place of the one that worked (a
+    new user). A remote is now tried before it is set."""
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws
+    working = tmp_path / "remote"
+    assert _cli(capsys, "push", "--store", str(store_copy), "--add-remote", str(working))[0] == 0
+    configs = [(store_copy / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")]
+    code, _, err = _cli(
+        capsys,
+        "push",
+        "--store",
+        str(store_copy),
+        "--add-remote",
+        "s3://nowhere/x",
+        "--endpoint-url",
+        "http://127.0.0.1:1",
+    )
+    assert code == 2 and "s3://nowhere/x" in err, err
+    assert [(store_copy / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")] == configs
+    code, _, err = _cli(capsys, "push", "--store", str(store_copy), "--endpoint-url", "http://127.0.0.1:1")
+    assert code == 2 and "--add-remote" in err, err  # it was ignored without a word
+
+
 def test_a_colleagues_store_made_by_pull_is_a_store_like_any(
     store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
