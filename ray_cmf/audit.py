@@ -117,12 +117,17 @@ def _tracked_status(store: Store, md5: str, path: Path) -> str:
 
 def pull(store: Store) -> list[Path]:
     """Bring back every file of the store that is missing here, from its remote by md5 (into the DVC cache,
-    then its place in the store, with its ``.dvc`` file). Returns the files restored."""
+    then its place in the store, with its ``.dvc`` file), and the cache object of one that is here without
+    it. Returns the files restored."""
     remote = store.require_remote()
     restored = []
     recorded = list(_recorded(store))
     for _, md5, path, _lost in track(recorded, f"pulling from {remote.url}", len(recorded)):
-        if path.exists() or md5.endswith(".dir") or not path.is_relative_to(store.root) or store.escapes(path):
+        if md5.endswith(".dir") or not path.is_relative_to(store.root) or store.escapes(path):
+            continue
+        if path.exists():
+            if not cache_path(store.root, md5).is_file() and store.fetch(md5) is not None:
+                restored.append(path)  # its cache object, which reads and verify take its content from
             continue
         cached = store.fetch(md5)
         if cached is None:

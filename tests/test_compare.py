@@ -288,6 +288,21 @@ def test_a_push_to_a_remote_that_cannot_be_reached_keeps_the_remote_there_was(
     assert code == 2 and "--add-remote" in err, err  # it was ignored without a word
 
 
+def test_pull_brings_back_a_lost_cache_as_well_as_lost_files(
+    store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the DVC cache and ``artifacts/`` lost, ``pull`` restored the series files, but ``verify`` then still
+    failed: the package lists (``environments/``), still there, had no cache object, and nothing said how to
+    get it back (a new user). ``pull`` fetches the cache object of a file that is there too."""
+    assert _cli(capsys, "push", "--store", str(store_copy), "--add-remote", str(tmp_path / "remote"))[0] == 0
+    shutil.rmtree(store_copy / ".dvc" / "cache")
+    shutil.rmtree(store_copy / "artifacts")
+    code, _, err = _cli(capsys, "pull", "--store", str(store_copy))
+    assert code == 0, err
+    code, out, _ = _cli(capsys, "verify", "--store", str(store_copy), "--json")
+    assert code == 0, [f for f in json.loads(out) if f["status"] not in ("ok", "superseded")]
+
+
 def test_a_colleagues_store_made_by_pull_is_a_store_like_any(
     store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
