@@ -694,7 +694,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tag(args: argparse.Namespace) -> int:
     sweep = _curated_sweep(args, args.trial)
-    tags = dict(_key_value(text) for text in args.tags)
+    tags: dict[str, str] = {}
+    for key, value in map(_key_value, args.tags):
+        if key in tags and tags[key] != value:
+            raise RayCmfError(f"tag {key!r} is given twice, as {tags[key]!r} and {value!r}: which is it?")
+        tags[key] = value
     if not tags and not args.remove:
         raise RayCmfError("name a tag to set (key=value) or one to --remove")
     sweep.tag(args.trial, remove=args.remove or (), **tags)

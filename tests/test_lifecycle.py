@@ -1628,3 +1628,11 @@ def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(
     store = str(_sweep(tmp_path / "store").root)
     assert main(["export", "--store", store, "-o", str(tmp_path / "out.csv")]) == 130
     assert capsys.readouterr().err == "ray-cmf export: interrupted\n"
+
+
+def test_a_tag_given_twice_with_two_values_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tag T a=1 a=2`` kept the last value without a word (a new user)."""
+    store = str(_sweep(tmp_path / "store").root)
+    assert main(["tag", "a", "team=x", "team=y", "--store", store]) == 2
+    assert "tag 'team' is given twice, as 'x' and 'y'" in capsys.readouterr().err
+    assert "tag/team" not in Sweep(store).trials().columns
