@@ -20,6 +20,7 @@ SEQUENCE_COLUMN = "SequenceNumber"
 ATTEMPT_COLUMN = "attempt"  # which start of a restored trial or restarted run logged a row
 ATTEMPT_PROPERTY = "attempt"  # an execution's starts so far, as the store counts them
 REPORT_STARTS_PROPERTY = "report_starts"  # a Train run's CmfTrainCallback starts: its report series' attempts
+WORKER_STARTS_PROPERTY = "worker_starts"  # a Train run's worker-group starts, over every fit of it: their series
 SUMMARY_KEY = "ray_cmf.summary"  # Parquet footer key: per-column min/max/last and the row count
 
 PIPELINE_CONTEXT_TYPE = "Parent_Context"

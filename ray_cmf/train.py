@@ -48,6 +48,7 @@ from ray_cmf.constants import (
     THROUGHPUT,
     TRIAL_PROPERTY,
     WORKER_GROUP_COLUMN,
+    WORKER_STARTS_PROPERTY,
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
@@ -743,12 +744,12 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
         wait for it."""
         self._worker_groups += 1
         self._record_rank0(worker_group)
-        self._rt()  # the run and its config are recorded now: a run its driver's end cuts short is known
+        rt = self._rt()  # the run and its config are recorded now: a run its driver's end cuts short is known
         if self.system_metrics is None:
             return
         run, run_id = self._run_context.get_run_config().name, _run_id(self._run_context)
-        group = "" if self._worker_groups == 1 else f"-{self._worker_groups}"  # one process per series
         try:
+            group = self._group_suffix(rt)
             for worker in worker_group.get_workers():
                 rank, meta = worker.distributed_context.world_rank, worker.metadata
                 self._watches.append(
@@ -765,6 +766,15 @@ class CmfTrainCallback(ControllerCallback, WorkerGroupCallback, ReportCallback, 
             worker_group.execute(_leave_sampling_to_the_node)
         except Exception as exc:  # logging never kills training
             log.warning("ray_cmf: the run's workers will not be sampled: %s: %s", type(exc).__name__, exc)
+
+    @staticmethod
+    def _group_suffix(rt: _CallbackRuntime) -> str:
+        """What names this worker group's series: none for the run's first, ``-N`` for its N-th start over every
+        fit of the run (Ray's restart of its workers, a restored Tune trial's, the run name used again), so
+        that no start's samples go on in another's series."""
+        starts = rt.writer.send(StoreWriter.count_start, binding=rt.binding, counter=WORKER_STARTS_PROPERTY)
+        started = starts.result(timeout=_BIND_TIMEOUT_S).attempt
+        return "" if started == 1 else f"-{started}"
 
     def _record_rank0(self, worker_group: Any) -> None:
         """Rank 0's host and node (where StepLogger records its hardware too): for a run that never uses it."""

@@ -393,6 +393,11 @@ def test_a_run_name_used_again_in_one_store_continues_its_reports_as_a_later_att
     assert run["steps"] == len(once[once["rank"] == 0])
     steps = _series(tmp_path, "train_steps").steps()
     assert steps["step"].tolist() == list(range(SYNC_EVERY, STEPS + 1, SYNC_EVERY))  # as before: no duplicates
+    # each fit's workers are sampled into series of their own: the second fit's went on in the first's series,
+    # its steps numbered from 1 again, as after a Tune restore of a trial that runs a TorchTrainer (a new user)
+    tables = _system_tables(tmp_path / "store")
+    assert len(tables) == 4 and all(len({r["pid"] for r in t}) == 1 for t in tables), [len(t) for t in tables]
+    assert all([r["step"] for r in t] == list(range(1, len(t) + 1)) for t in tables)
 
 
 def test_single_worker(ray_session: None, tmp_path: Path) -> None:
