@@ -441,6 +441,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         "deleted_at": row.get(DELETED_COLUMN),
         "environment": sweep.environment(args.trial),
         "execution_metrics": sweep.execution_metrics(args.trial),
+        "runs": sweep.runs(args.trial),
         "files": files,
         "last_rows": _frame_rows(last),
     }
@@ -467,6 +468,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         console.print(f"note: {shown_text(str(payload['note']))}", markup=False, highlight=False, soft_wrap=True)
     if payload["error"]:
         console.print(f"error: {payload['error']}", markup=False, highlight=False, soft_wrap=True)
+    for run in payload["runs"]:  # a trial that caught its run's failure is COMPLETE itself
+        ended = f"{run['status']}  {_headline(run['error'])}" if run["error"] else run["status"]
+        config = "  ".join(f"{k}={_python(v)!r}" for k, v in run["config"].items())
+        console.print(
+            f"train run {run['run']}: {ended}  config: {config}", markup=False, highlight=False, soft_wrap=True
+        )
     environment = [{"field": k, "value": v} for k, v in payload["environment"].items()]
     _emit(args, environment, "environment and seeds", digits=MOST)  # one trial's whole record: exact
     if payload["execution_metrics"]:

@@ -989,6 +989,24 @@ class Sweep:
         text."""
         return _own_config(self._properties(trial_id))
 
+    def runs(self, trial_id: str) -> list[dict[str, Any]]:
+        """The Train runs inside a trial (a TorchTrainer its trainable ran), oldest first: each one's name, how
+        it ended (its ``status``, and ``error`` where it failed) and its own config (its ``train_loop_config``):
+        a trial that caught its run's failure reads COMPLETE itself."""
+        self.executions()  # the runs are found with the trials
+        runs = []
+        for run in self._runs.get(self._execution(trial_id).id, []):
+            props = properties(run)
+            runs.append(
+                {
+                    "run": props.get("run_name", run.name),
+                    "status": _status(run, props),
+                    "error": props.get(ERROR_PROPERTY),
+                    "config": _own_config(props),
+                }
+            )
+        return runs
+
     def configs(self) -> dict[str, dict[str, Any]]:
         """Every trial's own config, by trial id, as :meth:`config` gives each, read in one pass."""
         return {self.key(e): _own_config(properties(e)) for e, _ in self.executions()}

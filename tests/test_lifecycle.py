@@ -1636,3 +1636,43 @@ def test_a_tag_given_twice_with_two_values_is_refused(tmp_path: Path, capsys: py
     assert main(["tag", "a", "team=x", "team=y", "--store", store]) == 2
     assert "tag 'team' is given twice, as 'x' and 'y'" in capsys.readouterr().err
     assert "tag/team" not in Sweep(store).trials().columns
+
+
+def test_show_names_the_train_runs_inside_a_trial_with_their_state_error_and_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trial that caught its TorchTrainer's failure read COMPLETE everywhere; its run's FAILED, its error and
+    its ``train_loop_config`` (keys the trial's config lacks) were in the store only: no reader showed them
+    (a new user)."""
+    from ray_cmf.binding import SeriesKey
+    from ray_cmf.client import WriterClient
+    from ray_cmf.constants import RUN_EXECUTION_TYPE, TRIAL_PROPERTY
+    from ray_cmf.lineage import config_properties
+    from ray_cmf.writer import StoreWriter
+
+    store = write_trials(tmp_path / "store", [Trial("t", {"lr": 0.1}, {"": _rows(1.0)})])
+    client = WriterClient(StoreWriter(store))
+    trial = client.call(StoreWriter.binding, kind="trial", name="t")
+    binding = client.call(
+        StoreWriter.bind,
+        kind="run",
+        name="train@t",
+        pipeline="sweep",
+        stage="exp",
+        type_name=RUN_EXECUTION_TYPE,
+        props={TRIAL_PROPERTY: "t", "run_name": "train", **config_properties({"lr": 0.1, "layers": 4})},
+        trial=trial,
+    )
+    key = SeriesKey(binding, "train_steps")
+    buffer = MetricBuffer(sink=client.sink(key))
+    buffer.append({"step": 1, "loss": 0.5})
+    buffer.close()
+    client.call(StoreWriter.commit, key=key)
+    error = "rank 1: RuntimeError: boom"
+    client.call(StoreWriter.end, binding=binding, props={"status": "FAILED", "error": error}, state="FAILED")
+    code, shown = _cli(capsys, "show", "t", "--store", str(store.root))
+    assert code == 0 and shown["status"] == "COMPLETE"
+    assert shown["runs"] == [{"run": "train", "status": "FAILED", "error": error, "config": {"lr": 0.1, "layers": 4}}]
+    assert main(["show", "t", "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "train run train: FAILED  rank 1: RuntimeError: boom" in out and "layers=4" in out, out
