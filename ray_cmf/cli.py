@@ -515,9 +515,11 @@ def _bookkeeping(field: str) -> bool:
 
 def _output(path: str) -> Path:
     """Where a command writes its file: its directory is made, and a directory itself is refused."""
-    target = Path(path)
+    target = Path(path).resolve() if Path(path).is_symlink() else Path(path)  # written through a link, not over it
     if target.is_dir():
         raise RayCmfError(f"-o {path!r} is a directory; name the file to write")
+    if target.exists() and not target.is_file():  # a device (/dev/full), a pipe: a file is written whole, renamed
+        raise RayCmfError(f"cannot write {path}: not a regular file (a command writes a file whole, then renames it)")
     try:  # before the work: a file can be made there
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=target.parent):
@@ -605,7 +607,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    if args.endpoint_url and not args.add_remote:
+    if args.endpoint_url is not None and not args.add_remote:
         raise RayCmfError("--endpoint-url names the server of the remote --add-remote sets; give both")
     store = _store_dir(args)
     if args.add_remote:
@@ -706,6 +708,8 @@ def cmd_tag(args: argparse.Namespace) -> int:
         if key in tags and tags[key] != value:
             raise RayCmfError(f"tag {key!r} is given twice, as {tags[key]!r} and {value!r}: which is it?")
         tags[key] = value
+    if both := sorted(set(tags) & set(args.remove or ())):
+        raise RayCmfError(f"tag {both[0]!r} is both set ({both[0]}={tags[both[0]]}) and removed: which is it?")
     if not tags and not args.remove:
         raise RayCmfError("name a tag to set (key=value) or one to --remove")
     sweep.tag(args.trial, remove=args.remove or (), **tags)
@@ -766,7 +770,11 @@ def _confirmed(args: argparse.Namespace, question: str) -> bool:
     """Whether to go on: ``--yes``, not a terminal, or the user says so."""
     if args.yes or not sys.stdin.isatty():
         return True
-    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:  # Ctrl-D: no
+        print(file=sys.stderr)
+        return False
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -59,7 +59,7 @@ class Remote:
         except Exception as exc:
             where = f"{self.url} (endpoint {self.endpoint_url})" if self.endpoint_url else self.url
             raise StoreError(
-                f"The store's remote {where} failed: {type(exc).__name__}: {exc}. Is it up, and are the "
+                f"The remote {where} failed: {type(exc).__name__}: {exc}. Is it up, and are the "
                 "credentials (AWS_ACCESS_KEY_ID, ~/.aws) right? `ray-cmf push --add-remote` changes it"
             ) from exc
 

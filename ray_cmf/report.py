@@ -122,7 +122,7 @@ def _hover_config(trials: pd.DataFrame, configs: Mapping[str, Mapping[str, Any]]
     texts = _shorts([[config.get(k) for k in keys] for config in own])  # None: blank, for the table
     return {
         str(trial_id): ", ".join(
-            _plain(f"{k}={'None' if config[k] is None else _clip(text)}")
+            _templated(f"{k}={'None' if config[k] is None else _clip(text)}")
             for k, text in zip(keys, line, strict=True)
             if k in config
         )
@@ -173,6 +173,12 @@ def _cell(text: str, attributes: str = "") -> str:
 def _plain(text: str) -> str:
     """A text as plotly shows it as written: it reads tags (``<b>``) and entities in what it draws."""
     return html.escape(text, quote=False)
+
+
+def _templated(text: str) -> str:
+    """A text inside a plotly ``hovertemplate``, as written: plain (see :func:`_plain`), and a ``%{`` of its
+    own kept from reading as a placeholder (a zero-width space after the ``%``)."""
+    return _plain(text).replace("%{", "%\u200b{")
 
 
 @dataclass
@@ -236,7 +242,7 @@ def _curves(
         drawn = drawable(shown)
         keep = np.union1d(downsample(x, shown, max_points, mode), _beside_breaks(drawn)[:max_points])
         colour = PALETTE[number % len(PALETTE)]
-        name = html.escape(label)
+        name = _templated(label)
         if len(keep):
             xs, ys = _broken(x, y, keep, drawn)
             dots = _dots(xs)
@@ -252,10 +258,10 @@ def _curves(
                     "line": {"width": 1.2, "color": colour},
                     "marker": {"size": dots, "color": colour},
                     "hovertemplate": f"<b>{name}</b><br>{hover.get(trial_id, '')}"
-                    f"<br>step %{{x}}<br>{html.escape(metric)} %{{y:.5g}}<extra></extra>",
+                    f"<br>step %{{x}}<br>{_templated(metric)} %{{y:.5g}}<extra></extra>",
                 }
             )
-        traces += _off_the_plot(span, x, y, max_points, label, trial_id, colour, f"{html.escape(metric)} %{{text}}")
+        traces += _off_the_plot(span, x, y, max_points, label, trial_id, colour, f"{_templated(metric)} %{{text}}")
     return traces
 
 
@@ -306,7 +312,7 @@ def _off_the_plot(
             "y": [edges[k] for k in kinds],
             "text": [jsonable(float(v)) for v in y[odd]],
             "marker": {"color": colour, "size": 9, "symbol": [_DIVERGED[k] for k in kinds]},
-            "hovertemplate": f"<b>{html.escape(label)}</b><br>step %{{x}}<br>{hover}<extra></extra>",
+            "hovertemplate": f"<b>{_templated(label)}</b><br>step %{{x}}<br>{hover}<extra></extra>",
         }
     ]
 
@@ -389,13 +395,11 @@ def _group_curves(
                 "y": mean[keep].tolist(),
                 "customdata": counts,
                 "line": {"width": 1.8, "color": colour},
-                "hovertemplate": f"<b>{html.escape(label)}</b><br>step %{{x}}<br>mean {html.escape(metric)} "
+                "hovertemplate": f"<b>{_templated(label)}</b><br>step %{{x}}<br>mean {_templated(metric)} "
                 "%{y:.5g} over %{customdata} trials<extra></extra>",
             }
         )
-        traces += _off_the_plot(
-            span, x, mean, max_points, label, label, colour, f"mean {html.escape(metric)} %{{text}}"
-        )
+        traces += _off_the_plot(span, x, mean, max_points, label, label, colour, f"mean {_templated(metric)} %{{text}}")
     return traces
 
 
@@ -534,7 +538,7 @@ def _params(trials: pd.DataFrame, metric: str) -> list[dict[str, Any]]:
                     "x": _floats(trials[f"config/{key}"]),
                     "y": best,
                     "text": [_plain(str(trial)) for trial in trials["trial_id"]],
-                    "hovertemplate": f"%{{text}}<br>{html.escape(key)}=%{{x}}<br>best {html.escape(metric)}"
+                    "hovertemplate": f"%{{text}}<br>{_templated(key)}=%{{x}}<br>best {_templated(metric)}"
                     "=%{y:.5g}<extra></extra>",
                 },
             }

@@ -1676,3 +1676,52 @@ def test_show_names_the_train_runs_inside_a_trial_with_their_state_error_and_con
     assert main(["show", "t", "--store", str(store.root)]) == 0
     out = capsys.readouterr().out
     assert "train run train: FAILED  rank 1: RuntimeError: boom" in out and "layers=4" in out, out
+
+
+def test_an_output_through_a_link_is_written_where_it_points_and_a_device_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report -o link.html`` replaced the symlink with a file (its target stayed empty), and, as root,
+    ``-o /dev/full`` and ``-o /dev/stdout`` replaced the device and the link in /dev (a new user): the
+    atomic write renamed its file over whatever the path was."""
+    store = str(_sweep(tmp_path / "store").root)
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link.csv"
+    link.symlink_to(tmp_path / "real" / "steps.csv")
+    assert main(["export", "--store", store, "-o", str(link)]) == 0
+    assert link.is_symlink() and (tmp_path / "real" / "steps.csv").read_text().startswith("trial_id")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert main(["report", "--store", store, "-o", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err and fifo.is_fifo()
+
+
+def test_a_tag_both_set_and_removed_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(_sweep(tmp_path / "store").root)
+    assert main(["tag", "a", "team=x", "--remove", "team", "--store", store]) == 2
+    assert "tag 'team' is both set (team=x) and removed" in capsys.readouterr().err
+
+
+def test_ctrl_d_at_the_delete_prompt_is_no(tmp_path: Path) -> None:
+    """Ctrl-D (end of input) at ``delete``'s ``[y/N]`` printed an EOFError traceback (a new user)."""
+    import pty
+
+    store = _sweep(tmp_path / "store")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-m", "ray_cmf.cli", "delete", "a", "--store", str(store.root)])
+    output = b""
+    while b"[y/N]" not in output:
+        output += os.read(fd, 1024)
+    os.write(fd, b"\x04")  # Ctrl-D
+    while True:
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1 and b"Traceback" not in output, output
+    assert b"nothing changed" in output and len(Sweep(store.root).trials()) == 4

@@ -398,6 +398,18 @@ def test_the_hover_names_only_a_trials_own_config_keys(tmp_path: Path) -> None:
     assert hovers == {"own": "a=1, lr=0.5, nested.c=None", "other": 'a=2, lr=NaN, tag=""'}, hovers
 
 
+def test_a_name_holding_a_hover_placeholder_is_shown_as_written(tmp_path: Path) -> None:
+    """A trial named ``p%{y}q`` hovered as ``p0.125q``: plotly filled the ``%{y}`` of its name in the curve's
+    hovertemplate (a new user). A ``%{`` of a name or value no longer reads as a placeholder."""
+    from tests._stores import Trial, write_trials
+
+    trials = [Trial("p%{y}q", {"opt": "%{x}"}, {"": [{"training_iteration": 1, "l%{y}": 0.125}]})]
+    data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
+    [trace] = data["sections"][0]["traces"]
+    placeholders = re.findall(r"%\{[^}]*\}", trace["hovertemplate"])
+    assert placeholders == ["%{x}", "%{y:.5g}"], trace["hovertemplate"]  # the step and the value: plotly's own
+
+
 def _losses(scale: float) -> dict[str, list[dict[str, Any]]]:
     return {"": [{"training_iteration": i + 1, "loss": scale / (i + 1)} for i in range(3)]}
 
