@@ -538,18 +538,9 @@ def test_show_quotes_a_tag_or_note_that_would_read_as_another(
 
 
 def test_delete_asks_on_a_terminal(tmp_path: Path) -> None:
-    import pty
-
     store = _sweep(tmp_path / "store")
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: ray-cmf on a terminal, answering "n"
-        os.execv(sys.executable, [sys.executable, "-m", "ray_cmf.cli", "delete", "a", "--store", str(store.root)])
-    output = b""
-    while b"[y/N]" not in output:
-        output += os.read(fd, 1024)
-    os.write(fd, b"n\n")
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 1 and len(Sweep(store.root).trials()) == 4
+    code, _ = _on_a_terminal(["delete", "a", "--store", str(store.root)], answer=(b"[y/N]", b"n\n"))
+    assert code == 1 and len(Sweep(store.root).trials()) == 4
 
 
 def test_gc_frees_only_what_deleted_trials_alone_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -1536,9 +1527,9 @@ def test_options_may_come_between_the_trial_and_its_tags(tmp_path: Path, capsys:
     assert exited.value.code == 2 and "--colour" in capsys.readouterr().err
 
 
-def _on_a_terminal(argv: list[str], columns: int, interrupt_after: bytes | None = None) -> tuple[int, str]:
-    """``ray-cmf argv`` run on a terminal ``columns`` wide (Ctrl-C sent once ``interrupt_after`` shows):
-    its exit code and what it printed, without colours."""
+def _on_a_terminal(argv: list[str], columns: int = 80, answer: tuple[bytes, bytes] | None = None) -> tuple[int, str]:
+    """``ray-cmf argv`` run on a terminal ``columns`` wide (``answer``: once its first text shows, type its
+    second): its exit code and what it printed, without colours."""
     import pty
 
     pid, fd = pty.fork()
@@ -1554,9 +1545,9 @@ def _on_a_terminal(argv: list[str], columns: int, interrupt_after: bytes | None 
         if not chunk:
             break
         output += chunk
-        if interrupt_after is not None and interrupt_after in output:
-            os.kill(pid, signal.SIGINT)
-            interrupt_after = None
+        if answer is not None and answer[0] in output:
+            os.write(fd, answer[1])
+            answer = None
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", output.decode()).replace("\r", "")
 
@@ -1704,24 +1695,7 @@ def test_a_tag_both_set_and_removed_is_refused(tmp_path: Path, capsys: pytest.Ca
 
 def test_ctrl_d_at_the_delete_prompt_is_no(tmp_path: Path) -> None:
     """Ctrl-D (end of input) at ``delete``'s ``[y/N]`` printed an EOFError traceback (a new user)."""
-    import pty
-
     store = _sweep(tmp_path / "store")
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execv(sys.executable, [sys.executable, "-m", "ray_cmf.cli", "delete", "a", "--store", str(store.root)])
-    output = b""
-    while b"[y/N]" not in output:
-        output += os.read(fd, 1024)
-    os.write(fd, b"\x04")  # Ctrl-D
-    while True:
-        try:
-            chunk = os.read(fd, 1024)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 1 and b"Traceback" not in output, output
-    assert b"nothing changed" in output and len(Sweep(store.root).trials()) == 4
+    code, out = _on_a_terminal(["delete", "a", "--store", str(store.root)], answer=(b"[y/N]", b"\x04"))  # Ctrl-D
+    assert code == 1 and "Traceback" not in out, out
+    assert "nothing changed" in out and len(Sweep(store.root).trials()) == 4
