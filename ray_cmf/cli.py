@@ -459,8 +459,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for link in RESTART_COLUMNS:
         if payload[link]:
             console.print(f"{link.replace('_', ' ')} {payload[link]}", markup=False, highlight=False)
-    config = "  ".join(f"{k}={_python(v)!r}" for k, v in payload["config"].items())
-    console.print(f"config: {config}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"config: {_config_line(payload['config'])}", markup=False, highlight=False, soft_wrap=True)
     if payload["tags"]:
         tags = "  ".join(f"{k}={shown_text(str(v))}" for k, v in payload["tags"].items())
         console.print(f"tags: {tags}", markup=False, highlight=False, soft_wrap=True)
@@ -470,10 +469,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         console.print(f"error: {payload['error']}", markup=False, highlight=False, soft_wrap=True)
     for run in payload["runs"]:  # a trial that caught its run's failure is COMPLETE itself
         ended = f"{run['status']}  {_headline(run['error'])}" if run["error"] else run["status"]
-        config = "  ".join(f"{k}={_python(v)!r}" for k, v in run["config"].items())
-        console.print(
-            f"train run {run['run']}: {ended}  config: {config}", markup=False, highlight=False, soft_wrap=True
-        )
+        line = f"train run {run['run']}: {ended}  config: {_config_line(run['config'])}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     environment = [{"field": k, "value": v} for k, v in payload["environment"].items()]
     _emit(args, environment, "environment and seeds", digits=MOST)  # one trial's whole record: exact
     if payload["execution_metrics"]:
@@ -484,6 +481,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     several = any(SERIES_COLUMN in row for row in payload["last_rows"])
     _emit(args, payload["last_rows"], f"last {args.rows} rows" + (" of each series" * several), digits=MOST)
     return EXIT_OK
+
+
+def _config_line(config: Mapping[str, Any]) -> str:
+    """A config on one line, each value as Python writes it (``lr=0.1  opt='NaN'``)."""
+    return "  ".join(f"{k}={_python(v)!r}" for k, v in config.items())
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
