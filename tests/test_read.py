@@ -996,6 +996,23 @@ def test_a_trial_reads_in_logged_order_beside_a_retried_one(tmp_path: Path) -> N
     assert (read["loss_final"], read["steps"]) == (12.0, 6)
 
 
+def test_a_retried_trials_neighbours_read_bit_for_bit_in_logged_order(tmp_path: Path) -> None:
+    """As above, with what real trials log: a unicode metric of NaN, ±inf, -0.0 and a subnormal, a key only
+    some rows carry, and several executions (a retried one among them), read in logged order bit for bit."""
+    values = [math.nan, math.inf, -0.0, 5e-324, -math.inf, 1.5]
+    odd = [{"step": i % 3, "λ_ü": v, **({"extra": i} if i % 2 else {})} for i, v in enumerate(values)]
+    plain = [{"step": s, "λ_ü": float(s)} for s in range(3)]
+    trials = [Trial("odd", series={"": odd}), Trial("plain", series={"": plain}), Trial("r", series={"": plain})]
+    store = write_trials(tmp_path / "store", trials, sweep="s", start=True)
+    write_trials(tmp_path / "store", [Trial("r", series={"": plain[1:]})], sweep="s", start=True)  # a retry
+    steps = Sweep(store).steps(["λ_ü", "extra"], exact=True)
+    rows = steps[steps["trial_id"] == "odd"]
+    assert rows["step"].tolist() == [r["step"] for r in odd]
+    assert all(same(r["λ_ü"], v) for r, v in zip(odd, rows["λ_ü"].tolist(), strict=True))
+    assert [None if pd.isna(v) else v for v in rows["extra"]] == [r.get("extra") for r in odd]
+    assert steps[steps["trial_id"] == "r"]["λ_ü"].tolist() == [0.0, 1.0, 2.0]  # the retry's from step 1 on
+
+
 _ATTEMPT_ROWS = st.lists(  # each row: logged with a step?, the step past the attempt's start, its value
     st.tuples(st.booleans(), st.integers(0, 3), floats), max_size=5
 )
