@@ -522,6 +522,8 @@ def _output(path: str) -> Path:
         raise RayCmfError(f"-o {path!r} is a directory; name the file to write")
     if target.exists() and not target.is_file():  # a device (/dev/full), a pipe: a file is written whole, renamed
         raise RayCmfError(f"cannot write {path}: not a regular file (a command writes a file whole, then renames it)")
+    if in_the_way := next((p for p in target.parents if p.exists() and not p.is_dir()), None):
+        raise RayCmfError(f"cannot write {path}: {in_the_way} is a file, not a directory")
     try:  # before the work: a file can be made there
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=target.parent):

@@ -1687,6 +1687,16 @@ def test_an_output_through_a_link_is_written_where_it_points_and_a_device_is_ref
     assert "not a regular file" in capsys.readouterr().err and fifo.is_fifo()
 
 
+def test_an_output_under_a_file_names_the_file_in_the_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``export -o notes.txt/steps.csv``, where ``notes.txt`` is a file, said only "File exists" (a new user)."""
+    store = str(_sweep(tmp_path / "store").root)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["export", "--store", store, "-o", str(tmp_path / "notes.txt" / "steps.csv")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'notes.txt'} is a file, not a directory" in err, err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_a_tag_both_set_and_removed_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = str(_sweep(tmp_path / "store").root)
     assert main(["tag", "a", "team=x", "--remove", "team", "--store", store]) == 2
