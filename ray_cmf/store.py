@@ -41,7 +41,7 @@ from ray_cmf.constants import (
     VALUES_JSON,
 )
 from ray_cmf.environment import Environment
-from ray_cmf.errors import MetricsNotFoundError, StoreError
+from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, StoreError
 from ray_cmf.exits import holder
 from ray_cmf.lineage import Artifact, Context, Execution, Lineage, Output, collected, config_json, properties
 from ray_cmf.remote import Remote
@@ -197,10 +197,15 @@ class Store:
         from the current directory, as every other path a command is given. ``check``: try it first.
 
         Raises:
+            InvalidArgumentError: ``endpoint_url`` for a remote that is not ``s3://``.
             StoreError: ``check``, and the remote does not answer or refuses the credentials: the store keeps
                 the remote it had.
         """
         remote = Remote(url if "://" in url else os.path.normpath(Path(url).absolute()), endpoint_url)
+        if endpoint_url is not None and not remote.is_s3:
+            raise InvalidArgumentError(
+                f"endpoint URL {endpoint_url!r} is for an s3:// remote (an S3 server); {url!r} is a directory"
+            )
         if check:
             remote.exists("0" * 32)  # one that does not answer, or refuses the credentials: StoreError
         self.dvc.add_remote("default", remote.url, endpoint_url=endpoint_url)

@@ -286,6 +286,12 @@ def test_a_push_to_a_remote_that_cannot_be_reached_keeps_the_remote_there_was(
     assert [(store_copy / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")] == configs
     code, _, err = _cli(capsys, "push", "--store", str(store_copy), "--endpoint-url", "http://127.0.0.1:1")
     assert code == 2 and "--add-remote" in err, err  # it was ignored without a word
+    # a directory with an endpoint: DVC's "extra keys not allowed" (a new user)
+    code, _, err = _cli(
+        capsys, "push", "--store", str(store_copy), "--add-remote", str(tmp_path / "r"), "--endpoint-url", "http://x"
+    )
+    assert code == 2 and "is for an s3:// remote" in err and "extra keys" not in err, err
+    assert [(store_copy / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")] == configs
 
 
 def test_pull_brings_back_a_lost_cache_as_well_as_lost_files(
