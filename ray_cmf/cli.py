@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
@@ -29,9 +29,21 @@ from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, MLMD_FILE, STORE
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials
-from ray_cmf.lineage import Lineage, properties, property_of, shown_executions, trial_id_of, tune_id_of_key
+from ray_cmf.lineage import (
+    Execution,
+    Lineage,
+    properties,
+    property_of,
+    shown_executions,
+    state_name,
+    trial_id_of,
+    tune_id_of_key,
+)
 from ray_cmf.results import TUNE_BOOKKEEPING, summary_kinds
 from ray_cmf.store import Store
+
+if TYPE_CHECKING:
+    from ray_cmf.recovery import RecoveredSeries
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # as a shell reports a command Ctrl-C ended (128 + SIGINT)
@@ -53,9 +65,11 @@ def _as_values(value: Any) -> Any:
     return value
 
 
-def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str, *, digits: int = 6) -> None:
+def _emit(
+    args: argparse.Namespace, rows: list[dict[str, Any]], title: str, *, digits: int = 6, empty: str = "none"
+) -> None:
     """Print rows as strict JSON (``--json``) or as a rich table, its floats to ``digits`` significant digits
-    or as many more as tell them apart (see :func:`_cells`)."""
+    or as many more as tell them apart (see :func:`_cells`); ``empty``: what the title says of no rows."""
     if args.json:
         _print_json(rows)
         return
@@ -64,7 +78,7 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], title: str, *, d
 
     console = _console()
     if not rows:
-        console.print(f"{title}: none", soft_wrap=True, markup=False)
+        console.print(f"{title}: {empty}", soft_wrap=True, markup=False)
         return
     table = Table(title=Text(title), title_justify="left")  # Text: a value's "[red]" is no style to rich
     columns = list(dict.fromkeys(k for row in rows for k in row))
@@ -637,11 +651,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     store = _existing(args)
     spills = commit_spills(store, force=args.force)  # then mark the crashed ones: recover()'s two halves
-    crashed = [{"execution": e.name, "status": "CRASHED"} for e in mark_crashed(store)]
-    rows = [{k: properties(a)[k] for k in ("metrics_name", "rows", "url")} for a in spills.committed]
-    _emit(args, rows, "recovered metrics")
-    if crashed and not args.json:  # (their status is in `trials --json`)
-        _emit(args, crashed, "executions whose process is gone, now marked")
+    crashed = mark_crashed(store)
+    _emit(args, _recovered_rows(store, spills.committed, crashed), "recovered", empty="nothing to recover")
     if spills.skipped:
         alive = "".join(f"\n  {directory} (pid {pid})" for directory, pid in spills.skipped.items())
         print(
@@ -660,6 +671,25 @@ def cmd_recover(args: argparse.Namespace) -> int:
         print(f"ray-cmf: {RecoveryError(spills.failed, spills.committed)}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _recovered_rows(store: Store, series: list[RecoveredSeries], crashed: list[Execution]) -> list[dict[str, Any]]:
+    """A row per series recover committed, and per run it marked crashed with none: the run (its execution's
+    name) and the state it is left in, then the series' name, rows and file (a file that runs whose rows are
+    alike share)."""
+    ids = list(dict.fromkeys([s.execution_id for s in series] + [e.id for e in crashed]))
+    runs = {e.id: e for e in store.lineage.store.get_executions_by_id(ids)}
+
+    def run(execution_id: int) -> dict[str, Any]:
+        execution = runs[execution_id]
+        return {"execution": execution.name, "status": properties(execution).get("status") or state_name(execution)}
+
+    rows = [
+        {**run(s.execution_id), "metrics_name": s.metrics_name, "rows": s.rows, "url": properties(s.artifact)["url"]}
+        for s in series
+    ]
+    with_series = {s.execution_id for s in series}
+    return rows + [run(e.id) for e in crashed if e.id not in with_series]
 
 
 def cmd_report(args: argparse.Namespace) -> int:

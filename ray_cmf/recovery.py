@@ -28,7 +28,18 @@ def _alive(manifest: SpillManifest) -> bool:
     return process_alive(manifest.host, manifest.pid) is True
 
 
-def _register(store: Store, manifest: SpillManifest, finished: FinishedFile) -> Artifact:
+@dataclass(frozen=True)
+class RecoveredSeries:
+    """A spilled series that recover committed: whose it is, how many rows its version holds, and the artifact
+    (which a run whose rows are alike another's shares with it: files are content-addressed)."""
+
+    execution_id: int
+    metrics_name: str
+    rows: int
+    artifact: Artifact
+
+
+def _register(store: Store, manifest: SpillManifest, finished: FinishedFile) -> RecoveredSeries:
     """Record a recovered series' file as the artifact it would have been (marked ``recovered``)."""
     artifact = store.commit_metrics(
         manifest.execution_id,
@@ -39,7 +50,7 @@ def _register(store: Store, manifest: SpillManifest, finished: FinishedFile) -> 
         also_output_of=manifest.also_output_of,
     )
     store.update_execution(manifest.execution_id, {RECOVERED: True})
-    return artifact
+    return RecoveredSeries(manifest.execution_id, manifest.metrics_name, finished.rows, artifact)
 
 
 def mark_crashed(store: Store) -> list[Execution]:
@@ -91,18 +102,23 @@ def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool 
     spills = commit_spills(store, force=force)
     mark_crashed(store)
     if spills.failed:
-        raise RecoveryError(spills.failed, spills.committed)
-    return spills.committed
+        raise RecoveryError(spills.failed, spills.artifacts)
+    return spills.artifacts
 
 
 @dataclass
 class Spills:
     """What :func:`commit_spills` did with a store's dangling spills, by spill directory."""
 
-    committed: list[Artifact] = field(default_factory=list)  # the artifacts made
+    committed: list[RecoveredSeries] = field(default_factory=list)
     failed: dict[Path, Exception] = field(default_factory=dict)  # could not be committed, and why
     skipped: dict[Path, int] = field(default_factory=dict)  # the pid of a writer still alive (without force)
     held: dict[Path, int] = field(default_factory=dict)  # the pid of a writer that still writes it (even with force)
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        """The artifacts of the committed series, in commit order."""
+        return [series.artifact for series in self.committed]
 
 
 def commit_spills(store: Store, *, force: bool = False) -> Spills:

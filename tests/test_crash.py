@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -189,6 +190,27 @@ def test_a_spill_that_cannot_be_committed_does_not_stop_the_others(store_dir: Pa
     table = Sweep(store_dir, "crash", metrics_name="train").trials()
     assert sorted(table["steps"].tolist()) in ([0, 2000], [0, 3000])  # the good spill's rows were committed
     assert set(table["status"]) == {"CRASHED"}
+
+
+def test_recover_names_the_run_of_each_series_it_committed(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``recover`` listed each committed series by its name, rows and file only: two killed runs whose rows were
+    alike (one content-addressed file) read as one run twice, and ``--json`` left out the runs it marked CRASHED
+    (a new user). Each row now names its run and the state the run was left in."""
+    from ray_cmf.cli import main
+
+    _run_and_kill(store_dir, 2000, 0.0, kill_on="ready")
+    _run_and_kill(store_dir, 2000, 0.0, kill_on="ready")  # the same rows: the same file
+    _run_and_kill(store_dir, 3000, 0.0, kill_on="ready")
+    runs = sorted(Store(store_dir).lineage.store.get_executions(), key=lambda e: e.id)
+    assert main(["recover", "--store", str(store_dir), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted((row["execution"], row["rows"]) for row in listed) == sorted(
+        zip([e.name for e in runs], [2000, 2000, 3000], strict=True)
+    )
+    assert {row["status"] for row in listed} == {"CRASHED"} and {row["metrics_name"] for row in listed} == {"train"}
+    assert len({row["url"] for row in listed}) == 2  # two contents
+    assert main(["recover", "--store", str(store_dir)]) == 0  # nothing left: said
+    assert "nothing to recover" in capsys.readouterr().out
 
 
 def test_a_killed_run_not_yet_reaped_is_recovered(store_dir: Path) -> None:
