@@ -1060,7 +1060,8 @@ class Sweep:
         environments = [self.environment(t) for t in pair.columns]
         config, environment = _side_by_side(configs, pair.columns), _side_by_side(environments, pair.columns)
         pair = pd.concat([pair.loc[ended], config, pair.loc[fields], environment])
-        exact = pair.index.isin([*config.index, *environment.index])  # a config of NaN is a value, not a blank
+        # a config or an execution metric of NaN is a value, not a blank; a summary's NaN reads as none logged
+        exact = pair.index.isin([*config.index, *environment.index]) | pair.index.str.startswith("metrics/")
         differs = [not _same(a, b, nan_is_none=not e) for (a, b), e in zip(pair.values, exact, strict=True)]
         return pair[differs]
 

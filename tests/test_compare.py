@@ -111,18 +111,22 @@ def test_best_and_diff(sweep: dict[str, Any]) -> None:
 
 def test_diff_tells_a_nan_config_from_a_missing_key(tmp_path: Path) -> None:
     """A config of NaN is a value (``--where 'config/eps == nan'`` finds it, ``== null`` does not): ``diff``
-    of a trial with ``eps=nan`` against one without ``eps`` said nothing differs. A summary's NaN and a
-    metric never logged still read alike, as the README says."""
+    of a trial with ``eps=nan`` against one without ``eps`` said nothing differs. So is an execution metric
+    of NaN (``diff`` hid ``metrics/final/x``, NaN against none: a new user). A summary's NaN and a metric
+    never logged still read alike, as the README says."""
     for name, config, rows in (("a", {"eps": math.nan, "lr": 0.1}, [1.0]), ("b", {"lr": 0.1}, [1.0])):
         with Cmf(pipeline_name="p", store=tmp_path / "store") as cmf:
             cmf.create_execution("trial", config, execution_name=name)
             for step, loss in enumerate(rows):
                 cmf.log_metric("s", {"step": step, "loss": loss, **({"extra": math.nan} if name == "a" else {})})
             cmf.commit_metrics("s")
+            cmf.log_execution_metrics("final", {"x": math.nan, "y": 1.0} if name == "a" else {"y": 1.0})
     diff = Sweep(tmp_path / "store", metrics_name="s").diff("a", "b")
     assert (
         "config/eps" in diff.index and math.isnan(diff.loc["config/eps", "a"]) and diff.loc["config/eps", "b"] is None
     )
+    assert math.isnan(diff.loc["metrics/final/x", "a"]) and diff.loc["metrics/final/x", "b"] is None
+    assert "metrics/final/y" not in diff.index
     assert "extra_best" not in diff.index  # a NaN summary and no summary read alike
 
 
