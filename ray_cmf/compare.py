@@ -941,7 +941,7 @@ class Sweep:
         if ranked is None:
             raise InvalidArgumentError(
                 f"Name a metric (--metric): no logger of {self.pipeline!r} said which of its {self.metrics_name} "
-                f"metrics to rank by; they are {sorted(logged)}"
+                f"metrics to rank by; they are {sorted(_numeric(self._schema()))}"
             )
         return ranked
 
