@@ -779,10 +779,10 @@ def cmd_note(args: argparse.Namespace) -> int:
 
 
 def _chosen_trials(args: argparse.Namespace, sweep: Any) -> dict[str, str]:
-    """The trials a delete or undelete names, by id or by ``--where`` (one of the two), with their status:
+    """The trials a delete or undelete names, by id, by ``--where`` or ``--all`` (one of the three), with their status:
     for ``delete`` those not deleted, for ``undelete`` the deleted ones; naming another is an error."""
-    if bool(args.trials) == bool(args.where):
-        raise RayCmfError("name the trials (ids) or pick them with --where, one of the two")
+    if [bool(args.trials), args.where is not None, args.all].count(True) != 1:
+        raise RayCmfError("name the trials (ids), pick them with --where, or take --all of them: one of the three")
     everyone = sweep.everyone().trials(args.metric or None, mode=args.mode, where=args.where)
     deleted = everyone[DELETED_COLUMN].notna()
     wanted = everyone[~deleted] if args.command == "delete" else everyone[deleted]
@@ -1010,6 +1010,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = command(name, cmd_delete, help_text)
         _add_sweep_options(p)
         p.add_argument("trials", nargs="*", metavar="TRIAL")
+        p.add_argument("--all", action="store_true", help="every trial of the pipeline (of --stage: of that sweep)")
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation on a terminal")
         p.add_argument("--dry-run", action="store_true", help="list the trials it would mark, mark none")
     p = command("gc", cmd_gc, "free the files, cache objects and spills that only deleted trials hold")

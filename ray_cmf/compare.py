@@ -841,10 +841,12 @@ class Sweep:
     def _unknown(self, unknown: list[str]) -> RayCmfError:
         """The error for metrics the series lacks; where none of its trials committed rows yet, it says where
         their rows are."""
-        known = _metric_columns(self._known_schema())
+        known, deleted = _metric_columns(self._known_schema()), self._all_deleted()
         hint = (
             ""
             if known
+            else f" ({deleted})"
+            if deleted
             else " (no trial has committed rows of it yet: a running sweep's are read with live=True, a crashed "
             "one's are committed by `ray-cmf recover`)"
         )
@@ -854,6 +856,12 @@ class Sweep:
                 f"; {elsewhere} hold{'s' if len(elsewhere) == 1 else ''} them: name it (metrics_name=, --metrics-name)"
             )
         return RayCmfError(f"Unknown metric(s) {unknown} in series {self.metrics_name!r}; it has {known}{hint}")
+
+    def _all_deleted(self) -> str:
+        """Where this sweep holds no trial because every one is deleted, what says so ("" otherwise)."""
+        if self.executions() or self.include_deleted or self._kept is not None or not self.everyone().executions():
+            return ""
+        return f"every trial of {self.pipeline!r} is deleted (--include-deleted, include_deleted=True, reads them)"
 
     def _series_with(self, metrics: list[str]) -> list[str]:
         """The pipeline's other series that hold every one of ``metrics`` (committed), by name."""
@@ -938,6 +946,8 @@ class Sweep:
         logged = [column for column in self.columns() if is_metric(column)]
         declared = [m for m in self.modes() if m != THROUGHPUT and (m in logged or not logged)]  # none yet: any
         ranked = next(iter(declared), None)
+        if ranked is None and (deleted := self._all_deleted()):
+            raise InvalidArgumentError(f"Name a metric (--metric): {deleted}")
         if ranked is None:
             raise InvalidArgumentError(
                 f"Name a metric (--metric): no logger of {self.pipeline!r} said which of its {self.metrics_name} "
@@ -1069,55 +1079,62 @@ class Sweep:
     def tag(self, trial_id: str, remove: Iterable[str] = (), **tags: str | int | float | bool) -> None:
         """Set tags on a trial (``sweep.tag("t1", team="vision")``; values kept as text) and drop the tags
         ``remove``. They show as ``tag/<key>`` columns and can be queried (``where='tag/team == "vision"'``).
-        A trial this sweep leaves out as deleted, or a tag to remove that the trial does not have, is an error
-        that names it (nothing is changed)."""
-        columns = curated_columns(properties(self._execution(trial_id)))
+        A trial this sweep does not hold now (one deleted since it was read, too), a tag both set and removed,
+        or a tag to remove that the trial does not have, is an error that names it (nothing is changed)."""
+        remove = list(remove)
+        if not tags and not remove:
+            raise InvalidArgumentError("Sweep.tag: name a tag to set or one to remove")
+        if both := sorted(set(tags) & set(remove)):
+            raise InvalidArgumentError(
+                f"tag {both[0]!r} is both set ({both[0]}={tags[both[0]]}) and removed: which is it?"
+            )
+        trial = self._current(trial_id)
+        columns = curated_columns(properties(trial[trial_id]))
         held = sorted(column[len(TAG_COLUMN) :] for column in columns if column.startswith(TAG_COLUMN))
         missing = [key for key in remove if key not in held]
         if missing:
             raise InvalidArgumentError(f"Trial {trial_id!r} has no tag {missing[0]!r} to remove; its tags: {held}")
-        self._patch([trial_id], tag_properties(tags), untag_properties(remove))
+        self._patch(trial, tag_properties(tags), untag_properties(remove))
 
     def note(self, trial_id: str, text: str) -> None:
-        """Set a trial's note (free text; an empty text removes it); a trial this sweep leaves out as deleted is
-        an error that says so."""
-        self._execution(trial_id)
-        self._patch([trial_id], *note_properties(text))
+        """Set a trial's note (free text; an empty text removes it); a trial this sweep does not hold now is an
+        error that says why."""
+        self._patch(self._current(trial_id), *note_properties(text))
 
     def delete(self, trial_ids: str | Iterable[str]) -> list[str]:
         """Mark trials deleted: they leave this sweep's tables, steps, plots and the report (``include_deleted``
         shows them); nothing is removed until ``ray-cmf gc``, and :meth:`undelete` brings them back. A trial
         deleted already is an error (deleting it again would move the time ``gc --older-than`` reads)."""
-        return self._patch(trial_ids, *deleted_properties(True), deleted=False)
+        return self._patch(self._current(trial_ids, deleted=False), *deleted_properties(True))
 
     def undelete(self, trial_ids: str | Iterable[str]) -> list[str]:
-        """Clear the deletion mark of trials (the data ``gc`` already freed stays freed); a trial that is not
-        deleted is an error."""
-        return self._patch(trial_ids, *deleted_properties(False), deleted=True)
+        """Bring deleted trials back (see :meth:`delete`); a trial that is not deleted is an error."""
+        return self._patch(self._current(trial_ids, deleted=True), *deleted_properties(False))
 
-    def _patch(
-        self,
-        trial_ids: str | Iterable[str],
-        props: Mapping[str, Any],
-        remove: Sequence[str],
-        *,
-        deleted: bool | None = None,
-    ) -> list[str]:
-        """Set and drop properties of the named trials (one id, or several); returns the ids. ``deleted``: what
-        each must be (None: either), else nothing is changed and the error names those that are not."""
+    def _current(self, trial_ids: str | Iterable[str], deleted: bool | None = None) -> dict[str, Execution]:
+        """The named trials (one id, or several) as the store holds them now: a Sweep read earlier may be stale,
+        and a change goes by what is. Each must be one this view holds (of its ``only`` trials, and not deleted
+        unless it includes them); ``deleted``: what each must be instead (a delete: False, an undelete: True).
+        Else nothing is changed, and the error names those that are not."""
         everyone = self.everyone()
-        by_id = {everyone.key(e): e for e, _ in everyone.executions()}
-        trial_ids = [trial_ids] if isinstance(trial_ids, str) else list(trial_ids)
-        unknown = [t for t in trial_ids if t not in by_id]
-        if unknown:
-            raise unknown_trials(unknown, by_id, self.pipeline)
+        mine = {everyone.key(e): e for e, _ in everyone.executions()}
+        mine = {key: e for key, e in mine.items() if self._kept is None or key in self._kept}
+        hidden = self.include_deleted or deleted is not None
+        gone = set() if hidden else {key for key, e in mine.items() if property_of(e, DELETED_PROPERTY) is not None}
+        asked = list(dict.fromkeys([trial_ids] if isinstance(trial_ids, str) else trial_ids))
+        if unknown := [t for t in asked if t not in mine or t in gone]:
+            raise unknown_trials(unknown, [key for key in mine if key not in gone], self.pipeline, gone)
         if deleted is not None:
             check_deleted(
-                [t for t in trial_ids if (property_of(by_id[t], DELETED_PROPERTY) is not None) != deleted], deleted
+                [t for t in asked if (property_of(mine[t], DELETED_PROPERTY) is not None) != deleted], deleted
             )
-        self.store.patch_executions([by_id[trial].id for trial in trial_ids], props, remove)
+        return {t: mine[t] for t in asked}
+
+    def _patch(self, trials: Mapping[str, Execution], props: Mapping[str, Any], remove: Sequence[str]) -> list[str]:
+        """Set and drop properties of these trials (see :meth:`_current`); returns their ids."""
+        self.store.patch_executions([execution.id for execution in trials.values()], props, remove)
         self.refresh()  # read again: they changed
-        return trial_ids
+        return list(trials)
 
     def report(
         self,

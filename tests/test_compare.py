@@ -130,7 +130,9 @@ def test_diff_tells_a_nan_config_from_a_missing_key(tmp_path: Path) -> None:
     assert "extra_best" not in diff.index  # a NaN summary and no summary read alike
 
 
-def test_the_metrics_offered_to_rank_by_are_those_that_can_be(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_metrics_offered_to_rank_by_are_those_that_can_be(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Asked for a metric to rank by, ``compare`` offered a bool and a text column, then refused each of them as
     holding no numbers (a new user)."""
     with Cmf(pipeline_name="p", store=tmp_path / "store") as cmf:
@@ -140,7 +142,16 @@ def test_the_metrics_offered_to_rank_by_are_those_that_can_be(tmp_path: Path, ca
     code, _, err = _cli(capsys, "compare", "--store", str(tmp_path / "store"), "--pipeline", "p", "--metrics-name", "s")
     assert code == 2 and "they are ['big', 'loss']" in err, err
     code, _, err = _cli(
-        capsys, "compare", "--store", str(tmp_path / "store"), "--pipeline", "p", "--metrics-name", "s", "--metric", "big"
+        capsys,
+        "compare",
+        "--store",
+        str(tmp_path / "store"),
+        "--pipeline",
+        "p",
+        "--metrics-name",
+        "s",
+        "--metric",
+        "big",
     )
     assert code == 0, err
 

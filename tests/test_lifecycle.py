@@ -62,6 +62,39 @@ def _sweep(store_dir: Path) -> Store:
 
 
 # -- tags and notes --------------------------------------------------------------------------------------
+def test_a_view_changes_only_the_trials_it_holds_as_they_are_now(tmp_path: Path) -> None:
+    """Found by a new user: ``Sweep.only(["a"]).delete(["b"])`` deleted b, which the view does not hold (its
+    ``tag`` and ``note`` refused b); a Sweep read before another process deleted a trial still tagged it (a fresh
+    one refuses); ``Sweep.delete(["a", "a"])`` returned a twice; ``tag`` set a tag it was also told to remove,
+    and took a call that named no tag."""
+    root = _sweep(tmp_path / "store").root
+    view = Sweep(root).only(["a"])
+    for change in (view.delete, view.undelete, lambda ids: view.tag(ids[0], x="1"), lambda ids: view.note(ids[0], "n")):
+        with pytest.raises(RayCmfError, match=r"Unknown trial\(s\) \['b'\]"):
+            change(["b"])
+    assert Sweep(root).trials()["trial_id"].tolist() == ["a", "b", "c", "d"]  # b is not deleted
+    assert view.delete(["a", "a"]) == ["a"]
+    with pytest.raises(RayCmfError, match="already deleted"):
+        view.delete("a")
+    assert Sweep(root, include_deleted=True).only("a").undelete("a") == ["a"]
+
+    stale = Sweep(root)
+    stale.trials()
+    Sweep(root).delete("c")  # another process, say
+    with pytest.raises(RayCmfError, match="'c' is deleted"):
+        stale.tag("c", team="x")
+    with pytest.raises(RayCmfError, match="'c' is deleted"):
+        stale.note("c", "why")
+    assert "tag/team" not in Sweep(root, include_deleted=True).trials().columns
+    Sweep(root, include_deleted=True).tag("c", team="x")  # a view of the deleted ones may curate them
+
+    with pytest.raises(RayCmfError, match=r"tag 'zz' is both set \(zz=2\) and removed"):
+        Sweep(root).tag("a", zz="2", remove=["zz"])
+    with pytest.raises(RayCmfError, match="name a tag to set or one to remove"):
+        Sweep(root).tag("a")
+    assert "tag/zz" not in Sweep(root).trials().columns
+
+
 def test_tags_and_notes_set_from_another_process_show_in_every_view(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -519,7 +552,17 @@ def test_deleted_trials_leave_every_view_until_undeleted(tmp_path: Path, capsys:
     code, _ = _cli(capsys, "undelete", "a", "--store", root)
     assert code == 0 and list(Sweep(root).trials()["trial_id"]) == ["a", "b", "d"]
     assert main(["delete", "--store", root]) == 2
-    assert "name the trials (ids) or pick them with --where" in capsys.readouterr().err
+    assert "name the trials (ids), pick them with --where, or take --all" in capsys.readouterr().err
+    assert main(["delete", "b", "--all", "--store", root]) == 2  # one of the three
+    capsys.readouterr()
+    code, rows = _cli(capsys, "delete", "--all", "--yes", "--store", root)  # a whole sweep (a new user)
+    assert code == 0 and sorted(row["trial_id"] for row in rows) == ["a", "b", "d"]
+    assert Sweep(root).trials().empty
+    for argv in (["compare"], ["trials", "--metric", "loss"]):  # it blamed the loggers, or rows not committed yet
+        assert main([*argv, "--store", root]) == 2
+        assert "every trial of 'sweep' is deleted (--include-deleted" in capsys.readouterr().err
+    code, rows = _cli(capsys, "undelete", "--all", "--store", root)
+    assert code == 0 and list(Sweep(root).trials()["trial_id"]) == ["a", "b", "c", "d"]
 
 
 def test_show_quotes_a_tag_or_note_that_would_read_as_another(
