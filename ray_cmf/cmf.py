@@ -43,7 +43,7 @@ from ray_cmf.constants import (
 from ray_cmf.curation import tag_properties, untag_properties
 from ray_cmf.environment import capture, redact_command, seed_props, torch_seed
 from ray_cmf.errors import InvalidArgumentError, InvalidNameError, MetricsNotFoundError, StoreError
-from ray_cmf.exits import ended_by, error_properties, outcome, track
+from ray_cmf.exits import ENDED_STATES, ended_by, error_properties, outcome, track
 from ray_cmf.frames import exact_frame
 from ray_cmf.lineage import RUNNING, Artifact, Context, Execution, config_properties, not_recorded, properties
 from ray_cmf.store import Store
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 log = logging.getLogger(__name__)
-ENDED_STATES = ("COMPLETE", "FAILED", "CANCELED")  # what close(state=...) takes
 _TRIAL_SERIES = {RESULTS_METRICS_NAME: "Tune results", SYSTEM_METRICS_NAME: "system metrics"}  # a trial's own
 
 
@@ -470,16 +469,15 @@ class Cmf:
             buffer.close()
         binding, self._running = self._running, None
         if binding is not None:
-            try:
-                self._writer.call(
-                    StoreWriter.update_execution,
-                    execution_id=binding.execution_id,
-                    props=error_properties(state, error),
-                    state=state,
-                    store=binding.store,
+            try:  # noted first: a lineage that does not answer now learns it from `recover` (not CRASHED)
+                self._writer.call(StoreWriter.end, binding=binding, props=error_properties(state, error), state=state)
+            except Exception as exc:  # the store is gone at exit, say
+                log.warning(
+                    "ray_cmf: could not mark execution %s ended %s: %s; `ray-cmf recover` does once the store answers",
+                    binding.name,
+                    state,
+                    exc,
                 )
-            except Exception as exc:  # the store is gone at exit, say: the execution stays RUNNING
-                log.warning("ray_cmf: could not mark execution %s ended: %s", binding.name, exc)
 
     def __del__(self) -> None:
         """A Cmf the program lets go of (a function's local, a name rebound for the next run) ends its

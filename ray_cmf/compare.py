@@ -1553,7 +1553,10 @@ def _absent(path: Path, file: TrialFile) -> str:
     written = Path(file.uri)
     if file.uri.endswith(file.url) and written != path and written.is_file():
         root = file.uri[: -len(file.url)].rstrip("/\\") or "/"
-        return f"its file {path} is not in this store: it was committed into the store {root}: read that store"
+        return (
+            f"its file {path} is not in this store: it was committed into the store {root}: read that store (or "
+            "run `ray-cmf push` there and `ray-cmf pull` here)"
+        )
     return (
         f"its file {path} is neither in this store nor on a remote it knows (a file another machine committed "
         "reaches it once that machine runs `ray-cmf push`; `ray-cmf pull` then fetches it)"

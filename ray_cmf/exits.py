@@ -27,6 +27,8 @@ from typing import Any, NoReturn, Protocol
 from ray_cmf.constants import ERROR_PROPERTY, HOLDER_HOST, HOLDER_PID
 from ray_cmf.errors import recorded_error
 
+ENDED_STATES = ("COMPLETE", "FAILED", "CANCELED")  # the states an execution ends in (what close(state=...) takes)
+
 log = logging.getLogger(__name__)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from ray_cmf._progress import track
 from ray_cmf.constants import RECOVERED, SPILL_DIR, SPILL_MANIFEST
 from ray_cmf.errors import RayCmfError, RecoveryError
-from ray_cmf.exits import CRASHED, abandoned, process_alive
+from ray_cmf.exits import CRASHED, ENDED_STATES, abandoned, process_alive
 from ray_cmf.lineage import Artifact, Execution, properties, state_name
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest, discard_spill, held_by_a_writer
 from ray_cmf.store import Store
@@ -73,12 +73,20 @@ def _end_as_noted(store: Store) -> set[int]:
     for note in store.pending_ends():
         execution_id, state = int(note["execution_id"]), note["state"]
         [execution] = store.lineage.store.get_executions_by_id([execution_id]) or [None]
-        if execution is not None and abandoned(state_name(execution), properties(execution)):
+        if execution is not None and _takes_note(execution, state):
             store.update_execution(execution_id, note["props"], state)
             ended.update([execution_id] if state else [])
             log.info("ray_cmf.recover: execution %r ended %s, as its writer noted", execution.name, state)
         store.forget_end(execution_id)
     return ended
+
+
+def _takes_note(execution: Execution, state: str | None) -> bool:
+    """Whether an execution still takes the end its writer noted: one that nothing ended (its holder is gone),
+    or, for a note that sets no state (a sweep's ranks of trials that had ended), one that has ended. One that
+    runs again (under a live holder) does not."""
+    now = state_name(execution)
+    return abandoned(now, properties(execution)) or (state is None and now in ENDED_STATES)
 
 
 def recover(store: str | os.PathLike[str] | Store | None = None, *, force: bool = False) -> list[Artifact]:

@@ -213,6 +213,28 @@ def test_recover_names_the_run_of_each_series_it_committed(store_dir: Path, caps
     assert "nothing to recover" in capsys.readouterr().out
 
 
+def test_recover_applies_the_ranks_noted_for_trials_that_had_ended(store_dir: Path) -> None:
+    """A sweep's end ranks its trials (``in_top_n``, ``top_rank``) once they have ended; with the team's server
+    down then, the ranks were noted for ``recover``, which dropped them unapplied since the trials had ended:
+    every trial out of the top read ``in_top_n=None`` (a new user). A note that sets no state is applied to
+    an ended execution; one whose execution runs again is dropped."""
+    from ray_cmf import Cmf
+
+    with Cmf(pipeline_name="p", store=store_dir) as cmf:
+        cmf.create_execution("trial", execution_name="ended")
+        cmf.log_metric("s", {"step": 0, "loss": 1.0})
+    running = Cmf(pipeline_name="p", store=store_dir)  # runs again, in this live process
+    running.create_execution("trial", execution_name="running")
+    store = Store(store_dir)
+    ids = {e.name: e.id for e in store.lineage.store.get_executions()}
+    for name in ids:
+        store.note_end(ids[name], {"in_top_n": False, "top_rank": 0}, None)
+    assert recover(store) == [] and not store.pending_ends()
+    ranks = {name: properties(store.lineage.get_execution(i)).get("in_top_n") for name, i in ids.items()}
+    assert ranks == {"ended": False, "running": None}
+    running.close()
+
+
 def test_a_killed_run_not_yet_reaped_is_recovered(store_dir: Path) -> None:
     """A process that was killed but is not reaped yet (a zombie: a driver's writer, seconds after the driver
     died) is gone: its spill is recovered and its execution marked crashed (it was skipped as alive)."""

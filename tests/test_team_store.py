@@ -360,6 +360,52 @@ def test_a_trial_that_starts_while_the_server_is_down_is_registered_once_it_answ
         assert [e.name for e, _ in Sweep(Store(tmp_path / "store", mlmd=url), pipeline="p").executions()] == ["t1"]
 
 
+OUTAGE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from ray_cmf import Cmf
+    cmf = Cmf(filepath=sys.argv[1], pipeline_name="p", store=sys.argv[2])
+    cmf.create_execution("train", execution_name="run")
+    for step in range(3):
+        cmf.log_metric("s", {"step": step, "loss": 1.0 / (step + 1)})
+    cmf.commit_metrics("s")
+    print("committed", flush=True)
+    sys.stdin.readline()  # while the server is stopped
+    for step in range(3, 5):
+        cmf.log_metric("s", {"step": step, "loss": 1.0 / (step + 1)})
+    print("committed while down:", cmf.commit_metrics("s"), flush=True)
+    """
+)
+
+
+def test_a_script_that_ends_while_the_server_is_down_ends_as_it_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Cmf script that exited 0 while the team's server was down read CRASHED after ``recover`` (a new user):
+    its end was only warned about, where a sweep's trials' ends are noted for ``recover``. It is noted too, and
+    ``recover`` ends it COMPLETE, with every row."""
+    store = tmp_path / "store"
+    with postgres() as server:
+        url = server.url(db="ended")
+        script = subprocess.Popen(
+            [sys.executable, "-c", OUTAGE_SCRIPT, url, str(store)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert script.stdin is not None and script.stdout is not None
+        assert script.stdout.readline().strip() == "committed"
+        server.stop()
+        out, _ = script.communicate("go\n", timeout=120)
+        assert script.returncode == 0 and "committed while down: None" in out, out
+        server.start()
+        monkeypatch.setenv(server.password_env, ADMIN_PASSWORD)  # the store's config holds the URL without it
+        assert main(["recover", "--store", str(store)]) == 0
+        [run] = Sweep(Store(store, mlmd=url), pipeline="p", metrics_name="s").trials().to_dict("records")
+        assert run["status"] == "COMPLETE" and run["recovered"] and run["steps"] == 5, run
+
+
 OUTAGE_DRIVER = textwrap.dedent(
     """
     import sys, time
