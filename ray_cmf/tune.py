@@ -49,7 +49,7 @@ from ray_cmf.constants import (
     TRIAL_EXECUTION_TYPE,
 )
 from ray_cmf.environment import Environment, capture
-from ray_cmf.errors import RayCmfError, recorded_error
+from ray_cmf.errors import RayCmfError, exception_of, recorded_error
 from ray_cmf.exits import error_properties, on_thread_end
 from ray_cmf.lineage import observed_config_properties, owner_of
 from ray_cmf.node_sampler import (
@@ -155,13 +155,20 @@ class _HandOver:
         self.done = True
         if _TRIAL_CMFS.get(self.trial_id) is self.cmf:
             del _TRIAL_CMFS[self.trial_id]
-        steps = ([self.sampler.stop] if self.sampler is not None else []) + [self.cmf.log_seeds, self.cmf.close]
+        steps = [("stop sampling its process", self.sampler.stop)] if self.sampler is not None else []
+        steps += [("record its seeds", self.cmf.log_seeds), ("hand over its rows", self.cmf.close)]
         try:
-            for step in steps:  # torch's seed as the trainable left it, then its rows
+            for what, step in steps:  # torch's seed as the trainable left it, then its rows
                 try:
                     step()
                 except Exception as exc:  # logging never fails the trial: what is not handed over stays spilled
-                    log.warning("ray_cmf: trial %s could not hand over all it logged: %r", self.trial_id, exc)
+                    log.warning(
+                        "ray_cmf: trial %s could not %s (%s); rows it did not hand over stay spilled, for the "
+                        "trial's end or `ray-cmf recover`",
+                        self.trial_id,
+                        what,
+                        exception_of(str(exc)),
+                    )
         finally:
             self.finished.set()
 
@@ -857,8 +864,11 @@ class CmfRayLogger(tune.Callback):
         for future in self._rt.futures:
             try:
                 future.result()
-            except Exception as exc:
-                log.warning("ray_cmf: committing a trial failed: %s", exc)
+            except Exception as exc:  # its rows stay spilled, its end noted (see StoreWriter.end)
+                log.warning(
+                    "ray_cmf: committing a trial failed (%s); `ray-cmf recover` commits it once the store answers",
+                    exception_of(str(exc)),
+                )
         if self.top_n is not None:
             self._mark_top_n(trials)
         if self.push and (failed := self._rt.writer.call(StoreWriter.wait_for_pushes)):
