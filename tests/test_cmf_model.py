@@ -62,14 +62,18 @@ class CmfModel(RuleBasedStateMachine):
         super().__init__()
         self.store = tempfile.mkdtemp()
         self.versions: dict[tuple[tuple[str, str], str], list[Version]] = {}  # (execution, series) -> versions
+        self.opened: list[Cmf] = []
 
     def teardown(self) -> None:
+        for cmf in self.opened:  # before the store goes: a Cmf left open ends its execution at exit
+            cmf.close()
         shutil.rmtree(self.store, ignore_errors=True)
 
     # -- making Cmfs ---------------------------------------------------------------------------------
     def _open(self, pipeline: str, execution: str) -> Handle:
         cmf = Cmf(pipeline_name=pipeline, store=self.store, flush_rows=1_000_000)
         cmf.create_execution("Train", execution_name=f"{pipeline}-{execution}", create_new_execution=False)
+        self.opened.append(cmf)
         return Handle(cmf, (pipeline, execution))
 
     @initialize(target=handles, pipeline=st.sampled_from(PIPELINES), execution=st.sampled_from(EXECUTIONS))

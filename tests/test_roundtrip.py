@@ -58,8 +58,8 @@ values_and_texts = st.one_of(values, any_text, st.sampled_from(["", "nul\x00in",
 @example(rows=[{"t": "good", "x": 1.0}, {"t": "bad\ud800", "x": 2.0}, {"t": "after", "x": 3.0}], commit_after=set())
 def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, Any]], commit_after: set[int]) -> None:
     store = tempfile.mkdtemp()
+    cmf = Cmf(pipeline_name="prop", store=store, flush_rows=7)  # several chunks: widening across chunks
     try:
-        cmf = Cmf(pipeline_name="prop", store=store, flush_rows=7)  # several chunks: widening across chunks
         kept: list[dict[str, Any]] = []
         versions: list[tuple[str, int]] = []
         for index, row in enumerate(rows):
@@ -82,6 +82,7 @@ def test_values_come_back_exactly_or_are_refused_clearly(rows: list[dict[str, An
         for md5, count in versions:  # every earlier version still reads back as the prefix it held
             assert len(cmf.read_metrics("series", commit=md5)) == count
     finally:
+        cmf.close()  # before its store goes: a Cmf left open ends its execution at exit
         shutil.rmtree(store, ignore_errors=True)
 
 
@@ -154,8 +155,8 @@ def test_a_sweep_reads_back_every_value_exactly_by_default(rows: list[dict[str, 
     """``Sweep.steps()`` without options gives what ``read_metrics`` gives: ints with gaps stay exact ints, and
     a null (nothing logged) stays apart from a NaN logged."""
     store = tempfile.mkdtemp()
+    cmf = Cmf(pipeline_name="prop", store=store)
     try:
-        cmf = Cmf(pipeline_name="prop", store=store)
         kept = _log(cmf, rows)
         if not kept:
             return
@@ -167,6 +168,7 @@ def test_a_sweep_reads_back_every_value_exactly_by_default(rows: list[dict[str, 
             expected, read = expected_column(kept, name), column_of(frame, name, len(kept))
             assert all(same(e, r) for e, r in zip(expected, read, strict=True)), (name, expected, read)
     finally:
+        cmf.close()
         shutil.rmtree(store, ignore_errors=True)
 
 
