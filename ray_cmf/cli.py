@@ -625,10 +625,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    if args.endpoint_url is not None and not args.add_remote:
+    if args.endpoint_url is not None and args.add_remote is None:
         raise RayCmfError("--endpoint-url names the server of the remote --add-remote sets; give both")
     store = _store_dir(args)
-    if args.add_remote:
+    if args.add_remote is not None:
         store.set_remote(args.add_remote, args.endpoint_url, check=True)  # a failed push changes nothing
     with status(f"pushing {store.root} to {store.remote.url if store.remote else 'the DVC remote'}"):
         report = store.push()

@@ -188,8 +188,11 @@ class Store:
         """The store's remote; a StoreError that says how to set one when there is none."""
         remote = self.remote
         if remote is None:
-            raise StoreError(f"The store {self.root} has no remote; set one with `ray-cmf push --add-remote URL`")
+            raise self._no_remote()
         return remote
+
+    def _no_remote(self) -> StoreError:
+        return StoreError(f"The store {self.root} has no remote; set one with `ray-cmf push --add-remote URL`")
 
     def set_remote(self, url: str, endpoint_url: str | None = None, *, check: bool = False) -> Remote:
         """Make ``url`` the store's DVC remote (``endpoint_url``: an S3-compatible server) and record it in
@@ -201,7 +204,7 @@ class Store:
             StoreError: ``check``, and the remote does not answer or refuses the credentials: the store keeps
                 the remote it had.
         """
-        remote = Remote(url if "://" in url else os.path.normpath(Path(url).absolute()), endpoint_url)
+        remote = Remote(self._remote_url(url), endpoint_url)
         if endpoint_url is not None and not remote.is_s3:
             raise InvalidArgumentError(
                 f"endpoint URL {endpoint_url!r} is for an s3:// remote (an S3 server); {url!r} is a directory"
@@ -212,13 +215,32 @@ class Store:
         self._write_config(remote=remote.to_config())
         return remote
 
+    def _remote_url(self, url: str) -> str:
+        """``url`` as a remote of this store: an ``s3://`` URL as given, a directory (or ``file://`` URL) as an
+        absolute path; refused, naming why, where it cannot hold the store's files."""
+        if url.startswith("s3://"):
+            return url
+        if not url or ("://" in url and not url.startswith("file://")):
+            raise InvalidArgumentError(f"A remote is an s3:// URL or a directory (a file:// URL too); got {url!r}")
+        path = Path(os.path.normpath(Path(url.removeprefix("file://")).absolute()))
+        if path == self.root.absolute() or path.is_relative_to(self.root.absolute()):
+            raise InvalidArgumentError(f"The remote {path} is inside the store {self.root}: put it elsewhere")
+        if in_the_way := next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None):
+            raise InvalidArgumentError(f"The remote {path} cannot be made: {in_the_way} is a file, not a directory")
+        return str(path)
+
     def push(self) -> str:
         """Upload every tracked file to the store's remote (``dvc push``) and return DVC's report. The remote its
         config file names is DVC's too: a store made by ``pull`` on another machine has no DVC remote yet."""
         remote = self.remote
         if remote is not None:
             self.dvc.add_remote("default", remote.url, endpoint_url=remote.endpoint_url)
-        return self.dvc.push()
+        try:
+            return self.dvc.push()
+        except StoreError as exc:
+            if remote is None and "no remote specified" in str(exc):  # nor one set in DVC itself
+                raise self._no_remote() from None
+            raise
 
     def fetch(self, md5: str) -> Path | None:
         """The local copy of the file with this md5: the DVC cache's object, fetched from the remote on

@@ -324,6 +324,39 @@ def test_a_push_to_a_remote_that_cannot_be_reached_keeps_the_remote_there_was(
     assert [(store_copy / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")] == configs
 
 
+def test_a_remote_that_cannot_hold_the_files_is_refused_and_the_one_there_was_kept(
+    store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a new user: ``--add-remote file:///dir`` said "4 files pushed" and put them inside the store (under
+    ``file:/dir``); a remote under a regular file failed with DVC's own error yet replaced the remote that worked;
+    the store's own directory was taken as its remote; ``--add-remote ""`` was no remote at all; a push without
+    a remote passed DVC's advice on (``dvc remote add -d``)."""
+    code, _, err = _cli(capsys, "push", "--store", str(store_copy))
+    assert code == 2 and "has no remote; set one with `ray-cmf push --add-remote URL`" in err, err
+    working = tmp_path / "remote"
+    assert _cli(capsys, "push", "--store", str(store_copy), "--add-remote", str(working))[0] == 0
+    configs = [(store_copy / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")]
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    refused = {
+        str(a_file): f"{a_file} is a file, not a directory",
+        str(a_file / "sub"): f"{a_file} is a file, not a directory",
+        str(store_copy / "backup"): "inside the store",
+        str(store_copy): "inside the store",
+        "gs://bucket/x": "an s3:// URL or a directory",
+        "": "an s3:// URL or a directory",
+    }
+    for url, says in refused.items():
+        code, _, err = _cli(capsys, "push", "--store", str(store_copy), "--add-remote", url)
+        assert code == 2 and says in err and "Hit us up" not in err, (url, err)
+        assert [(store_copy / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")] == configs, url
+    elsewhere = tmp_path / "elsewhere"
+    code, out, err = _cli(capsys, "push", "--store", str(store_copy), "--add-remote", f"file://{elsewhere}", "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["remote"] == str(elsewhere) and list(elsewhere.rglob("*")), out
+    assert not (store_copy / "file:").exists()
+
+
 def test_pull_brings_back_a_lost_cache_as_well_as_lost_files(
     store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
