@@ -944,12 +944,16 @@ class _Handler(BaseHTTPRequestHandler):
             log.warning("ray_cmf: building the report failed: %s", exc)
             self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR, f"ray_cmf: {exc}")
             return
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", f"{kind}; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", f"{kind}; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client left (a reload, `curl | head`): no error
+            log.debug("ray_cmf report: %s left before %s was sent", self.client_address, self.path)
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         log.info("ray_cmf report: " + format, *args)

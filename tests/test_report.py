@@ -296,6 +296,31 @@ def test_the_server_sends_the_content_as_json(live_server: tuple[ReportServer, A
     assert parts["title"] == "live: 1 trial" and len(parts["data"]["sections"][0]["traces"][0]["x"]) == 20
 
 
+def test_a_client_that_leaves_mid_page_is_no_error(
+    live_server: tuple[ReportServer, Any], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Each client that left before the page was sent (a reload, ``curl | head``) printed a BrokenPipeError or
+    ConnectionResetError traceback on serve's terminal (a new user)."""
+    import socket
+    import struct
+
+    server, _ = live_server
+    host, port = server.server_address[:2]
+    threads = threading.active_count()
+    for _ in range(3):
+        client = socket.create_connection((str(host), port))
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        client.recv(100)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, not a close
+        client.close()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > threads and time.monotonic() < deadline:  # the handlers' threads end
+        time.sleep(0.05)
+    assert urllib.request.urlopen(server.url + "data.json").status == 200  # it goes on serving
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Broken pipe" not in err and "Connection reset" not in err, err
+
+
 def test_the_report_never_shows_two_different_values_as_one(tmp_path: Path) -> None:
     """Lr 0.1 and 0.10000001 both read 0.1 in the report's table, its hover and a grouped table's keys (4
     significant digits): two trials that differ looked alike. A value now gets the digits that tell it apart
