@@ -170,6 +170,8 @@ def _store_dir(args: argparse.Namespace) -> Store:
 def _picked(args: argparse.Namespace) -> Any:
     """The sweep a command reads, restricted to the trials ``--where`` holds for (all without it)."""
     sweep = _sweep(args)
+    if deleted := sweep.emptied_by_deletion():
+        raise RayCmfError(f"Nothing to read: {deleted}")
     if not args.where:
         return sweep
     picked = sweep.trials(args.metric or None, mode=args.mode, where=args.where)["trial_id"]
@@ -311,7 +313,12 @@ def cmd_trials(args: argparse.Namespace) -> int:
     if args.limit:
         table = table.head(args.limit)
     columns = _summary_columns(table, args.metric, args.all_columns, args.json) + (["verified"] if args.verify else [])
-    _emit(args, _trial_rows(args, table, columns), f"trials of {sweep.pipeline} ({sweep.metrics_name}), {order}")
+    _emit(
+        args,
+        _trial_rows(args, table, columns),
+        f"trials of {sweep.pipeline} ({sweep.metrics_name}), {order}",
+        empty=f"none ({deleted})" if (deleted := sweep.emptied_by_deletion()) else "none",
+    )
     return EXIT_OK
 
 

@@ -841,7 +841,7 @@ class Sweep:
     def _unknown(self, unknown: list[str]) -> RayCmfError:
         """The error for metrics the series lacks; where none of its trials committed rows yet, it says where
         their rows are."""
-        known, deleted = _metric_columns(self._known_schema()), self._all_deleted()
+        known, deleted = _metric_columns(self._known_schema()), self.emptied_by_deletion()
         hint = (
             ""
             if known
@@ -857,8 +857,8 @@ class Sweep:
             )
         return RayCmfError(f"Unknown metric(s) {unknown} in series {self.metrics_name!r}; it has {known}{hint}")
 
-    def _all_deleted(self) -> str:
-        """Where this sweep holds no trial because every one is deleted, what says so ("" otherwise)."""
+    def emptied_by_deletion(self) -> str:
+        """What says so where this sweep holds no trial because every one is deleted; "" otherwise."""
         if self.executions() or self.include_deleted or self._kept is not None or not self.everyone().executions():
             return ""
         return f"every trial of {self.pipeline!r} is deleted (--include-deleted, include_deleted=True, reads them)"
@@ -946,7 +946,7 @@ class Sweep:
         logged = [column for column in self.columns() if is_metric(column)]
         declared = [m for m in self.modes() if m != THROUGHPUT and (m in logged or not logged)]  # none yet: any
         ranked = next(iter(declared), None)
-        if ranked is None and (deleted := self._all_deleted()):
+        if ranked is None and (deleted := self.emptied_by_deletion()):
             raise InvalidArgumentError(f"Name a metric (--metric): {deleted}")
         if ranked is None:
             raise InvalidArgumentError(

@@ -558,9 +558,18 @@ def test_deleted_trials_leave_every_view_until_undeleted(tmp_path: Path, capsys:
     code, rows = _cli(capsys, "delete", "--all", "--yes", "--store", root)  # a whole sweep (a new user)
     assert code == 0 and sorted(row["trial_id"] for row in rows) == ["a", "b", "d"]
     assert Sweep(root).trials().empty
-    for argv in (["compare"], ["trials", "--metric", "loss"]):  # it blamed the loggers, or rows not committed yet
-        assert main([*argv, "--store", root]) == 2
-        assert "every trial of 'sweep' is deleted (--include-deleted" in capsys.readouterr().err
+    out = tmp_path / "out"
+    for argv in (
+        ["compare"],
+        ["trials", "--metric", "loss"],
+        ["report", "-o", f"{out}.html"],
+        ["export", "-o", f"{out}.csv"],
+    ):
+        assert main([*argv, "--store", root]) == 2  # compare and trials blamed the loggers, report and export wrote
+        assert "every trial of 'sweep' is deleted (--include-deleted" in capsys.readouterr().err  # an empty file
+    assert not list(tmp_path.glob("out.*"))
+    assert main(["trials", "--store", root]) == 0
+    assert "none (every trial of 'sweep' is deleted (--include-deleted" in capsys.readouterr().out
     code, rows = _cli(capsys, "undelete", "--all", "--store", root)
     assert code == 0 and list(Sweep(root).trials()["trial_id"]) == ["a", "b", "c", "d"]
 
