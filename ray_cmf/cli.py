@@ -554,6 +554,12 @@ def _output(path: str) -> Path:
     return target
 
 
+def _path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("needs a file name, got ''")
+    return text
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -967,7 +973,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-columns", action="store_true", help="also Tune's bookkeeping (time_total_s, ...)")
     p = command("report", cmd_report, "the sweep's interactive report: one self-contained HTML file")
     _add_sweep_options(p)
-    p.add_argument("-o", "--output", required=True, help="HTML path")
+    p.add_argument("-o", "--output", required=True, type=_path, help="HTML path")
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p.add_argument("--series", action="append", help=SERIES_HELP)
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
@@ -981,7 +987,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p = command("plot", cmd_plot, "learning curves as a PNG, SVG or PDF")
     _add_sweep_options(p, metric_help=f"the metric to plot (one; default: {RANKED_DEFAULT})")
-    p.add_argument("-o", "--output", required=True, help="a .png, .svg or .pdf file")
+    p.add_argument("-o", "--output", required=True, type=_path, help="a .png, .svg or .pdf file")
     p.add_argument("--color-by", help="config key that colours the curves")
     p.add_argument("--top", type=_positive, help="only the best N trials")
     p = command("export", cmd_export, "every trial's steps as one CSV or Parquet file")
@@ -991,6 +997,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         required=True,
+        type=_path,
         help="a .csv or .parquet file, or - for the standard output (CSV unless --format)",
     )
     p = command("verify", cmd_verify, "re-hash every file against MLMD and DVC; exit 1 on any mismatch")

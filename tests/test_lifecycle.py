@@ -1747,6 +1747,10 @@ def test_an_output_under_a_file_names_the_file_in_the_way(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert f"{tmp_path / 'notes.txt'} is a file, not a directory" in err, err
     assert (tmp_path / "notes.txt").read_text() == "mine"
+    for command in ("export", "report", "plot"):  # "-o '' is a directory", "--format is needed"
+        with pytest.raises(SystemExit) as usage:
+            main([command, "--store", store, "-o", ""])
+        assert usage.value.code == 2 and "needs a file name, got ''" in capsys.readouterr().err
 
 
 def test_a_tag_both_set_and_removed_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
