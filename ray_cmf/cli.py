@@ -538,7 +538,10 @@ def _bookkeeping(field: str) -> bool:
 
 def _output(path: str) -> Path:
     """Where a command writes its file: its directory is made, and a directory itself is refused."""
-    target = Path(path).resolve() if Path(path).is_symlink() else Path(path)  # written through a link, not over it
+    link = Path(path).is_symlink()
+    target = Path(path).resolve() if link else Path(path)  # written through a link, not over it
+    if link and not target.parent.is_dir():  # the directories a link points into are not ours to make
+        raise RayCmfError(f"cannot write {path}: it links to {target}, in a directory that does not exist")
     if target.is_dir():
         raise RayCmfError(f"-o {path!r} is a directory; name the file to write")
     if target.exists() and not target.is_file():  # a device (/dev/full), a pipe: a file is written whole, renamed

@@ -1733,6 +1733,10 @@ def test_an_output_through_a_link_is_written_where_it_points_and_a_device_is_ref
     link.symlink_to(tmp_path / "real" / "steps.csv")
     assert main(["export", "--store", store, "-o", str(link)]) == 0
     assert link.is_symlink() and (tmp_path / "real" / "steps.csv").read_text().startswith("trial_id")
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to(tmp_path / "nowhere" / "steps.csv")
+    assert main(["export", "--store", store, "-o", str(dangling)]) == 2  # it made the directories it points into
+    assert "in a directory that does not exist" in capsys.readouterr().err and not (tmp_path / "nowhere").exists()
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     assert main(["report", "--store", store, "-o", str(fifo)]) == 2
