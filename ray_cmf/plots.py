@@ -163,7 +163,7 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False, layout="constrained")
     scores = floats(trials[best])
     norm = _norm(scores)
-    for ax, key in zip(axes.flat, keys, strict=True):
+    for ax, key in zip(axes.flat, keys, strict=False):  # the grid's last row may have panels to spare (hidden)
         values = floats(trials[key])
         points = ax.scatter(values, scores, c=scores, cmap="viridis_r", norm=norm, s=18, edgecolors="none")
         if log_spread(values):

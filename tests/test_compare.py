@@ -130,6 +130,22 @@ def test_diff_tells_a_nan_config_from_a_missing_key(tmp_path: Path) -> None:
     assert "extra_best" not in diff.index  # a NaN summary and no summary read alike
 
 
+def test_plot_params_draws_any_number_of_config_keys(tmp_path: Path) -> None:
+    """With 4, 5, 7, ... numeric config keys varying, ``plot_params`` raised ``zip() argument 2 is shorter than
+    argument 1``: its grid of 3 columns has panels to spare, which it zipped strictly with the keys (a new user)."""
+    for keys in range(1, 8):
+        store = tmp_path / f"store{keys}"
+        for run in range(3):
+            with Cmf(pipeline_name="p", store=store) as cmf:
+                cmf.create_execution(
+                    "trial", {f"k{i}": run * (i + 1) + 0.5 for i in range(keys)}, execution_name=f"r{run}"
+                )
+                cmf.log_metric("s", {"step": 0, "loss": 1.0 / (run + 1)})
+                cmf.commit_metrics("s")
+        path = Sweep(store, metrics_name="s").plot_params("loss", tmp_path / f"params{keys}.png")
+        assert Path(path).read_bytes().startswith(b"\x89PNG"), keys
+
+
 def test_the_metrics_offered_to_rank_by_are_those_that_can_be(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
