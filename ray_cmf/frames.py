@@ -363,11 +363,23 @@ def exact_summary(rows: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def settle_ints(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary columns of :func:`exact_ints` that no blank joined (every value an int) as int64 again."""
-    for column in [c for c in table.columns if c.endswith(("_best", "_final"))]:
+    """The summary columns of :func:`exact_ints` as int64 again where no blank joined (every value an int), and a
+    metric's ``_best`` and ``_final`` as float64 where a trial logged it as floats: ints and floats read as
+    floats, as in ``steps()``, unless one of its ints is beyond 2**53, which a float would round (both columns
+    then stay exact)."""
+    summaries = [c for c in table.columns if c.endswith(("_best", "_final")) and table[c].dtype == object]
+    for column in summaries:
         values = table[column]
-        if values.dtype == object and len(values) and all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
+        if len(values) and all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
             table[column] = values.astype("int64")
+    for metric in dict.fromkeys(c.rsplit("_", 1)[0] for c in summaries):
+        pair = [c for c in (f"{metric}_best", f"{metric}_final") if c in summaries and table[c].dtype == object]
+        values = [v for column in pair for v in table[column]]
+        if any(type(v) is float and not math.isnan(v) for v in values) and all(
+            type(v) is float or (type(v) is int and abs(v) <= 2**53) for v in values
+        ):
+            for column in pair:
+                table[column] = table[column].astype("float64")
     return table
 
 

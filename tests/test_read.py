@@ -1462,3 +1462,28 @@ def test_the_reports_table_shows_a_logged_nan_apart_from_a_missing_value(tmp_pat
 
     assert (cells("nan")["config/eps"], cells("none")["config/eps"]) == ("NaN", "")
     assert (cells("nan")["metrics/final/score"], cells("none")["metrics/final/score"]) == ("NaN", "")
+
+
+def test_a_metric_of_ints_in_one_trial_and_floats_in_another_summarises_as_floats(tmp_path: Path) -> None:
+    """``steps()`` read such a metric as floats, as the README says, but ``trials()`` gave its ``_best`` and
+    ``_final`` an object column of ints and floats: ``describe()`` and ``select_dtypes`` left it out, and
+    ``nlargest`` raised (a new user). Ints beyond float64's exact range still keep their column exact."""
+    store = tmp_path / "store"
+    logged = {"a": [1, 2, 3], "b": [1.5, 2.5, 3.5], "c": [2**60 + 1, 2**60 + 3, 2**60 + 5], "d": [7, 8, 9]}
+    for name, values in logged.items():
+        with Cmf(pipeline_name="p", store=store) as cmf:
+            cmf.create_execution("trial", execution_name=name)
+            for step, value in enumerate(values):
+                key = "m" if name in ("a", "b") else "big" if name in ("b", "c") else "n"
+                cmf.log_metric("s", {"step": step, key: value, **({"big": 0.5} if name == "b" else {})})
+            cmf.commit_metrics("s")
+    for live in (False, True):
+        table = Sweep(store, metrics_name="s").trials(live=live).set_index("trial_id")
+        assert table["m_best"].dtype == np.float64 and table["m_final"].dtype == np.float64, live
+        assert table.loc[["a", "b"], "m_best"].tolist() == [1.0, 1.5] and table.loc[["a", "b"], "m_final"].tolist() == [
+            3.0,
+            3.5,
+        ]
+        assert table["m_final"].nlargest(1).index.tolist() == ["b"]
+        assert table.loc["c", "big_best"] == 2**60 + 1 and type(table.loc["c", "big_best"]) is int  # exact
+        assert table["n_final"].dtype == object and table.loc["d", "n_final"] == 9  # ints beside blanks stay ints
