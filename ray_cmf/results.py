@@ -125,8 +125,9 @@ def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> Non
         try:
             buffer.append(row)
             return
-        except (SchemaError, PrecisionError, InvalidValueError) as exc:
-            log.warning("ray_cmf: %s: dropping metric %r: %s", source, exc.key, exc.reason)
+        except (SchemaError, PrecisionError, InvalidValueError) as exc:  # a value reported at every result: once
+            said = f"{source}: dropping metric {exc.key!r}: {exc.reason} (said once: later ones are dropped alike)"
+            _warn_once(type(exc).__name__, exc.key, said)
             row.pop(exc.key)
         except InvalidNameError as exc:  # a name ray_cmf fills itself: every result holds it
             _drop_reserved(row, exc.name, source, exc)

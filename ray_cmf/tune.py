@@ -104,10 +104,12 @@ def trial_cmf(
         )
     writer = connect()
     in_trial = threading.current_thread() is not threading.main_thread()  # Tune's thread for the trainable
+    trainable = _running(tune.Trainable.train)  # a tune.Trainable's step() asks (on its actor's main thread)
     here = capture(code=False, software=False) if in_trial else None
-    token = ray.get_runtime_context().get_actor_id() if in_trial else None  # this start's, not a failed one's
-    own = None if ray_driver() else tune.get_context().get_trial_id()
+    own = None if ray_driver() else trainable.trial_id if trainable is not None else tune.get_context().get_trial_id()
     foreign = own is not None and own != trial_id  # cmflib's examples name trials themselves: no wait for those
+    started = (in_trial or trainable is not None) and not foreign  # by the trial's own start, which joins this
+    token = ray.get_runtime_context().get_actor_id() if started else None  # start's registration, not a failed one's
     try:
         joined = writer.wait_for_trial(
             StoreWriter.join, trial_id, 0.0 if foreign else timeout, environment=here, token=token
@@ -120,7 +122,6 @@ def trial_cmf(
             "ray_cmf.tune.get_cmf(), or logger.cmf_obj[ray.tune.get_context().get_trial_id()]"
         ) from None
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
-    trainable = _running(tune.Trainable.train)  # a tune.Trainable's step() asks
     if trainable is not None:
         _flush_at_saves(trainable)
     if in_trial:

@@ -361,6 +361,24 @@ def test_a_result_with_a_text_the_store_cannot_hold_keeps_the_rest(
     assert "'b\\udc80'" in caplog.text
 
 
+def test_a_value_refused_in_every_result_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A trial that reports a numpy uint64 beyond int64 in every result was told so at every result (a new
+    user): said once per metric and reason, with where it was first; each result keeps its other metrics."""
+    import numpy as np
+
+    from ray_cmf.results import append_result
+
+    buffer = MetricBuffer(tmp_path / "spill", flush_rows=10)
+    for step in (1, 2, 3):
+        append_result(
+            buffer, {"training_iteration": step, "u8": np.uint64(2**64 - 1).item()}, f"trial u at step {step}"
+        )
+    buffer.close()
+    [table] = [b for b in read_segments(tmp_path / "spill")]
+    assert table.column_names == ["SequenceNumber", "training_iteration"] and table.num_rows == 3
+    assert caplog.text.count("dropping metric 'u8'") == 1 and "trial u at step 1" in caplog.text, caplog.text
+
+
 def test_a_row_that_ctrl_c_interrupts_is_all_or_nothing(tmp_path: Path) -> None:
     """Ctrl-C raises KeyboardInterrupt wherever the main thread is, also inside ``append`` (a Tune driver's
     result hook, say): at any line of it, the row is wholly in or wholly out, and the rows before it and after

@@ -1661,6 +1661,46 @@ def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_co
     assert (trial["status"], trial["steps"], trial["loss_final"]) == ("COMPLETE", 3, 3.0)
 
 
+def test_a_retried_class_trainables_series_is_the_retrys_even_when_its_registration_comes_late(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """The same for a ``tune.Trainable`` that logs through ``trial_cmf(self.trial_id)`` in ``step()``: its
+    retry joined the failed attempt's registration, which the function trainables' fix did not cover (a
+    class trainable's ``step()`` runs on its actor's main thread), so re-logged steps read twice (a new user,
+    in 2 of 6 trials)."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import trial_cmf
+
+    marker = tmp_path / "failed-once"
+
+    class LogsThenFailsOnce(tune.Trainable):
+        def setup(self, config: dict[str, Any]) -> None:
+            self.first = not marker.exists()
+            marker.touch()
+
+        def step(self) -> dict[str, Any]:
+            step = self.iteration + 1
+            trial_cmf(self.trial_id).log_metric("inner", {"step": step, "loss": step * (0.1 if self.first else 1.0)})
+            if self.first and step == 4:
+                trial_cmf(self.trial_id).flush()
+                raise RuntimeError("fails once")
+            return {"loss": float(step), "done": step == 3 and not self.first}
+
+    class LateToRegisterTheRetry(CmfRayLogger):
+        def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            if trial.trial_id in self._trials:  # the retry: registered late, as a busy writer does
+                threading.Timer(2.0, super().on_trial_start, (iteration, trials, trial), info).start()
+            else:
+                super().on_trial_start(iteration, trials, trial, **info)
+
+    logger = LateToRegisterTheRetry("retried", store=str(tmp_path / "store"), system_metrics=None)
+    _retried_once(LogsThenFailsOnce, {}, logger, tmp_path)
+    steps = Sweep(tmp_path / "store", metrics_name="inner").steps(["loss", "attempt"])
+    assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, float(s), 2] for s in range(1, 4)]
+
+
 def test_a_retried_trial_reads_back_its_series_as_the_sweep_does(ray_session: None, tmp_path: Path) -> None:
     """``read_metrics`` in a retried trial returned every attempt's rows: the failed attempt's steps 1-4 and
     then the retry's 1-3, seven rows, where ``Sweep.steps`` and the CLI read the retry's three (latest
