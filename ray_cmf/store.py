@@ -200,7 +200,8 @@ class Store:
         from the current directory, as every other path a command is given. ``check``: try it first.
 
         Raises:
-            InvalidArgumentError: ``endpoint_url`` for a remote that is not ``s3://``.
+            InvalidArgumentError: ``url`` cannot hold the files (another scheme, inside the store, under a file),
+                or ``endpoint_url`` is given for a remote that is not ``s3://``.
             StoreError: ``check``, and the remote does not answer or refuses the credentials: the store keeps
                 the remote it had.
         """
