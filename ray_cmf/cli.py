@@ -292,6 +292,8 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 def cmd_trials(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
+    if (args.where or args.group_by) and (deleted := sweep.emptied_by_deletion()):  # no column to name
+        raise RayCmfError(f"Nothing to read: {deleted}")
     sort = args.sort or (f"{args.metric[0]}_best" if args.metric else None)
     if args.group_by:
         return _grouped_trials(args, sweep)

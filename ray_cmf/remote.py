@@ -63,6 +63,16 @@ class Remote:
                 "credentials (AWS_ACCESS_KEY_ID, ~/.aws) right? `ray-cmf push --add-remote` changes it"
             ) from exc
 
+    def check(self) -> None:
+        """Raise StoreError, naming why, where files cannot be put here: a server that does not answer,
+        credentials it refuses, a bucket it lacks (which holds no object either, so an object's probe passes)."""
+        with self._answering():
+            fs = self._fs()
+            bucket = self._root().split("/")[0]
+            if self.is_s3 and not fs.exists(bucket):
+                raise StoreError(f"The remote {self.url}: its server has no bucket {bucket!r}; make it first")
+            fs.exists(self.object_path("0" * 32))
+
     def exists(self, md5: str) -> bool:
         """Whether the remote holds the object of ``md5``."""
         with self._answering():

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -202,8 +203,8 @@ class Store:
         Raises:
             InvalidArgumentError: ``url`` cannot hold the files (another scheme, inside the store, under a file),
                 or ``endpoint_url`` is given for a remote that is not ``s3://``.
-            StoreError: ``check``, and the remote does not answer or refuses the credentials: the store keeps
-                the remote it had.
+            StoreError: ``check``, and the remote does not answer, refuses the credentials or lacks its bucket:
+                the store keeps the remote it had.
         """
         remote = Remote(self._remote_url(url), endpoint_url)
         if endpoint_url is not None and not remote.is_s3:
@@ -211,20 +212,27 @@ class Store:
                 f"endpoint URL {endpoint_url!r} is for an s3:// remote (an S3 server); {url!r} is a directory"
             )
         if check:
-            remote.exists("0" * 32)  # one that does not answer, or refuses the credentials: StoreError
+            remote.check()
         self.dvc.add_remote("default", remote.url, endpoint_url=endpoint_url)
         self._write_config(remote=remote.to_config())
         return remote
 
     def _remote_url(self, url: str) -> str:
-        """``url`` as a remote of this store: an ``s3://`` URL as given, a directory (or ``file://`` URL) as an
-        absolute path; refused, naming why, where it cannot hold the store's files."""
-        if url.startswith("s3://"):
+        """``url`` as a remote of this store: an ``s3://bucket/prefix`` URL as given, a directory (or a
+        ``file:`` URL) as an absolute path; refused, naming why, where it cannot hold the store's files."""
+        parsed = urllib.parse.urlsplit(url)
+        if not url.isascii():  # DVC 3 fails on it ("'ascii' codec can't encode"), and empties its config
+            raise InvalidArgumentError(f"DVC cannot take a remote named with other than ASCII characters: {url!r}")
+        if parsed.scheme == "s3" and parsed.netloc:
             return url
-        if not url or ("://" in url and not url.startswith("file://")):
-            raise InvalidArgumentError(f"A remote is an s3:// URL or a directory (a file:// URL too); got {url!r}")
-        path = Path(os.path.normpath(Path(url.removeprefix("file://")).absolute()))
-        if path == self.root.absolute() or path.is_relative_to(self.root.absolute()):
+        if parsed.scheme == "file" and parsed.netloc in ("", "localhost") and parsed.path:
+            url = urllib.parse.unquote(parsed.path)
+        elif not url or parsed.scheme:
+            raise InvalidArgumentError(
+                f"A remote is an s3://BUCKET/PREFIX URL or a directory (a file: URL too); got {url!r}"
+            )
+        path = Path(os.path.normpath(Path(url).absolute()))
+        if path.resolve().is_relative_to(self.root.resolve()):
             raise InvalidArgumentError(f"The remote {path} is inside the store {self.root}: put it elsewhere")
         if in_the_way := next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None):
             raise InvalidArgumentError(f"The remote {path} cannot be made: {in_the_way} is a file, not a directory")

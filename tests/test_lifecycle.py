@@ -562,6 +562,8 @@ def test_deleted_trials_leave_every_view_until_undeleted(tmp_path: Path, capsys:
     for argv in (
         ["compare"],
         ["trials", "--metric", "loss"],
+        ["trials", "--where", "config/lr > 0"],  # "no column 'config/lr'"
+        ["trials", "--group-by", "config/opt"],
         ["report", "-o", f"{out}.html"],
         ["export", "-o", f"{out}.csv"],
     ):

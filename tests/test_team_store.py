@@ -564,6 +564,20 @@ def test_a_remote_that_does_not_answer_is_one_clear_error(
         assert f"remote s3://{BUCKET}/down (endpoint {down}) failed" in err and "Traceback" not in err, err
 
 
+def test_a_bucket_the_server_lacks_is_no_remote(s3: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``push --add-remote s3://missing-bucket/x`` failed with DVC's NoSuchBucket text yet replaced the remote that
+    worked (a new user): the bucket was probed for an object, which a missing bucket lacks too."""
+    store = tmp_path / "store"
+    _runs(store, 1)
+    assert main(["push", "--store", str(store), "--add-remote", str(tmp_path / "remote")]) == 0
+    configs = [(store / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")]
+    capsys.readouterr()
+    assert main(["push", "--store", str(store), "--add-remote", "s3://missing-bucket/x", "--endpoint-url", s3]) == 2
+    err = capsys.readouterr().err
+    assert "has no bucket 'missing-bucket'" in err and "Hit us up" not in err, err
+    assert [(store / name).read_bytes() for name in ("ray_cmf.json", ".dvc/config")] == configs
+
+
 def test_verify_names_an_object_missing_from_the_remote(
     s3: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
