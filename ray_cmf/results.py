@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,9 @@ def _warn_once(kind: str, name: str, message: str) -> None:
         log.warning("ray_cmf: %s", message)
 
 
+_REFUSED: weakref.WeakKeyDictionary[MetricBuffer, set[tuple[type, str]]] = weakref.WeakKeyDictionary()  # said
+
+
 def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> None:
     """Append a result's row, dropping with a warning each value that its column cannot hold (a type change,
     an int beyond 2**53 among floats, a text UTF-8 cannot hold): the rest of the result is kept. ``source``
@@ -125,9 +129,16 @@ def append_result(buffer: MetricBuffer, row: dict[str, Any], source: str) -> Non
         try:
             buffer.append(row)
             return
-        except (SchemaError, PrecisionError, InvalidValueError) as exc:  # a value reported at every result: once
-            said = f"{source}: dropping metric {exc.key!r}: {exc.reason} (said once: later ones are dropped alike)"
-            _warn_once(type(exc).__name__, exc.key, said)
+        except (SchemaError, PrecisionError, InvalidValueError) as exc:
+            refused = _REFUSED.setdefault(buffer, set())
+            if (type(exc), exc.key) not in refused:  # a value reported at every result: said once per series
+                refused.add((type(exc), exc.key))
+                log.warning(
+                    "ray_cmf: %s: dropping metric %r: %s (said once: later ones are dropped alike)",
+                    source,
+                    exc.key,
+                    exc.reason,
+                )
             row.pop(exc.key)
         except InvalidNameError as exc:  # a name ray_cmf fills itself: every result holds it
             _drop_reserved(row, exc.name, source, exc)
