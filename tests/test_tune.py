@@ -1635,6 +1635,20 @@ def _logs_4_fails_then_logs_3(tmp_path: Path) -> Any:
     return trainable
 
 
+def _late_to_register_the_retry(pipeline: str, store: Path) -> Any:
+    """A CmfRayLogger that registers a retried trial 2 s late, as a busy writer may."""
+    from ray_cmf import CmfRayLogger
+
+    class LateToRegisterTheRetry(CmfRayLogger):
+        def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+            if trial.trial_id in self._trials:  # the retry
+                threading.Timer(2.0, super().on_trial_start, (iteration, trials, trial), info).start()
+            else:
+                super().on_trial_start(iteration, trials, trial, **info)
+
+    return LateToRegisterTheRetry(pipeline, store=str(store), system_metrics=None)
+
+
 def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_comes_late(
     ray_session: None, tmp_path: Path
 ) -> None:
@@ -1643,16 +1657,7 @@ def test_a_retried_trials_own_series_is_the_retrys_even_when_its_registration_co
     registration, so the retry's rows were stamped attempt 1, and the failed attempt's step 4 read as the
     trial's last (found by a new user, in 1 of 11 sweeps). The registration comes late here every time."""
 
-    from ray_cmf import CmfRayLogger
-
-    class LateToRegisterTheRetry(CmfRayLogger):
-        def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-            if trial.trial_id in self._trials:  # the retry: registered late, as a busy writer does
-                threading.Timer(2.0, super().on_trial_start, (iteration, trials, trial), info).start()
-            else:
-                super().on_trial_start(iteration, trials, trial, **info)
-
-    logger = LateToRegisterTheRetry("retried", store=str(tmp_path / "store"), system_metrics=None)
+    logger = _late_to_register_the_retry("retried", tmp_path / "store")
     _retried_once(_logs_4_fails_then_logs_3(tmp_path), {}, logger, tmp_path)
     sweep = Sweep(tmp_path / "store", metrics_name="inner")
     steps = sweep.steps(["loss", "attempt"])
@@ -1670,7 +1675,6 @@ def test_a_retried_class_trainables_series_is_the_retrys_even_when_its_registrat
     in 2 of 6 trials)."""
     from ray import tune
 
-    from ray_cmf import CmfRayLogger
     from ray_cmf.tune import trial_cmf
 
     marker = tmp_path / "failed-once"
@@ -1688,14 +1692,7 @@ def test_a_retried_class_trainables_series_is_the_retrys_even_when_its_registrat
                 raise RuntimeError("fails once")
             return {"loss": float(step), "done": step == 3 and not self.first}
 
-    class LateToRegisterTheRetry(CmfRayLogger):
-        def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-            if trial.trial_id in self._trials:  # the retry: registered late, as a busy writer does
-                threading.Timer(2.0, super().on_trial_start, (iteration, trials, trial), info).start()
-            else:
-                super().on_trial_start(iteration, trials, trial, **info)
-
-    logger = LateToRegisterTheRetry("retried", store=str(tmp_path / "store"), system_metrics=None)
+    logger = _late_to_register_the_retry("retried", tmp_path / "store")
     _retried_once(LogsThenFailsOnce, {}, logger, tmp_path)
     steps = Sweep(tmp_path / "store", metrics_name="inner").steps(["loss", "attempt"])
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, float(s), 2] for s in range(1, 4)]
