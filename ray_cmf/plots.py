@@ -177,7 +177,9 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     for ax in list(axes.flat)[len(keys) :]:
         ax.set_visible(False)
     fig.colorbar(points, ax=axes, label=_written(f"best {metric}"))
-    fig.suptitle(_written(f"{title} ({len(trials)} trials)"))
+    drawn = int(np.isfinite(scores).sum())
+    unscored = f", {len(trials) - drawn} without a finite best {metric}" if drawn < len(trials) else ""
+    fig.suptitle(_written(f"{title} ({drawn} trials{unscored})"))
     return _save(fig, path)
 
 

@@ -930,16 +930,23 @@ class ReportServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: ReportServer
 
+    def do_HEAD(self) -> None:
+        """What a GET would send, less the body (``curl -I``, link checkers)."""
+        self._answer(body=False)
+
     def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, *, body: bool) -> None:
         routes = {"/": ("text/html", self.server.page), "/index.html": ("text/html", self.server.page)}
         routes["/data.json"] = ("application/json", self.server.data)
         route = routes.get(self.path)
         if route is None:
             self.send_error(HTTPStatus.NOT_FOUND)
             return
-        kind, body_of = route
+        kind, content_of = route
         try:
-            body = body_of()
+            content = content_of()
         except Exception as exc:  # a store mid-write, or a bad option: say so on the page
             log.warning("ray_cmf: building the report failed: %s", exc)
             self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR, f"ray_cmf: {exc}")
@@ -947,10 +954,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", f"{kind}; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(content)))
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
-            self.wfile.write(body)
+            if body:
+                self.wfile.write(content)
         except (BrokenPipeError, ConnectionResetError):  # the client left (a reload, `curl | head`): no error
             log.debug("ray_cmf report: %s left before %s was sent", self.client_address, self.path)
             self.close_connection = True

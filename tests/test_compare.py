@@ -144,6 +144,12 @@ def test_plot_params_draws_any_number_of_config_keys(tmp_path: Path) -> None:
                 cmf.commit_metrics("s")
         path = Sweep(store, metrics_name="s").plot_params("loss", tmp_path / f"params{keys}.png")
         assert Path(path).read_bytes().startswith(b"\x89PNG"), keys
+    with Cmf(pipeline_name="p", store=store) as cmf:  # a trial without the metric is no point: said, not counted
+        cmf.create_execution("trial", {f"k{i}": 9.5 for i in range(keys)}, execution_name="none")
+        cmf.log_metric("s", {"step": 0, "other": 1.0})
+        cmf.commit_metrics("s")
+    svg = Sweep(store, metrics_name="s").plot_params("loss", tmp_path / "params.svg").read_text()
+    assert "(3 trials, 1 without a finite best loss)" in svg
 
 
 def test_the_metrics_offered_to_rank_by_are_those_that_can_be(

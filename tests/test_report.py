@@ -294,6 +294,8 @@ def test_the_server_sends_the_content_as_json(live_server: tuple[ReportServer, A
     parts = json.loads(urllib.request.urlopen(server.url + "data.json").read())
     assert set(parts) == {"data", "table", "title", "note", "importance_note", "lineage"}
     assert parts["title"] == "live: 1 trial" and len(parts["data"]["sections"][0]["traces"][0]["x"]) == 20
+    head = urllib.request.urlopen(urllib.request.Request(server.url, method="HEAD"))  # it answered 501 (a new user)
+    assert head.status == 200 and head.headers["Content-Type"].startswith("text/html") and head.read() == b""
 
 
 def test_a_client_that_leaves_mid_page_is_no_error(
