@@ -1692,9 +1692,17 @@ def test_a_retried_class_trainables_series_is_the_retrys_even_when_its_registrat
                 raise RuntimeError("fails once")
             return {"loss": float(step), "done": step == 3 and not self.first}
 
+        def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:  # Tune may save a retried trial's end
+            return {}
+
+        def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            return
+
     logger = _late_to_register_the_retry("retried", tmp_path / "store")
     _retried_once(LogsThenFailsOnce, {}, logger, tmp_path)
-    steps = Sweep(tmp_path / "store", metrics_name="inner").steps(["loss", "attempt"])
+    sweep = Sweep(tmp_path / "store", metrics_name="inner")
+    assert sweep.trials()["status"].tolist() == ["COMPLETE"]
+    steps = sweep.steps(["loss", "attempt"])
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, float(s), 2] for s in range(1, 4)]
 
 
