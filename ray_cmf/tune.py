@@ -124,6 +124,7 @@ def trial_cmf(
     cmf = _TRIAL_CMFS[trial_id] = Cmf.joined(writer, joined, **buffer_options)
     if trainable is not None:
         _flush_at_saves(trainable)
+        _hand_over_at_stop(trainable)
     if in_trial:
         interval = None if joined.node_sampled else system_metrics
         sampler = sample_into(writer, SeriesKey.system(joined.binding), interval)
@@ -276,6 +277,25 @@ def _flush_at_saves(trainable: tune.Trainable) -> None:
         return report(*args, **kwargs)
 
     setattr(trainable, name, report_after_flush)
+
+
+def _hand_over_at_stop(trainable: tune.Trainable) -> None:
+    """Make a ``tune.Trainable``'s rows reach the writer as Tune stops it (it completed, raised or was cut),
+    before its own ``cleanup``: Tune does not wait for the process's exit, where they would go otherwise.
+    Wraps ``cleanup`` on the instance, which ``Trainable.stop`` calls on ``self`` (Ray binds ``stop`` itself as
+    it starts the actor); the wrapper hands over the trial the instance runs then (Tune may reuse it)."""
+    if "cleanup" in vars(trainable):  # wrapped already
+        return
+    cleanup = trainable.cleanup
+
+    @functools.wraps(cleanup)
+    def cleanup_after_hand_over() -> None:
+        cmf = _TRIAL_CMFS.get(trainable.trial_id)
+        if cmf is not None:
+            _HandOver(trainable.trial_id, cmf, None)()
+        cleanup()
+
+    trainable.cleanup = cleanup_after_hand_over  # type: ignore[method-assign]
 
 
 def _running(method: Any) -> Any:

@@ -1706,6 +1706,37 @@ def test_a_retried_class_trainables_series_is_the_retrys_even_when_its_registrat
     assert steps[["step", "loss", "attempt"]].values.tolist() == [[s, float(s), 2] for s in range(1, 4)]
 
 
+def test_a_class_trainable_that_raises_hands_over_what_it_logged_before_tune_stops_it(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """A ``tune.Trainable`` whose ``step()`` raised lost the rows it logged since its last flush where Tune took
+    its actor down before the process's exit handed them over (a fresh clone's run: the retry's 3 rows, gone).
+    Its rows reach the writer as Tune stops it, as a function trainable's do as its thread ends."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import trial_cmf
+
+    class LogsThenRaises(tune.Trainable):
+        def step(self) -> dict[str, Any]:
+            step = self.iteration + 1
+            trial_cmf(self.trial_id).log_metric("inner", {"step": step, "loss": 1.0 / step})  # never flushed
+            if step == 3:
+                raise RuntimeError("boom")
+            return {"loss": 1.0 / step}
+
+        def cleanup(self) -> None:  # a slow one: the process exits only after Tune has moved on
+            time.sleep(3)
+
+    logger = CmfRayLogger("raises", store=str(tmp_path / "store"), system_metrics=None)
+    tune.Tuner(
+        LogsThenRaises, run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), callbacks=[logger], verbose=0)
+    ).fit()
+    sweep = Sweep(tmp_path / "store", metrics_name="inner")
+    assert sweep.trials()["status"].tolist() == ["FAILED"]
+    assert sweep.steps(["loss"])[["step", "loss"]].values.tolist() == [[1, 1.0], [2, 0.5], [3, 1 / 3]]
+
+
 def test_a_retried_trial_reads_back_its_series_as_the_sweep_does(ray_session: None, tmp_path: Path) -> None:
     """``read_metrics`` in a retried trial returned every attempt's rows: the failed attempt's steps 1-4 and
     then the retry's 1-3, seven rows, where ``Sweep.steps`` and the CLI read the retry's three (latest
