@@ -63,3 +63,9 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_in_the_way(directory: Path) -> Path | None:
+    """The first of ``directory`` and its parents that exists as something other than a directory (which no
+    file can be written under), or None."""
+    return next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)

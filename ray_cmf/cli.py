@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray_cmf._atomic import atomic_write
+from ray_cmf._atomic import atomic_write, file_in_the_way
 from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
 from ray_cmf._json import JsonText, dumps, jsonable
 from ray_cmf._names import unstorable
@@ -28,6 +28,7 @@ from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, MLMD_FILE, STORE_CONFIG, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
+from ray_cmf.exits import shown_status
 from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials
 from ray_cmf.lineage import (
     Execution,
@@ -292,7 +293,8 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 def cmd_trials(args: argparse.Namespace) -> int:
     sweep = _sweep(args)
-    if (args.where or args.group_by) and (deleted := sweep.emptied_by_deletion()):  # no column to name
+    deleted = sweep.emptied_by_deletion()
+    if deleted and (args.where or args.group_by):  # no column to name
         raise RayCmfError(f"Nothing to read: {deleted}")
     sort = args.sort or (f"{args.metric[0]}_best" if args.metric else None)
     if args.group_by:
@@ -319,7 +321,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
         args,
         _trial_rows(args, table, columns),
         f"trials of {sweep.pipeline} ({sweep.metrics_name}), {order}",
-        empty=f"none ({deleted})" if (deleted := sweep.emptied_by_deletion()) else "none",
+        empty=f"none ({deleted})" if deleted else "none",
     )
     return EXIT_OK
 
@@ -548,7 +550,7 @@ def _output(path: str) -> Path:
         raise RayCmfError(f"-o {path!r} is a directory; name the file to write")
     if target.exists() and not target.is_file():  # a device (/dev/full), a pipe: a file is written whole, renamed
         raise RayCmfError(f"cannot write {path}: not a regular file (a command writes a file whole, then renames it)")
-    if in_the_way := next((p for p in target.parents if p.exists() and not p.is_dir()), None):
+    if in_the_way := file_in_the_way(target.parent):
         raise RayCmfError(f"cannot write {path}: {in_the_way} is a file, not a directory")
     try:  # before the work: a file can be made there
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -700,7 +702,7 @@ def _recovered_rows(store: Store, series: list[RecoveredSeries], crashed: list[E
 
     def run(execution_id: int) -> dict[str, Any]:
         execution = runs[execution_id]
-        return {"execution": execution.name, "status": properties(execution).get("status") or state_name(execution)}
+        return {"execution": execution.name, "status": shown_status(state_name(execution), properties(execution))}
 
     rows = [
         {**run(s.execution_id), "metrics_name": s.metrics_name, "rows": s.rows, "url": properties(s.artifact)["url"]}
@@ -760,8 +762,6 @@ def cmd_tag(args: argparse.Namespace) -> int:
         if key in tags and tags[key] != value:
             raise RayCmfError(f"tag {key!r} is given twice, as {tags[key]!r} and {value!r}: which is it?")
         tags[key] = value
-    if both := sorted(set(tags) & set(args.remove or ())):
-        raise RayCmfError(f"tag {both[0]!r} is both set ({both[0]}={tags[both[0]]}) and removed: which is it?")
     if not tags and not args.remove:
         raise RayCmfError("name a tag to set (key=value) or one to --remove")
     sweep.tag(args.trial, remove=args.remove or (), **tags)

@@ -63,7 +63,7 @@ from ray_cmf.curation import (
 )
 from ray_cmf.environment import ENV_COLUMNS, recorded_environment
 from ray_cmf.errors import InvalidArgumentError, MetricsNotFoundError, RayCmfError, StoreError
-from ray_cmf.exits import CRASHED, abandoned
+from ray_cmf.exits import shown_status
 from ray_cmf.frames import (
     ERROR_COLUMN,
     KEY_COLUMNS,
@@ -717,7 +717,7 @@ class Sweep:
         restarts = dict(zip(RESTART_COLUMNS, (replaced_by.get(trial_id), restarted_from.get(trial_id)), strict=True))
         return {
             "trial_id": trial_id,
-            "status": REPLACED if trial_id in replaced_by else _status(execution, props),
+            "status": REPLACED if trial_id in replaced_by else shown_status(state_name(execution), props),
             "recovered": bool(props.get(RECOVERED, False)),
             "stopped": bool(props.get(STOPPED_PROPERTY, False)),
             "stage": stage,
@@ -1010,7 +1010,7 @@ class Sweep:
             runs.append(
                 {
                     "run": props.get("run_name", run.name),
-                    "status": _status(run, props),
+                    "status": shown_status(state_name(run), props),
                     "error": props.get(ERROR_PROPERTY),
                     "config": _own_config(props),
                 }
@@ -1257,13 +1257,6 @@ def _recorded_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
         if type(None) in kinds or {int, float} <= kinds or JsonText in kinds:
             table[column] = pd.Series([row.get(column) for row in rows], index=table.index, dtype=object)
     return table
-
-
-def _status(execution: Execution, props: Mapping[str, Any]) -> str:
-    """A trial's status: the one recorded, except ``CRASHED`` for one still RUNNING whose process is gone."""
-    state = state_name(execution)
-    status = str(props.get("status") or state)
-    return CRASHED if status == "RUNNING" and abandoned(state, props) else status
 
 
 def _config(props: Mapping[str, Any], *, as_json: bool = True) -> dict[str, Any]:

@@ -218,6 +218,13 @@ def running_holder(state: str, props: Mapping[str, Any]) -> tuple[str, int] | No
     return str(props.get(HOLDER_HOST)), int(props[HOLDER_PID])
 
 
+def shown_status(state: str, props: Mapping[str, Any]) -> str:
+    """A run's status from its MLMD ``state`` and properties: the one recorded, except ``CRASHED`` for one still
+    RUNNING whose process is gone."""
+    status = str(props.get("status") or state)
+    return CRASHED if status == "RUNNING" and abandoned(state, props) else status
+
+
 def abandoned(state: str, props: Mapping[str, Any]) -> bool:
     """Whether a RUNNING execution will never be ended: its holder, on this machine, is gone."""
     held = running_holder(state, props)

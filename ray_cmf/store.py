@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_cmf._atomic import write_bytes, write_text
+from ray_cmf._atomic import file_in_the_way, write_bytes, write_text
 from ray_cmf._names import check_name
 from ray_cmf.connection import database_of, is_url, without_password
 from ray_cmf.constants import (
@@ -234,7 +234,7 @@ class Store:
         path = Path(os.path.normpath(Path(url).absolute()))
         if path.resolve().is_relative_to(self.root.resolve()):
             raise InvalidArgumentError(f"The remote {path} is inside the store {self.root}: put it elsewhere")
-        if in_the_way := next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None):
+        if in_the_way := file_in_the_way(path):
             raise InvalidArgumentError(f"The remote {path} cannot be made: {in_the_way} is a file, not a directory")
         return str(path)
 
