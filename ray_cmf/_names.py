@@ -1,9 +1,11 @@
-"""Validation of what callers name: names that become path components or MLMD names, and modes."""
+"""Validation of what callers name: names that become path components or MLMD names, and modes; what errors
+say exists where a name was not found."""
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray_cmf.constants import MODE_PREFIX
@@ -119,3 +121,16 @@ def check_limit(limit: object, argument: str = "limit") -> int | None:
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise InvalidArgumentError(f"{argument} must be an int >= 1, got {limit!r}")
     return limit
+
+
+LISTED_AT_MOST = 20  # names an error lists where it names what exists
+
+
+def what_exists(asked: Sequence[str], names: Sequence[str]) -> str:
+    """What an error says exists beside names it was asked for that do not: the near ones where a name looks
+    mistyped, else the names, at most ``LISTED_AT_MOST`` of them (a sweep may hold thousands)."""
+    near = list(dict.fromkeys(n for a in asked for n in difflib.get_close_matches(a, names, n=3, cutoff=0.75)))
+    if near:
+        return f"did you mean {', '.join(map(repr, near))}?"
+    more = f" and {len(names) - LISTED_AT_MOST} more" if len(names) > LISTED_AT_MOST else ""
+    return f"it has {list(names[:LISTED_AT_MOST])}{more}"

@@ -58,6 +58,15 @@ _FILLED_BY_RAY_CMF = {  # columns that ray_cmf gives the rows itself: a metric o
 }
 # What a user's own series (a Cmf's, a trial's Tune results) may not hold either: ray_cmf's Train rows fill it
 TRAIN_RANK = {RANK_COLUMN: "reads that column as a Train rank's (a trial is summarised by its lowest rank's rows)"}
+RESERVED_IN_TRAIN = {**_FILLED_BY_RAY_CMF, **TRAIN_RANK}  # every name a Train run's own rows may not hold
+
+
+def refuse_reserved(key: str, reserved: Mapping[str, str]) -> None:
+    """Raise :class:`InvalidNameError` where ``key`` is among ``reserved`` (name -> what ray_cmf does with it)."""
+    if key in reserved:
+        raise InvalidNameError("metric name", key, f"ray_cmf {reserved[key]}; log it under another name")
+
+
 _MAX_QUEUED_CHUNKS = 64  # sealed chunks waiting for the sink before sealing blocks (back-pressure)
 _SPILL_IDLE_S = 1.0  # how long a spill thread sleeps without a hand-over before it looks at its queue anyway
 _CLOCK_TICKS = 4  # the flush clock looks at each buffer this many times per flush_seconds
@@ -372,9 +381,7 @@ class MetricBuffer:
             raise PrecisionError(key, row, value, "does not fit in int64")
         known = self._kinds.get(key)
         if known is None:
-            if key in self._reserved:
-                why = f"ray_cmf {self._reserved[key]}; log it under another name"
-                raise InvalidNameError("metric name", key, why)
+            refuse_reserved(key, self._reserved)
             self._row_keys.append((row, key, None))  # a column this row adds: a rejected row takes it back
             known = kind
         if known != kind:

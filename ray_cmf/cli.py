@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 from ray_cmf._atomic import atomic_write, file_in_the_way
 from ray_cmf._cells import MOST, cell_texts, number_text, quoted, shown_text
 from ray_cmf._json import JsonText, dumps, jsonable
-from ray_cmf._names import unstorable
+from ray_cmf._names import unstorable, what_exists
 from ray_cmf._progress import status
 from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, MLMD_FILE, STORE_CONFIG, THROUGHPUT
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.exits import shown_status
-from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials
+from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials, trial_order
 from ray_cmf.lineage import (
     Execution,
     Lineage,
@@ -200,7 +200,12 @@ def _pick_pipeline(lineage: Lineage, trials: Sequence[str]) -> str | None:
             apart = "; ".join(f"{t} in {', '.join(names)}" for t, names in where.items())
             raise RayCmfError(f"The trials are in different pipelines ({apart}): name trials of one pipeline")
         if not holding:
-            raise RayCmfError(f"No pipeline of the store holds {list(trials)}; its pipelines:\n{_listing(lineage)}")
+            unknown = [t for t, names in where.items() if not names]
+            known = sorted({i for mine in held.values() for i in mine}, key=trial_order)
+            raise RayCmfError(
+                f"No pipeline of the store holds trial(s) {unknown}; {what_exists(unknown, known)}; its pipelines:\n"
+                f"{_listing(lineage)}"
+            )
         raise RayCmfError(f"Pipelines {holding} all hold trial(s) {sorted(ids)}; pass --pipeline NAME")
     raise RayCmfError(f"The store holds {len(pipelines)} pipelines; pass --pipeline NAME:\n{_listing(lineage)}")
 
@@ -1081,6 +1086,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     if args.verbose:
         _verbose(sys.argv[1:] if argv is None else list(argv))
+    # warnings as lines of their own (each says "ray_cmf: ..."), before ML-Metadata's first log line sets up
+    # Python's default "WARNING:<logger>:" format
+    logging.basicConfig(format="%(message)s")
     try:
         return args.handler(args)
     except RayCmfError as exc:  # what the user named does not exist or cannot be used; anything else is a bug

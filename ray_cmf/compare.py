@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from ray_cmf._json import JsonText, float_of
-from ray_cmf._names import check_limit, check_mode, recorded_modes
+from ray_cmf._names import check_limit, check_mode, recorded_modes, what_exists
 from ray_cmf.attempts import dedup_attempts
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
@@ -147,7 +147,7 @@ def unknown_trials(
         else:
             unknown.append(trial)
     if unknown:
-        lines.insert(0, f"Unknown trial(s) {unknown} in {pipeline}; it has {keys}")
+        lines.insert(0, f"Unknown trial(s) {unknown} in {pipeline}; {what_exists(unknown, keys)}")
     return RayCmfError("; ".join(lines))
 
 

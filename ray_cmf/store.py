@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_cmf._atomic import file_in_the_way, write_bytes, write_text
-from ray_cmf._names import check_name
+from ray_cmf._names import check_name, what_exists
 from ray_cmf.connection import database_of, is_url, without_password
 from ray_cmf.constants import (
     ARTIFACTS_DIR,
@@ -59,8 +59,12 @@ def _real(root: Path) -> Path:
 
 
 def resolve_root(root: str | os.PathLike[str] | None = None) -> Path:
-    """The store directory: the argument, else ``$RAY_CMF_STORE``, else ``./cmf_store``."""
-    return Path(root if root is not None else os.environ.get(ENV_STORE, DEFAULT_STORE)).absolute()
+    """The store directory: the argument, else ``$RAY_CMF_STORE``, else ``./cmf_store``. An empty path is refused:
+    it would be the current directory, where a store would be made or read without a word."""
+    named, given = ("store", root) if root is not None else (f"${ENV_STORE}", os.environ.get(ENV_STORE, DEFAULT_STORE))
+    if not os.fspath(given):
+        raise InvalidArgumentError(f"{named}: an empty path; name the store's directory (default ./{DEFAULT_STORE})")
+    return Path(given).absolute()
 
 
 def _location(mlmd: str | os.PathLike[str]) -> str:
@@ -662,7 +666,9 @@ class Store:
         ]
         if not versions:
             which = f" with md5 {commit!r}" if commit else ""
-            raise MetricsNotFoundError(f"No committed metrics {metrics_name!r}{which} in {where} of {self}")
+            held = list(dict.fromkeys(props["metrics_name"] for _, props in self._series_outputs(outputs)))
+            listed = "" if metrics_name in held else f"; {what_exists([metrics_name], held)}" if held else ""
+            raise MetricsNotFoundError(f"No committed metrics {metrics_name!r}{which} in {where} of {self}{listed}")
         producers = sorted({output.execution_id for output, _ in versions})
         if commit is None and len(producers) > 1:
             names = [e.name for e in lineage.store.get_executions_by_id(producers)]
@@ -689,9 +695,11 @@ class Store:
         path = self.resolve(str(versions[-1]["url"])) if versions else None
         return path if path is not None and path.is_file() else None
 
-    def _series_outputs(self, outputs: list[Output], metrics_name: str) -> list[tuple[Output, dict[str, Any]]]:
-        """The outputs that are committed versions of the series ``metrics_name`` (Step_Metrics artifacts), in
-        the order they were recorded, each with its artifact's properties."""
+    def _series_outputs(
+        self, outputs: list[Output], metrics_name: str | None = None
+    ) -> list[tuple[Output, dict[str, Any]]]:
+        """The outputs that are committed versions of the series ``metrics_name`` (of every series: None), that
+        is Step_Metrics artifacts, in the order they were recorded, each with its artifact's properties."""
         type_id = self.lineage.find_type_id("artifact", STEP_METRICS_TYPE)
         ids = list({output.artifact_id for output in outputs})
         found = self.lineage.store.get_artifacts_by_id(ids) if ids else []
@@ -699,5 +707,5 @@ class Store:
         return [
             (o, series[o.artifact_id])
             for o in outputs
-            if series.get(o.artifact_id, {}).get("metrics_name") == metrics_name
+            if o.artifact_id in series and metrics_name in (None, series[o.artifact_id].get("metrics_name"))
         ]

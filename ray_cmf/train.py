@@ -30,7 +30,7 @@ from ray_cmf._hooks import never_raises, submit_or_run
 from ray_cmf._names import check_name, mode_properties
 from ray_cmf.actor import connect, ray_driver, start_writer
 from ray_cmf.binding import Binding, SeriesKey
-from ray_cmf.buffer import MetricBuffer
+from ray_cmf.buffer import RESERVED_IN_TRAIN, TRAIN_RANK, MetricBuffer, refuse_reserved
 from ray_cmf.client import Reply, WriterClient
 from ray_cmf.constants import (
     CHECKPOINTED_COLUMN,
@@ -238,6 +238,8 @@ class StepLogger:
         self._modes = _modes(metrics, {} if modes is None else modes)
         if own := sorted(_OWN_COLUMNS & set(metrics)):
             raise ValueError(f"metric {own[0]!r} names a column StepLogger fills itself ({sorted(_OWN_COLUMNS)})")
+        for name in metrics:
+            refuse_reserved(name, RESERVED_IN_TRAIN)
         self.metrics = metrics
         # synced with the metrics, in their collective, but not theirs; the samples are a host-side count, always
         # finite, and none of the three has a <name>_nonfinite output to leave out
@@ -283,7 +285,9 @@ class StepLogger:
             name = self.metrics_name  # not self: the buffer's threads hold this, and must not keep self alive
             self._key = lambda: SeriesKey(run.result(), name, attempts=True)
             self._sink = self._writer.sink(self._key)
-            self._buffer = MetricBuffer(sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds)
+            self._buffer = MetricBuffer(
+                sink=self._sink, flush_rows=flush_rows, flush_seconds=flush_seconds, reserved=TRAIN_RANK
+            )
             self._watch = StallWatch(self._buffer)
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice

@@ -365,6 +365,22 @@ def test_commit_of_a_series_whose_every_row_was_refused_says_so(store_dir: Path)
     assert cmf.read_metrics("g")[["step", "x"]].values.tolist() == [[1, 2]]
 
 
+def test_a_series_not_committed_is_answered_with_those_that_are(store_dir: Path) -> None:
+    """``read_metrics`` of a name the execution never committed named neither the near one (a typo) nor the
+    series it has; a wrong md5 of a series it has says only that."""
+    with Cmf(pipeline_name="p", store=store_dir) as cmf:
+        cmf.create_execution("train")
+        for name in ("train_steps", "val_steps"):
+            cmf.log_metric(name, {"step": 0, "v": 1.0})
+            cmf.commit_metrics(name)
+        with pytest.raises(MetricsNotFoundError, match=r"in execution \d+ of .*; did you mean 'train_steps'\?$"):
+            cmf.read_metrics("train_stepz")
+        with pytest.raises(MetricsNotFoundError, match=r"; it has \['train_steps', 'val_steps'\]$"):
+            cmf.read_metrics("loss")
+        with pytest.raises(MetricsNotFoundError, match=r"'train_steps' with md5 'f00' in execution \d+ of [^;]*$"):
+            cmf.read_metrics("train_steps", commit="f00")
+
+
 def test_store_from_env_and_missing_dirs_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "deep" / "er" / "store"
     monkeypatch.setenv(ENV_STORE, str(target))
@@ -372,6 +388,22 @@ def test_store_from_env_and_missing_dirs_created(tmp_path: Path, monkeypatch: py
     cmf.log_metric("m", {"x": 1})
     cmf.commit_metrics("m")
     assert (target / "mlmd.sqlite").is_file() and (target / ".dvc").is_dir()
+
+
+def test_an_empty_store_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty store path (``--store ""``, ``Sweep("")``, ``RAY_CMF_STORE=``) read as the current directory: a
+    store there was made, or read, without a word. It is refused, naming where it came from."""
+    from ray_cmf import Sweep
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"store: an empty path"):
+        Cmf(pipeline_name="p", store="")
+    with pytest.raises(InvalidArgumentError, match=r"store: an empty path"):
+        Sweep("")
+    monkeypatch.setenv(ENV_STORE, "")
+    with pytest.raises(InvalidArgumentError, match=rf"\${ENV_STORE}: an empty path"):
+        Cmf(pipeline_name="p")
+    assert list(tmp_path.iterdir()) == []  # nothing was made here
 
 
 def test_filepath_keeps_cmflib_meaning(store_dir: Path, tmp_path: Path) -> None:

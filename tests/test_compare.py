@@ -798,5 +798,18 @@ def test_diff_of_trials_in_two_pipelines_says_so(tmp_path: Path, capsys: pytest.
             cmf.log_metric("m", {"step": 0, "loss": 1.0})
     code, _, err = _cli(capsys, "diff", "--store", str(store), "run_main", "run_fail")
     assert code == 2 and "The trials are in different pipelines (run_main in main; run_fail in other)" in err
-    code, _, err = _cli(capsys, "diff", "--store", str(store), "run_main", "nope")
-    assert code == 2 and "No pipeline of the store holds ['run_main', 'nope']" in err
+    code, _, err = _cli(capsys, "diff", "--store", str(store), "run_main", "nope")  # it blamed run_main too
+    assert code == 2 and "No pipeline of the store holds trial(s) ['nope']; it has ['run_fail', 'run_main']" in err
+    code, _, err = _cli(capsys, "show", "--store", str(store), "run_mian")  # it listed the pipelines only
+    assert code == 2 and "holds trial(s) ['run_mian']; did you mean 'run_main'?; its pipelines:" in err
+
+
+def test_an_unknown_name_is_answered_with_near_ones_or_a_few() -> None:
+    """An error about a trial that does not exist names the near ones where the name looks mistyped, and
+    otherwise lists what exists, at most 20 of them: it printed every key of a sweep of thousands."""
+    from ray_cmf._names import what_exists
+
+    keys = [f"a1b2c_{i:05d}" for i in range(5000)]
+    assert what_exists(["run_mian"], ["run_main", "eval", "zzz"]) == "did you mean 'run_main'?"
+    assert what_exists(["zzz"], keys) == f"it has {keys[:20]} and 4980 more"
+    assert what_exists(["zzz"], ["b", "a"]) == "it has ['b', 'a']"

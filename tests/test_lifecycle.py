@@ -1161,6 +1161,9 @@ def test_a_store_read_by_its_mlmd_file_alone_names_every_trial_skipped_and_the_s
     assert all(trial in said for trial in table["trial_id"]), said
     assert f"committed into the store {tmp_path / 'cmf_store'}" in said, said
     assert len(Sweep(tmp_path / "cmf_store", "p", metrics_name="m").steps()) == 2  # the store it names reads them
+    cli = [sys.executable, "-m", "ray_cmf.cli", "--store", "X", "trials"]
+    said = subprocess.run(cli, capture_output=True, text=True, check=True).stderr
+    assert said.startswith("ray_cmf: skipping trial"), said  # it read "WARNING:ray_cmf.compare:ray_cmf: skipping"
 
 
 def test_gc_refuses_while_a_writer_runs_on_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -527,9 +527,12 @@ def test_state_dict_round_trip_single_process() -> None:
         fresh.load_state_dict({"loss.weight": torch.tensor(1.0)})
     finer = MetricCollection({"loss": Mean(), "top": Max(), "h": Histogram(8, 0.0, 1.0)})
     finer.update(loss=torch.tensor(5.0))
+    with pytest.raises(RayCmfError, match=r"metric 'h' was saved as Histogram\(4, 0.0, 1.0\) and is Histogram\(8, "):
+        finer.load_state_dict(state)
+    older = {k: v for k, v in state.items() if not k.endswith("__metric__")}  # from before the settings were kept
     shape = r"'h.counts' holds \(6,\) values where this metric's state is \(10,\)"  # was torch's "invalid for input"
     with pytest.raises(RayCmfError, match=rf"Metric state_dict does not match: {shape}"):
-        finer.load_state_dict(state)
+        finer.load_state_dict(older)
     assert finer.to_row()["loss"] == 5.0  # refused before anything was loaded or reset
     single = Sum()
     single.update(torch.tensor(4.0))
@@ -751,3 +754,37 @@ def test_what_an_import_loads(imports: str, loaded: list[str]) -> None:
     script = f"import sys\n{imports}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == repr(sorted(loaded))
+
+
+def test_a_state_saved_from_other_settings_is_refused_by_name() -> None:
+    """A checkpoint names each metric's class and the settings that give its states their meaning: loaded into a
+    metric of another class (a Min's ``extremum`` read as a Max's) or range (a Histogram's counts read against
+    other bins), it is refused, naming the metric, before anything is loaded. Settings that only shape the
+    outputs (a Histogram's quantiles) and the sync's (``cumulative``) are free to change."""
+    saved = MetricCollection({"mx": Max(), "h": Histogram(6, -3.0, 3.0), "acc": Accuracy(top_k=1)})
+    saved["mx"].update(torch.tensor([4.5, -2.0]))
+    saved["h"].update(torch.tensor([0.5, 2.5]))
+    state = saved.state_dict()
+    cases = {
+        "mx": (Min(), r"metric 'mx' was saved as Max\(\) and is Min\(\) here"),
+        "h": (Histogram(6, -30.0, 30.0), r"metric 'h' was saved as Histogram\(6, -3.0, 3.0\) and is "),
+        "acc": (Accuracy(top_k=3), r"metric 'acc' was saved as Accuracy\(1, None\) and is Accuracy\(3, None\)"),
+    }
+    for key, (other, said) in cases.items():
+        metrics = {"mx": Max(), "h": Histogram(6, -3.0, 3.0), "acc": Accuracy(top_k=1), key: other}
+        target = MetricCollection(metrics)
+        target["mx"].update(torch.tensor(1.0))
+        with pytest.raises(RayCmfError, match=rf"Metric state_dict does not match: {said}"):
+            target.load_state_dict(state)
+        assert target.to_row()["mx"] == 1.0, key  # refused before anything was loaded or reset
+    single = Max()
+    single.update(torch.tensor(4.5))
+    with pytest.raises(RayCmfError, match=r"the metric was saved as Max\(\) and is Min\(\) here"):
+        Min().load_state_dict(single.state_dict())
+    free = MetricCollection(
+        {"mx": Max(cumulative=True), "h": Histogram(6, -3.0, 3.0, quantiles=(0.1,)), "acc": Accuracy(top_k=1)}
+    )
+    free.load_state_dict(state)
+    assert free.to_row()["mx"] == 4.5 and free.to_row()["h_count"] == 2
+    older = {k: v for k, v in state.items() if not k.endswith("__metric__")}  # saved before settings were kept
+    MetricCollection({"mx": Max(), "h": Histogram(6, -3.0, 3.0), "acc": Accuracy(top_k=1)}).load_state_dict(older)

@@ -20,7 +20,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf.compare import Sweep
 from ray_cmf.constants import MLMD_FILE, STEP_METRICS_TYPE
-from ray_cmf.errors import StoreError
+from ray_cmf.errors import InvalidNameError, StoreError
 from ray_cmf.lineage import Lineage, properties
 from tests._dist import count_collectives
 
@@ -605,7 +605,7 @@ def test_a_step_loggers_own_counts_stay_out_of_the_users_collection(tmp_path: Pa
         steps.step(samples=4)
     assert set(metrics.compute()) == {"loss", "loss_nonfinite"} and "samples" not in metrics.compute()
     state = metrics.state_dict()
-    assert sorted(state) == ["loss.nonfinite", "loss.weight", "loss.weighted_sum"]
+    assert sorted(state) == ["loss.__metric__", "loss.nonfinite", "loss.weight", "loss.weighted_sum"]
     fresh = MetricCollection({"loss": Mean()})
     fresh.load_state_dict(state)  # before any StepLogger is built on it, as a restart restores its state first
     assert fresh.compute()["loss"].item() == 2.0  # the interval since the last sync: step 2's update
@@ -646,6 +646,9 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     assert frame["step"].tolist() == [4, 8, 10] and frame["loss"].tolist() == [2.5, 6.5, 9.5]
     for own in ("step", "wall_time", "samples_per_s", "samples"):  # they replaced StepLogger's own columns
         with pytest.raises(ValueError, match=rf"metric {own!r} .*StepLogger fills"):
+            StepLogger(MetricCollection({own: Mean()}), store=str(tmp_path / "store"), run_name="clash")
+    for own in ("rank", "SequenceNumber", "attempt"):  # a metric "rank" was taken, then read as the rows' rank
+        with pytest.raises(InvalidNameError, match=rf"Invalid metric name {own!r}: ray_cmf .*another name"):
             StepLogger(MetricCollection({own: Mean()}), store=str(tmp_path / "store"), run_name="clash")
 
 

@@ -95,6 +95,21 @@ class Metric(ABC):
         whose settings differ are never computed as one; a subclass may return its settings itself."""
         return tuple((name, _hashable(value)) for name, value in self._own_settings())
 
+    def _state_settings(self) -> tuple[Any, ...]:
+        """The settings that give the states their meaning (by default every setting, ``_config``): a checkpoint
+        records them, and one saved under others is refused. A setting that only shapes the outputs (a
+        Histogram's quantiles) may be left out, so that changing it keeps the checkpoints."""
+        return self._config()
+
+    def saved_as(self) -> str:
+        """The class and the settings that give the states their meaning, as a checkpoint names them, e.g.
+        ``Histogram(8, 0.0, 1.0)``."""
+        if type(self)._config is Metric._config and type(self)._state_settings is Metric._state_settings:
+            settings = ", ".join(f"{name}={_shown(value)}" for name, value in self._own_settings())
+        else:
+            settings = ", ".join(repr(value) for value in self._state_settings())
+        return f"{type(self).__name__}({settings})"
+
     def _own_settings(self) -> list[tuple[str, Any]]:
         """The public attributes a subclass set, by name, that are neither states nor the base class's."""
         ours = ("nan_policy", "cumulative", *self._state_specs)

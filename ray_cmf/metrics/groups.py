@@ -306,7 +306,14 @@ class MetricGroups:
         hidden metrics' are left out."""
         self.fold()
         states = self.pack.named_states(self.pack.global_states(timeout).clone())
-        return {key: state for key, state in states.items() if key not in self._hidden_states()}
+        saved = {key: state for key, state in states.items() if key not in self._hidden_states()}
+        return saved | {self._state_key(name, SAVED_AS): _text(m.saved_as()) for name, m in self._shown_metrics()}
+
+    def _shown_metrics(self) -> list[tuple[str, Metric]]:
+        return [(name, metric) for name, metric in self.named if name not in self.hidden]
+
+    def _state_key(self, name: str, state: str) -> str:
+        return f"{name}.{state}" if self.prefixed else state
 
     def _hidden_states(self) -> dict[str, torch.Tensor]:
         """The hidden metrics' states, by key, at their defaults."""
@@ -316,9 +323,11 @@ class MetricGroups:
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min).
         The hidden metrics' states are optional (earlier versions saved them)."""
+        self._check_saved_as(state_dict)
+        states = {k: v for k, v in state_dict.items() if k != SAVED_AS and not k.endswith(f".{SAVED_AS}")}
         absent = {slot.key: slot.owner._state_specs[slot.name].missing for slot in self.pack.slots}
         absent.update(self._hidden_states())
-        saved = {**{k: v for k, v in absent.items() if v is not None}, **state_dict}  # states added since it was saved
+        saved = {**{k: v for k, v in absent.items() if v is not None}, **states}  # states added since it was saved
         missing, extra = set(absent) - set(saved), set(saved) - set(absent)
         if missing or extra:
             raise RayCmfError(
@@ -340,3 +349,27 @@ class MetricGroups:
             return
         for key, view in views.items():
             view.copy_(given[key].to(view.device, STATE_DTYPE).view(view.shape))
+
+    def _check_saved_as(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Refuse a state saved from metrics of another class or with other settings (``Metric.saved_as``), where
+        its values would load and mean something else; a state saved before these were kept is not checked."""
+        unlike = []
+        for name, metric in self._shown_metrics():
+            saved = state_dict.get(self._state_key(name, SAVED_AS))
+            if saved is not None and (was := _read_text(saved)) != (now := metric.saved_as()):
+                what = f"metric {name!r}" if self.prefixed else "the metric"
+                unlike.append(f"{what} was saved as {was} and is {now} here")
+        if unlike:
+            raise RayCmfError(f"Metric state_dict does not match: {'; '.join(unlike)}")
+
+
+SAVED_AS = "__metric__"  # the state_dict's key, beside each metric's states, for what it was saved as
+
+
+def _text(text: str) -> torch.Tensor:
+    """Text as a tensor of its UTF-8 bytes: a state_dict holds tensors only, as torch's checkpoints expect."""
+    return torch.tensor(list(text.encode()), dtype=torch.uint8)
+
+
+def _read_text(tensor: torch.Tensor) -> str:
+    return bytes(torch.as_tensor(tensor).tolist()).decode(errors="replace")

@@ -68,6 +68,9 @@ class Histogram(Metric):
     def _config(self) -> tuple[Any, ...]:
         return (self.bins, self.low, self.high, self.quantiles)
 
+    def _state_settings(self) -> tuple[Any, ...]:
+        return (self.bins, self.low, self.high)  # the quantiles are read from the counts: free to change
+
     def update(self, value: Any) -> None:
         self._stage(value)
 
