@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.errors import RayCmfError, StoreError
+from ray_cmf.exits import signals_held
 from ray_cmf.writer import StoreWriter, Tail, chunk_start
 
 if TYPE_CHECKING:
@@ -224,6 +225,10 @@ class WriterSink:
     def flush(self, retries: tuple[float, ...] | None = None) -> None:
         """Wait until the writer has every chunk; send kept ones again at once, and after each pause of
         ``retries`` (by default :data:`_RETRY_SECONDS`); raise if some still failed."""
+        with signals_held():
+            self._flush(retries)
+
+    def _flush(self, retries: tuple[float, ...] | None) -> None:
         self._retry()
         for pause in (*(_RETRY_SECONDS if retries is None else retries), None):
             while self._inflight:
@@ -242,19 +247,20 @@ class WriterSink:
         """Commit the series (``request``: :meth:`StoreWriter.commit`'s options) with the rows ``buffer`` has
         not sealed riding on the request: one round trip to the writer, where a flush and then a commit make
         two. Rows the request could not deliver are kept, and sent again by the next flush."""
-        batch = buffer.take()
-        try:
-            self.flush()  # the chunks sealed before go first: the writer puts a session's chunks in order
-            told = len(self._skipped)
-            tail = Tail(self.session, batch, tuple(self._skipped)) if batch is not None else None
-            artifact = self.client.call(StoreWriter.commit, key=self.key, tail=tail, **request)
-        except Exception as exc:
-            if batch is not None:
-                self._retain(chunk_start(batch), batch, batch.nbytes, exc)
-            raise
-        if tail is not None:
-            del self._skipped[:told]
-        return artifact
+        with signals_held():
+            batch = buffer.take()
+            try:
+                self._flush(None)  # the chunks sealed before go first: the writer puts a session's chunks in order
+                told = len(self._skipped)
+                tail = Tail(self.session, batch, tuple(self._skipped)) if batch is not None else None
+                artifact = self.client.call(StoreWriter.commit, key=self.key, tail=tail, **request)
+            except BaseException as exc:  # a second Ctrl-C too: the rows taken stay
+                if batch is not None:
+                    self._retain(chunk_start(batch), batch, batch.nbytes, exc)
+                raise
+            if tail is not None:
+                del self._skipped[:told]
+            return artifact
 
     def close(self) -> None:
         """Hand every chunk to the writer, trying kept ones once more (at exit there is no time to wait);

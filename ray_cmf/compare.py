@@ -1182,14 +1182,17 @@ class Sweep:
         logged = set(steps.loc[column.notna(), "trial_id"])
         if not logged:
             raise InvalidArgumentError(f"No trial of these {len(trials)} logged {metric!r}: there is no curve to plot")
-        steps = steps[steps["trial_id"].isin(logged)]  # a trial without the metric has no curve to count or list
+        steps = steps[steps["trial_id"].isin(logged)]  # a trial without the metric has no curve: counted apart
+        without = len(trials) - len(logged)
         trials = trials[trials["trial_id"].isin(logged)]
         if not (numeric(column) or numbers_as_text(column) or pd.api.types.is_bool_dtype(column)):
             raise InvalidArgumentError(
                 f"{metric!r} holds values that are not numbers (text, or numbers in some trials and bools or text "
                 "in others), so it has no curve"
             )
-        return curves(steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}")
+        return curves(
+            steps, trials, metric, Path(path), color_by=color_by, title=f"{self.pipeline}: {metric}", without=without
+        )
 
     def plot_params(self, metric: str, path: str | os.PathLike[str], *, mode: str | None = None) -> Path:
         """Write every numeric config value against the trials' best ``metric`` (PNG, SVG or PDF, by ``path``)."""

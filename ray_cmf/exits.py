@@ -12,6 +12,7 @@ Two kinds of end:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
@@ -21,7 +22,7 @@ import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn, Protocol
 
 from ray_cmf.constants import ERROR_PROPERTY, HOLDER_HOST, HOLDER_PID
@@ -37,7 +38,10 @@ class Closeable(Protocol):
 
 
 _LIVE: dict[int, weakref.ref[Any]] = {}  # what track() was given, in order, while it lives
-_installed = {"atexit": False, "sigterm": False}
+_installed = {"atexit": False, "signals": False}
+# what a signal that arrived while the main thread handed rows over or committed (see signals_held) does once it
+# is done: run by the outermost such section as it ends
+_held: dict[str, Any] = {"depth": 0, "action": None}
 _ending: dict[str, str | None] = {"state": "COMPLETE", "error": None}  # how the process ends (see outcome())
 # how the last sys.exit would end the process: applied at exit, forgotten once ray_cmf tracks anything after it
 # (the SystemExit was caught: argparse's, in a test or a notebook, say)
@@ -63,9 +67,10 @@ def error_text(error: BaseException) -> str:
 def track(closeable: Closeable) -> None:
     """Close ``closeable`` on every exit path of the process (see :func:`close_all`).
 
-    The SIGTERM handler is installed the first time this runs on the main thread (Python lets no other
-    thread install one): in a script or a driver, as soon as it logs there. A Tune trainable or a Train
-    loop runs on a thread of its own and hands its rows over as that thread ends instead.
+    The SIGTERM handler (and one that holds Ctrl-C during a commit, see :func:`signals_held`) is installed the
+    first time this runs on the main thread (Python lets no other thread install one): in a script or a driver,
+    as soon as it logs there. A Tune trainable or a Train loop runs on a thread of its own and hands its rows
+    over as that thread ends instead.
     """
     _exit_called["by"] = None
     key = id(closeable)
@@ -76,9 +81,49 @@ def track(closeable: Closeable) -> None:
         atexit.register(close_all)
         sys.excepthook = functools.partial(_note_uncaught, sys.excepthook)
         sys.exit = _noting_exit(sys.exit)
-    if not _installed["sigterm"] and threading.current_thread() is threading.main_thread():
-        _installed["sigterm"] = True
+    if not _installed["signals"] and threading.current_thread() is threading.main_thread():
+        _installed["signals"] = True
         signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Python's own: a KeyboardInterrupt
+            signal.signal(signal.SIGINT, _on_sigint)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGTERM and Ctrl-C off while the main thread hands rows over or commits them: SIGTERM's handler,
+    closing every run from inside, waited for the lock the commit held (the process hung), and a
+    KeyboardInterrupt there dropped the rows the commit had taken from its buffer. Each acts as the outermost
+    such section ends; a second one while held acts at once (Ctrl-C raises there, SIGTERM ends the process
+    without closing: ``recover`` commits its rows)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+        action = _held["action"] if not _held["depth"] else None
+        if action is not None:
+            _held["action"] = None
+            action()
+
+
+def _hold(action: Callable[[], None]) -> bool | None:
+    """Keep ``action`` for the end of the section (True), where a section runs and holds none yet; None where
+    one is held already (this is the second signal); False where no section runs."""
+    if not _held["depth"]:
+        return False
+    if _held["action"] is not None:
+        return None
+    _held["action"] = action
+    return True
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Python's Ctrl-C (a KeyboardInterrupt), raised as a commit ends where one runs (see :func:`signals_held`)."""
+    if not _hold(functools.partial(signal.default_int_handler, signum, None)):
+        signal.default_int_handler(signum, frame)
 
 
 def close_all() -> None:
@@ -127,7 +172,15 @@ def _noting_exit(previous: Callable[..., NoReturn]) -> Callable[..., NoReturn]:
 def _on_sigterm(previous: Any, signum: int, frame: Any) -> None:
     """Do what SIGTERM did before ray_cmf, closing everything (``CANCELED``) where that ends the process: the
     default exit, or a previous handler that raises (``sys.exit``, as Ray's does). A handler that returns, or
-    SIG_IGN, lets the process go on (a graceful stop that finishes its step first), and its runs with it."""
+    SIG_IGN, lets the process go on (a graceful stop that finishes its step first), and its runs with it.
+    During a commit, it acts as the commit ends (see :func:`signals_held`)."""
+    held = _hold(functools.partial(_on_sigterm, previous, signum, None))
+    if held:
+        return
+    if held is None:  # a second SIGTERM during the commit: end now, the rows stay spilled for ``recover``
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if callable(previous):
         try:
             previous(signum, frame)

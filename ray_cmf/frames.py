@@ -7,6 +7,7 @@ the same way.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ray_cmf._cells import shown_text
+from ray_cmf._json import JsonText
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CHECKPOINTED_COLUMN,
@@ -461,3 +463,20 @@ def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     for key in keys:  # as recorded: None where a group lacks the value (pandas would make it NaN)
         groups[key] = pd.Series([row[key] for row in rows], index=groups.index, dtype=object)
     return groups
+
+
+def category(value: Any) -> tuple[str, str]:
+    """A config value as a category: its type and its text, so that ``True``, ``1`` and ``"1"`` are three
+    (pandas counts ``True`` and ``1`` as one value)."""
+    return type(value).__name__, str(value)
+
+
+def category_labels(values: pd.Series) -> dict[tuple[str, str], str]:
+    """Each category of a config column (see :func:`category`) and its tick label, in text order: its text,
+    and its type where another category reads the same."""
+    categories = sorted({category(v) for v in values.dropna()}, key=lambda c: (c[1], c[0]))
+    texts = Counter(text for _, text in categories)
+    named = {JsonText.__name__: "JSON"}  # a list's JSON text beside a text that reads the same
+    return {
+        (kind, text): text if texts[text] == 1 else f"{text} ({named.get(kind, kind)})" for kind, text in categories
+    }

@@ -14,7 +14,7 @@ import numpy as np
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
-from ray_cmf.frames import Span, alone, blank, drawable, floats, log_spread, numeric
+from ray_cmf.frames import Span, alone, blank, category, category_labels, drawable, floats, log_spread, numeric
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,9 +83,17 @@ def _limits(span: Span) -> tuple[float, float]:
 # arithmetic (its ticks, margins, colour-bar boundaries): harmless there, and no warning for the user.
 @np.errstate(over="ignore", invalid="ignore")
 def curves(
-    steps: pd.DataFrame, trials: pd.DataFrame, metric: str, path: Path, *, color_by: str | None, title: str
+    steps: pd.DataFrame,
+    trials: pd.DataFrame,
+    metric: str,
+    path: Path,
+    *,
+    color_by: str | None,
+    title: str,
+    without: int = 0,
 ) -> Path:
-    """Learning curves, one line per trial: coloured by ``color_by`` with a colour bar or legend."""
+    """Learning curves, one line per trial: coloured by ``color_by`` with a colour bar or legend; the title counts
+    them, and the ``without`` trials that logged no ``metric``."""
     fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
     many = trials["trial_id"].nunique() > _LEGEND_MAX
     if color_by is not None:
@@ -105,7 +113,8 @@ def curves(
         colour_of = {t: cmap(norm(v)) if np.isfinite(v) else _NO_VALUE for t, v in pairs}  # no such key: grey
         fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=_written(color_by))
     elif key is not None:
-        labels = ["(none)" if blank(v) else str(v) for v in trials[key]]  # a trial without the key is a category
+        named = category_labels(trials[key])  # 3 and "3" apart, as the report's axes keep them
+        labels = ["(none)" if blank(v) else named[category(v)] for v in trials[key]]  # no key: a category too
         categories = list(dict.fromkeys(labels))
         palette = plt.get_cmap("tab10" if len(categories) <= 10 else "tab20")
         pairs = zip(trials["trial_id"], labels, strict=True)
@@ -144,7 +153,8 @@ def curves(
         ax.legend(title="trial", fontsize="small")
     ax.set_xlabel("step")
     ax.set_ylabel(_written(metric))
-    ax.set_title(_written(f"{title} ({steps['trial_id'].nunique()} trials)"))
+    absent = f"; {without} more without {metric}" if without else ""
+    ax.set_title(_written(f"{title} ({steps['trial_id'].nunique()} trials{absent})"))
     ax.grid(alpha=0.3)
     return _save(fig, path)
 

@@ -15,7 +15,6 @@ import math
 import string
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,7 +28,7 @@ import numpy as np
 
 from ray_cmf._atomic import write_text
 from ray_cmf._cells import cell_texts, number_text, quoted
-from ray_cmf._json import JsonText, dumps, jsonable
+from ray_cmf._json import dumps, jsonable
 from ray_cmf._names import check_mode
 from ray_cmf.constants import REPLACED
 from ray_cmf.curation import NOTE_COLUMN, TAG_COLUMN
@@ -42,6 +41,8 @@ from ray_cmf.frames import (
     TRIAL_COLUMN,
     Span,
     alone,
+    category,
+    category_labels,
     drawable,
     floats,
     group_keys,
@@ -360,13 +361,15 @@ def _group_curves(
     traces: list[dict[str, Any]] = []
     for number, (label, stats) in enumerate(stats_of):
         x, mean = stats.index.to_numpy(), stats["mean"].to_numpy()
-        keep = downsample(x, np.where(span.holds(mean), mean, np.nan), max_points, mode)
-        spread = stats["std"].fillna(0.0).to_numpy()[keep]
+        shown = np.where(span.holds(mean), mean, np.nan)
+        drawn = drawable(shown)
+        keep = np.union1d(downsample(x, shown, max_points, mode), _beside_breaks(drawn)[:max_points])
+        spread = stats["std"].fillna(0.0).to_numpy()
         colour = PALETTE[number % len(PALETTE)]
-        xs = x[keep].tolist()
+        xs, means = _broken(x, mean, keep, drawn)
         for band, (low, high) in (
-            ("band-minmax", (stats["min"].to_numpy()[keep], stats["max"].to_numpy()[keep])),
-            ("band-std", (mean[keep] - spread, mean[keep] + spread)),
+            ("band-minmax", (stats["min"].to_numpy(), stats["max"].to_numpy())),
+            ("band-std", (mean - spread, mean + spread)),
         ):
             for edge, fill in ((low, "none"), (high, "tonexty")):
                 traces.append(
@@ -376,7 +379,7 @@ def _group_curves(
                         "legendgroup": band,
                         "meta": label,
                         "x": xs,
-                        "y": np.clip(edge, span.low, span.high).tolist(),
+                        "y": _broken(x, np.clip(edge, span.low, span.high), keep, drawn)[1],
                         "line": {"width": 0, "color": colour},
                         "fill": fill,
                         "fillcolor": _translucent(colour),
@@ -384,17 +387,18 @@ def _group_curves(
                         "visible": band == "band-minmax",
                     }
                 )
-        counts = stats["count"].to_numpy()[keep].tolist()
+        counts = _broken(x, stats["count"].to_numpy(), keep, drawn)[1]
         traces.append(
             {
                 "type": "scatter",
-                "mode": "lines" if len(keep) > 1 else "markers",
+                "mode": "lines+markers" if any(dots := _dots(xs)) else "lines",
                 "name": label,
                 "meta": label,
                 "x": xs,
-                "y": mean[keep].tolist(),
+                "y": means,
                 "customdata": counts,
                 "line": {"width": 1.8, "color": colour},
+                "marker": {"size": dots, "color": colour},
                 "hovertemplate": f"<b>{_templated(label)}</b><br>step %{{x}}<br>mean {_templated(metric)} "
                 "%{y:.5g} over %{customdata} trials<extra></extra>",
             }
@@ -425,20 +429,14 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
             numbers = floats(values)
             if log_spread(numbers):
                 with np.errstate(invalid="ignore"):  # a non-finite value is left out (None) either way
-                    dims.append({"label": _plain(f"log10({key})"), "values": _floats(np.log10(numbers))})
+                    dims.append(_numeric_axis(f"log10({key})", _floats(np.log10(numbers))))
             else:
-                dims.append({"label": _plain(key), "values": _floats(values)})
+                dims.append(_numeric_axis(key, _floats(values)))
         else:
-            labels = _category_labels(values)
+            labels = category_labels(values)
             codes = {category: i for i, category in enumerate(labels)}
-            dims.append(
-                {
-                    "label": _plain(key),
-                    "values": [codes.get(_category(v)) for v in values],
-                    "tickvals": list(range(len(labels))),
-                    "ticktext": [_plain(label) for label in labels.values()],
-                }
-            )
+            ticks = {i: _plain(label) for i, label in enumerate(labels.values())}
+            dims.append(_with_none(key, [codes.get(category(v)) for v in values], ticks, NONE_AT_CATEGORY))
     if not dims:
         return None
     shown = _floats(trials[f"{metric}_best"])
@@ -450,26 +448,31 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     }
 
 
-def _category(value: Any) -> tuple[str, str]:
-    """A config value as a category: its type and its text, so that ``True``, ``1`` and ``"1"`` are three
-    (pandas counts ``True`` and ``1`` as one value)."""
-    return type(value).__name__, str(value)
+NONE_AT_CATEGORY = -1  # where a categorical axis draws the trials without a value: below its categories
+NUMERIC_TICKS = 5  # ticks a numeric axis with a "(none)" tick names: plotly's own go with giving it one
+
+
+def _numeric_axis(label: str, values: list[float | None]) -> dict[str, Any]:
+    """A numeric axis; trials without a drawable value at a ``(none)`` tick a fifth of its span below the values."""
+    drawn = [v for v in values if v is not None]
+    if len(drawn) == len(values):
+        return {"label": _plain(label), "values": values}
+    low, high = min(drawn), max(drawn)
+    ticks = {float(v): number_text(float(v), 3) for v in np.linspace(low, high, NUMERIC_TICKS)}
+    return _with_none(label, values, ticks, low - (high - low) / 5)
+
+
+def _with_none(label: str, values: list[Any], ticks: dict[Any, str], none_at: float) -> dict[str, Any]:
+    """An axis with ``ticks`` (value -> text): a trial without a value (None; plotly would draw it at 0, as if it
+    held one) at a ``(none)`` tick at ``none_at``, where some trial lacks one."""
+    if None in values:
+        values, ticks = [none_at if v is None else v for v in values], {**ticks, none_at: "(none)"}
+    return {"label": _plain(label), "values": values, "tickvals": list(ticks), "ticktext": list(ticks.values())}
 
 
 def _varies(values: pd.Series) -> bool:
-    """Whether a config column holds two recorded values or more (see :func:`_category`)."""
-    return len({_category(v) for v in values.dropna()}) > 1
-
-
-def _category_labels(values: pd.Series) -> dict[tuple[str, str], str]:
-    """Each category of a config column (see :func:`_category`) and its tick label, in text order: its text,
-    and its type where another category reads the same."""
-    categories = sorted({_category(v) for v in values.dropna()}, key=lambda c: (c[1], c[0]))
-    texts = Counter(text for _, text in categories)
-    named = {JsonText.__name__: "JSON"}  # a list's JSON text beside a text that reads the same
-    return {
-        (kind, text): text if texts[text] == 1 else f"{text} ({named.get(kind, kind)})" for kind, text in categories
-    }
+    """Whether a config column holds two recorded values or more (see :func:`~ray_cmf.frames.category`)."""
+    return len({category(v) for v in values.dropna()}) > 1
 
 
 def _config_notes(trials: pd.DataFrame, metric: str | None) -> dict[str, str]:
@@ -506,15 +509,21 @@ def _floats(values: Iterable[Any]) -> list[float | None]:
 
 
 def importance(trials: pd.DataFrame, metric: str) -> dict[str, float]:
-    """Per numeric config key: |Spearman rank correlation| between the key and the trials' best ``metric``
-    (0: no monotonic relation; 1: the ranking follows the key exactly). Keys that do not vary are left out."""
+    """Per numeric config key: |Spearman rank correlation| between the key and the trials' best ``metric``, over
+    the trials that have both (0: no monotonic relation; 1: the ranking follows the key exactly). Keys that do not
+    vary among them are left out."""
+    import pandas as pd
+
     best = trials[f"{metric}_best"].astype(float)
     out = {}
     for column in [c for c in trials.columns if c.startswith("config/")]:
-        values = trials[column]
-        if not numeric(values) or values.nunique(dropna=True) < 2 or best.nunique(dropna=True) < 2:
+        if not numeric(trials[column]):
             continue
-        rho = values.astype(float).rank().corr(best.rank())  # Spearman: Pearson on ranks (no scipy needed)
+        # ranked among the trials that have both: a trial without one would hold a rank of the other
+        pairs = pd.DataFrame({"value": trials[column].astype(float), "best": best}).dropna()
+        if pairs["value"].nunique() < 2 or pairs["best"].nunique() < 2:
+            continue
+        rho = pairs["value"].rank().corr(pairs["best"].rank())  # Spearman: Pearson on ranks (no scipy needed)
         if rho == rho:
             out[column[len("config/") :]] = abs(float(rho))
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -512,7 +512,10 @@ class StepLogger:
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state: the step, the global metric state, the counts of non-finite values so far and
-        the syncs so far (``report_every``'s cadence goes on from them). Makes rows so far durable."""
+        the syncs so far (``report_every``'s cadence goes on from them). Makes rows so far durable.
+
+        A collective: call it on every rank (then save it on one); called on one rank only, it raises
+        :class:`~ray_cmf.metrics.packing.CollectiveTimeoutError` after 300 s instead of hanging."""
         self._drain()
         if self._watch is not None:
             try:
@@ -529,8 +532,8 @@ class StepLogger:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint: the series resumes after its step; rows re-run later win on read (the
         store counts the run's starts, so each restart's rows carry a later attempt)."""
+        self.metrics.load_state_dict(state["metrics"])  # first: a refused state changes nothing
         self.steps_done = int(state["step"])
-        self.metrics.load_state_dict(state["metrics"])
         self._nonfinite = dict(state.get("nonfinite", {}))  # a checkpoint from before counts were kept: none
         self._syncs = int(state.get("syncs", self.steps_done // self.sync_every))  # older: the scheduled syncs
 

@@ -141,6 +141,66 @@ def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(
         assert (store / "handler-ran").read_text() == "yes"
 
 
+MID_COMMIT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import ray_cmf.client, ray_cmf.series_format
+    from ray_cmf import Cmf
+    store, name, rows, where = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    cmf = Cmf(pipeline_name="exit", store=store)
+    for i in range(2 * rows):
+        cmf.log_metric("train", {"step": i, "loss": i * 0.5})
+        if i == rows:
+            cmf.commit_metrics("train")
+    # the signal arrives as the commit writes its file, or as it sends the rows it took from the buffer
+    module, function = (ray_cmf.series_format, "write_parquet") if where == "file" else (ray_cmf.client, "Tail")
+    original = getattr(module, function)
+    def signalled(*args, **kwargs):
+        setattr(module, function, original)
+        os.kill(os.getpid(), getattr(signal, name))
+        return original(*args, **kwargs)
+    setattr(module, function, signalled)
+    cmf.commit_metrics("train")
+    print("committed", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["file", "tail"])
+@pytest.mark.parametrize(("name", "returncode"), [("SIGTERM", -signal.SIGTERM), ("SIGINT", -signal.SIGINT)])
+def test_a_signal_during_a_commit_ends_the_run_with_every_row(
+    tmp_path: Path, name: str, returncode: int, where: str
+) -> None:
+    """SIGTERM while ``commit_metrics`` ran: its handler committed the run from inside the commit, waited for the
+    lock the commit held, and the process hung for good. SIGINT there (or a SIGTERM that did not hang) dropped
+    the rows the commit had taken from the buffer, with nothing left to recover (a new user, killing writers of
+    a shared store). Either now acts as the commit ends: the run ends CANCELED with every row."""
+    from ray_cmf.lineage import Lineage, state_name
+
+    store, rows = tmp_path / "store", 25_000
+    child = subprocess.Popen(
+        [sys.executable, "-c", MID_COMMIT, str(store), name, str(rows), where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == returncode, stderr[-3000:]
+    assert "committed" not in stdout  # the process ended as the commit did
+    assert recover(Store(store)) == []
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    [execution] = lineage.store.get_executions()
+    assert state_name(execution) == "CANCELED"
+    versions = [a for a in lineage.store.get_artifacts() if properties(a).get("metrics_name") == "train"]
+    newest = max(versions, key=lambda a: a.id)
+    steps = pq.read_table(Store(store).resolve(properties(newest)["url"])).column("step").to_pylist()
+    assert steps == list(range(2 * rows))
+
+
 def test_close_with_fewer_rows_than_a_chunk_spills_them(tmp_path: Path) -> None:
     from ray_cmf import MetricBuffer
     from ray_cmf.series_format import read_segments

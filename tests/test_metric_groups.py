@@ -188,6 +188,27 @@ class CountAbove(Metric):
         return {"value": states["count"]}
 
 
+def test_a_checkpoint_of_ones_own_metric_compares_its_settings_by_value() -> None:
+    """A threshold saved as 0.5 and given back as NumPy's 0.5 was refused ("threshold=np.float64(0.5)"), and a
+    tensor threshold changed from 0.5 to 0.9 loaded silently (only its shape and dtype were recorded): a new
+    user's checkpoints."""
+    saved = MetricCollection({"above": CountAbove(0.5), "cut": CountAbove(torch.tensor([0.5]))})  # type: ignore[arg-type]
+    saved.update(above=torch.tensor([0.25, 1.0]), cut=torch.tensor([1.0, 2.0]))
+    state = saved.state_dict()
+    for same in (np.float64(0.5), np.float32(0.5), 0.5):
+        again = MetricCollection({"above": CountAbove(same), "cut": CountAbove(torch.tensor([0.5]))})  # type: ignore[arg-type]
+        again.load_state_dict(state)
+        assert again.to_row()["above"] == 1.0 and again.to_row()["cut"] == 2.0
+    moved = MetricCollection({"above": CountAbove(0.5), "cut": CountAbove(torch.tensor([0.9]))})  # type: ignore[arg-type]
+    with pytest.raises(RayCmfError, match=r"metric 'cut' was saved as CountAbove\(threshold=tensor\(\[0.5\]"):
+        moved.load_state_dict(state)
+    wide = torch.linspace(0, 1, 100)
+    big = MetricCollection({"above": CountAbove(0.5), "cut": CountAbove(wide)})  # type: ignore[arg-type]
+    shifted = MetricCollection({"above": CountAbove(0.5), "cut": CountAbove(wide + 1e-6)})  # type: ignore[arg-type]
+    with pytest.raises(RayCmfError, match=r"sha256=\w+\)\) and is CountAbove\(threshold=tensor\(shape=\(100,\)"):
+        shifted.load_state_dict(big.state_dict())
+
+
 def test_a_metric_of_ones_own_is_grouped_by_the_settings_it_keeps() -> None:
     """Two instances of a user's metric with different thresholds were one group, computed with the first
     one's threshold (3 and 3 where 3 and 1 are right, or 1 and 1 in the other order): a setting kept as a

@@ -678,7 +678,8 @@ def test_a_plot_counts_and_draws_only_the_trials_that_logged_its_metric(
     monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
     Sweep(write_trials(tmp_path / "store", trials)).plot_curves("special", tmp_path / "s.png")
     [ax] = drawn[0].axes
-    assert ax.get_title().endswith("(1 trials)") and [line.get_label() for line in ax.lines] == ["has"]
+    assert [line.get_label() for line in ax.lines] == ["has"]
+    assert ax.get_title().endswith("(1 trials; 2 more without special)")  # the others are not left out unsaid
 
 
 def test_a_plot_writes_dollar_signs_as_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -704,6 +705,26 @@ def test_a_plot_writes_dollar_signs_as_text(tmp_path: Path, monkeypatch: pytest.
         ("a$b$c", False),
         ("x$\\frac$y", False),
     ]
+
+
+def test_a_plot_coloured_by_a_key_keeps_an_int_and_its_text_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``depth`` 3 in one trial and ``"3"`` in another drew in one colour under one legend entry "3", where the
+    trial table quotes the text and the report's axes name the types (a new user's)."""
+    from ray_cmf import plots
+
+    rows = [{"training_iteration": s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    trials = [Trial(f"t{i}", {"depth": depth}, {"": rows}) for i, depth in enumerate([3, "3", 4, None])]
+    drawn: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
+    Sweep(write_trials(tmp_path / "store", trials)).plot_curves("loss", tmp_path / "c.png", color_by="depth")
+    [ax] = drawn[0].axes
+    legend = ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == ["3 (int)", "3 (str)", "4", "(none)"], labels
+    colours = {tuple(line.get_color()) for line in ax.lines}
+    assert len(colours) == 4
 
 
 def test_show_prints_a_config_value_as_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

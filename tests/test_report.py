@@ -66,6 +66,28 @@ def test_importance_is_absolute_spearman_and_skips_constant_keys() -> None:
     assert list(scores) == ["lr", "wd"] and scores["lr"] == pytest.approx(1.0) and scores["wd"] == pytest.approx(0.4)
 
 
+def test_importance_ranks_only_the_trials_with_both_values() -> None:
+    """A trial without a best (failed before its first result) or without the key took a rank among the key's
+    values, and Pearson on those ranks then read 0.206 where the trials that have both give |Spearman| 0.273
+    (a new user's hand computation)."""
+    import pandas as pd
+
+    def spearman(x: list[Any], y: list[float]) -> float:  # without ties: 1 - 6 sum(d^2) / (n (n^2 - 1))
+        ranks = [[sorted(v).index(e) for e in v] for v in (x, y)]
+        n = len(x)
+        return 1 - 6 * sum((a - b) ** 2 for a, b in zip(*ranks, strict=True)) / (n * (n * n - 1))
+
+    lr = [0.1, 0.5, 0.2, 0.9, 0.05, 0.3, 0.7, 0.4, 0.6, 0.8, 0.01]
+    best = [0.5, 0.2, 0.4, 0.9, 0.6, 0.1, 0.3, 0.8, 0.7, 1.0, float("nan")]
+    depth = [None, 3, 1, 7, 2, 9, 5, 4, 6, 8, 16]
+    trials = pd.DataFrame({"config/lr": lr, "config/depth": depth, "loss_best": best})
+    scores = importance(trials, "loss")
+    assert scores["lr"] == pytest.approx(abs(spearman(lr[:10], best[:10])))  # 0.2727, where it read 0.206
+    assert scores["depth"] == pytest.approx(abs(spearman(depth[1:10], best[1:10])))
+    one = trials.assign(loss_best=[0.5] + [float("nan")] * 10)  # one trial with both: nothing to rank
+    assert importance(one, "loss") == {}
+
+
 # -- a real sweep --------------------------------------------------------------------------------------
 def _trainable(config: dict[str, Any]) -> None:
     from ray import tune
@@ -361,10 +383,10 @@ def test_parallel_coordinates_keep_true_1_and_text_1_apart(tmp_path: Path) -> No
     data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
     dims = {d["label"]: d for d in data["parcoords"]["dimensions"]}
     flag = dims["flag"]
-    picked = {
-        t: flag["ticktext"][code] for t, code in zip(data["status"], flag["values"], strict=True) if code is not None
-    }
-    assert picked == {"t": "True", "f": "False", "one": "1 (int)", "text": "1 (str)"}, flag
+    ticks = dict(zip(flag["tickvals"], flag["ticktext"], strict=True))
+    picked = {t: ticks[code] for t, code in zip(data["status"], flag["values"], strict=True)}
+    expected = {"t": "True", "f": "False", "one": "1 (int)", "text": "1 (str)", "same-True": "(none)"}
+    assert picked == {**expected, "same-1": "(none)"}, flag
     assert "same" in dims  # True and 1 differ
     lists = [
         Trial(name, {"width": width}, _losses(i + 1.0)) for i, (name, width) in enumerate((("l", [32]), ("s", "[32]")))
@@ -372,6 +394,36 @@ def test_parallel_coordinates_keep_true_1_and_text_1_apart(tmp_path: Path) -> No
     data = _data(Sweep(write_trials(tmp_path / "lists", lists)).report(tmp_path / "l.html").read_text())
     [width] = [d for d in data["parcoords"]["dimensions"] if d["label"] == "width"]
     assert sorted(width["ticktext"]) == ["[32] (JSON)", "[32] (str)"]  # not the class name JsonText
+
+
+def test_parallel_coordinates_draw_a_missing_config_value_at_a_none_tick(tmp_path: Path) -> None:
+    """A trial whose config lacks a key (a conditional search space: momentum for sgd only) or holds None was
+    drawn at the axis's first category, or at 0, as if it held that value. It goes to a ``(none)`` tick below
+    the values, on categorical and numeric axes alike."""
+    from tests._stores import Trial, write_trials
+
+    configs = {
+        "a": {"opt": "sgd", "momentum": 0.9, "lr": 0.01},
+        "b": {"opt": "sgd", "momentum": 0.5, "lr": 0.1},
+        "c": {"opt": "adam", "lr": 1.0},
+        "d": {"opt": None, "momentum": None, "lr": 0.001},
+    }
+    trials = [Trial(name, config, _losses(i + 1.0)) for i, (name, config) in enumerate(configs.items())]
+    data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
+    dims = {d["label"]: d for d in data["parcoords"]["dimensions"]}
+    trial_ids = list(data["status"])
+
+    def drawn(dim: dict[str, Any]) -> dict[str, str]:
+        ticks = dict(zip(dim["tickvals"], dim["ticktext"], strict=True))
+        return {t: ticks.get(v, str(v)) for t, v in zip(trial_ids, dim["values"], strict=True)}
+
+    assert drawn(dims["opt"]) == {"a": "sgd", "b": "sgd", "c": "adam", "d": "(none)"}
+    momentum = drawn(dims["momentum"])
+    assert (momentum["c"], momentum["d"]) == ("(none)", "(none)") and {momentum["a"], momentum["b"]} == {"0.9", "0.5"}
+    ticks = zip(dims["momentum"]["tickvals"], dims["momentum"]["ticktext"], strict=True)
+    low = min(v for v, text in ticks if text != "(none)")
+    assert dims["momentum"]["values"][trial_ids.index("c")] < low <= 0.5  # below every value, not at one
+    assert None not in dims["log10(lr)"]["values"] and "tickvals" not in dims["log10(lr)"]  # none missing: as before
 
 
 def test_the_table_shows_a_count_by_its_final_value_only(tmp_path: Path) -> None:
@@ -683,6 +735,34 @@ def test_a_diverged_group_leaves_the_other_groups_curves_readable(tmp_path: Path
     assert len(means["kind=a"]) == 6 and len(means["kind=b"]) == 6, means
     marked = {t["meta"]: t["text"] for t in section["traces"] if t.get("name", "").endswith("(off the plot)")}
     assert marked["kind=up"] == [1e80, 1e240], marked
+
+
+def test_a_group_mean_breaks_where_it_left_the_plot(tmp_path: Path) -> None:
+    """A group whose mean climbed off the plot for a while, then came back: its mean line and its bands were
+    drawn straight across the climb, a smooth decline through values of 1e80 and more (a new user's). They
+    break there, as a trial's curve does, and the climb is marked."""
+    from tests._stores import Trial, write_trials
+
+    def losses(values: list[float]) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": v} for i, v in enumerate(values)]}
+
+    steady = [
+        Trial(f"{kind}{seed}", {"kind": kind, "seed": seed}, losses([scale * v for v in (1.0, 0.8, 0.6, 0.5, 0.4)]))
+        for kind, scale in (("a", 1.0), ("b", 1.2), ("c", 1.5))
+        for seed in (0, 1)
+    ]
+    back = [Trial(f"up{seed}", {"kind": "up", "seed": seed}, losses([2.0, 1e80, 1e240, 0.5, 0.3])) for seed in (0, 1)]
+    sweep = Sweep(write_trials(tmp_path / "store", [*steady, *back]))
+    data = _data(sweep.report(tmp_path / "g.html", group_by="config/kind").read_text())
+    [section] = [s for s in data["sections"] if s["metric"] == "loss"]
+    up = [t for t in section["traces"] if t.get("meta") == "kind=up" and "(off the plot)" not in t.get("name", "")]
+    [mean] = [t for t in up if t.get("name") == "kind=up"]
+    assert mean["x"] == [1, None, 4, 5] and mean["y"] == [2.0, None, 0.5, 0.3], mean
+    assert all(t["x"] == [1, None, 4, 5] and t["y"][1] is None for t in up), up  # the bands break there too
+    [marked] = [t for t in section["traces"] if t.get("name") == "kind=up (off the plot)"]
+    assert marked["x"] == [2, 3]
+    steady_mean = next(t for t in section["traces"] if t.get("name") == "kind=a")
+    assert None not in steady_mean["x"]
 
 
 def test_flat_curves_at_different_levels_are_all_drawn(tmp_path: Path) -> None:

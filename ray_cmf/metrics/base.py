@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ray_cmf.errors import RayCmfError
@@ -16,6 +18,7 @@ from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, REDUCTIONS, STATE_DTYP
 from ray_cmf.metrics.staging import Stager, raise_naming_input
 
 NAN_POLICIES = ("exclude", "propagate")
+RECORDED_VALUES = 16  # a tensor setting of at most this many values is recorded by its values, else by a digest
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,9 @@ class Metric(ABC):
         """The class and the settings that give the states their meaning, as a checkpoint names them, e.g.
         ``Histogram(8, 0.0, 1.0)``."""
         if type(self)._config is Metric._config and type(self)._state_settings is Metric._state_settings:
-            settings = ", ".join(f"{name}={_shown(value)}" for name, value in self._own_settings())
+            settings = ", ".join(f"{name}={_recorded(value)}" for name, value in self._own_settings())
         else:
-            settings = ", ".join(repr(value) for value in self._state_settings())
+            settings = ", ".join(_recorded(value) for value in self._state_settings())
         return f"{type(self).__name__}({settings})"
 
     def _own_settings(self) -> list[tuple[str, Any]]:
@@ -291,7 +294,25 @@ def _shown(setting: Any) -> str:
     device (reading its values would wait for the device), anything else by its repr."""
     if isinstance(setting, torch.Tensor):
         return f"tensor(shape={tuple(setting.shape)}, dtype={setting.dtype})"
-    return repr(setting)
+    return repr(_python(setting))
+
+
+def _recorded(setting: Any) -> str:
+    """A setting as a checkpoint records it: a tensor by its values (a large one by a digest of them), read
+    once, when saved or loaded; anything else as ranks compare it (see :func:`_shown`)."""
+    if not isinstance(setting, torch.Tensor):
+        return _shown(setting)
+    values = setting.detach().cpu().contiguous()
+    if values.numel() <= RECORDED_VALUES:
+        return f"tensor({values.tolist()!r}, dtype={values.dtype})"
+    digest = hashlib.sha256(values.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+    return f"tensor(shape={tuple(values.shape)}, dtype={values.dtype}, sha256={digest})"
+
+
+def _python(setting: Any) -> Any:
+    """A NumPy scalar as the Python number it holds (``np.float64(0.5)`` reprs unlike ``0.5``, and unlike
+    itself across NumPy versions); anything else as it is."""
+    return setting.item() if isinstance(setting, np.generic) else setting
 
 
 def _hashable(value: Any) -> Any:
