@@ -78,7 +78,12 @@ class SpillManifest:
 
     @classmethod
     def read(cls, directory: Path) -> SpillManifest:
-        stored = cls(**json.loads((directory / SPILL_MANIFEST).read_text()))
+        """The manifest of a spill directory; a ValueError where a newer ray_cmf wrote fields this version does
+        not know (their meaning may change how the spill commits: it is left to that version)."""
+        fields = json.loads((directory / SPILL_MANIFEST).read_text())
+        if unknown := sorted(set(fields) - {f.name for f in dataclasses.fields(cls)}):
+            raise ValueError(f"written by a newer ray_cmf: it holds {unknown}, which this version does not know")
+        stored = cls(**fields)
         root = _store_of(directory)
         return replace(stored, dest=_in_store(stored.dest, root), base=stored.base and _in_store(stored.base, root))
 

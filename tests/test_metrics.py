@@ -756,7 +756,7 @@ def test_what_an_import_loads(imports: str, loaded: list[str]) -> None:
     assert out.strip() == repr(sorted(loaded))
 
 
-def test_a_state_saved_from_other_settings_is_refused_by_name() -> None:
+def test_a_state_saved_from_other_settings_is_refused_by_name(caplog: pytest.LogCaptureFixture) -> None:
     """A checkpoint names each metric's class and the settings that give its states their meaning: loaded into a
     metric of another class (a Min's ``extremum`` read as a Max's) or range (a Histogram's counts read against
     other bins), it is refused, naming the metric, before anything is loaded. Settings that only shape the
@@ -786,5 +786,7 @@ def test_a_state_saved_from_other_settings_is_refused_by_name() -> None:
     )
     free.load_state_dict(state)
     assert free.to_row()["mx"] == 4.5 and free.to_row()["h_count"] == 2
+    assert "not checked" not in caplog.text
     older = {k: v for k, v in state.items() if not k.endswith("__metric__")}  # saved before settings were kept
     MetricCollection({"mx": Max(), "h": Histogram(6, -3.0, 3.0), "acc": Accuracy(top_k=1)}).load_state_dict(older)
+    assert "holds no metric's class and settings (it predates their recording): they are not checked" in caplog.text

@@ -1508,3 +1508,28 @@ def test_a_metric_of_ints_in_one_trial_and_floats_in_another_summarises_as_float
         assert table["m_final"].nlargest(1).index.tolist() == ["b"]
         assert table.loc["c", "big_best"] == 2**60 + 1 and type(table.loc["c", "big_best"]) is int  # exact
         assert table["n_final"].dtype == object and table.loc["d", "n_final"] == 9  # ints beside blanks stay ints
+
+
+def test_a_spill_of_a_newer_version_is_named_not_skipped_unsaid(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A team upgrades one machine at a time: a live read left out the rows of a spill whose manifest a newer
+    ray_cmf wrote, without a word (its rows were missing, the trial read as shorter), and ``recover`` said the
+    manifest "cannot be read" with a TypeError. Both name the spill and say a newer version wrote it; the spill
+    is left for that version, which alone knows what its fields ask."""
+    from ray_cmf import Store, recover
+    from ray_cmf.constants import SPILL_DIR, SPILL_MANIFEST
+    from ray_cmf.errors import RecoveryError
+
+    rows = [{"training_iteration": i, "loss": 1.0 / i} for i in (1, 2, 3)]
+    store = tmp_path / "store"
+    write_trials(store, [Trial("done", {}, {"": rows}), Trial("live", {}, {"": rows}, "RUNNING")])
+    [manifest] = (store / SPILL_DIR).glob(f"*/{SPILL_MANIFEST}")
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "checksum_kind": "xxh3"}))
+    steps = Sweep(store).steps(live=True)
+    assert set(steps["trial_id"]) == {"done"}
+    said = [r.getMessage() for r in caplog.records if "newer" in r.getMessage()]
+    assert said and manifest.parent.name in said[0] and "['checksum_kind']" in said[0], said
+    with pytest.raises(RecoveryError, match=r"written by a newer ray_cmf: it holds \['checksum_kind'\]"):
+        recover(Store(store))
+    assert manifest.is_file()  # left for the version that wrote it

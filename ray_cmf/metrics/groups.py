@@ -9,6 +9,7 @@ whatever the number of metrics. A standalone metric is a group of one, with unpr
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from ray_cmf.metrics.staging import Stager, from_host, raise_naming_input
 if TYPE_CHECKING:
     from ray_cmf.metrics.base import Metric
 
+log = logging.getLogger(__name__)
 Outputs = list[dict[str, torch.Tensor]]  # per group: each output of all its members, shaped (members, ...)
 
 
@@ -352,9 +354,16 @@ class MetricGroups:
 
     def _check_saved_as(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Refuse a state saved from metrics of another class or with other settings (``Metric.saved_as``), where
-        its values would load and mean something else; a state saved before these were kept is not checked."""
+        its values would load and mean something else; a state saved before these were kept cannot be checked,
+        and says so."""
+        shown = self._shown_metrics()
+        if shown and not any(self._state_key(name, SAVED_AS) in state_dict for name, _ in shown):
+            log.warning(
+                "ray_cmf: this metric state_dict holds no metric's class and settings (it predates their recording): "
+                "they are not checked; load it only into the metrics it was saved from"
+            )
         unlike = []
-        for name, metric in self._shown_metrics():
+        for name, metric in shown:
             saved = state_dict.get(self._state_key(name, SAVED_AS))
             if saved is not None and (was := _read_text(saved)) != (now := metric.saved_as()):
                 what = f"metric {name!r}" if self.prefixed else "the metric"
