@@ -18,7 +18,7 @@ import psutil
 
 from ray_cmf.actor import before_the_driver_ends, connect
 from ray_cmf.binding import Binding, SeriesKey
-from ray_cmf.constants import SYSTEM_METRICS_NAME
+from ray_cmf.constants import DEFAULT_FLUSH_SECONDS, SYSTEM_METRICS_NAME
 from ray_cmf.errors import RayCmfError
 from ray_cmf.system import SystemSampler, sample_into
 
@@ -54,12 +54,14 @@ class NodeSampler:
         interval: float,
         instance: str = "",
         extra: dict[str, Any] | None = None,
+        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
     ) -> bool:
         """Sample process ``pid`` (a first row now, then densely at first, then every ``interval`` s) into the
         ``system_metrics`` series of ``binding[0]`` (of ``instance`` when given, with the ``extra`` columns): a
         Binding, or the ObjectRef of the reply that makes it, resolved only when the first rows are handed over
         (so that sampling starts now). False if the process is gone. A process that Tune reuses for another
-        trial moves to that trial's series. ``trial`` names the watch for :meth:`unwatch`."""
+        trial moves to that trial's series. ``trial`` names the watch for :meth:`unwatch`; ``flush_seconds``:
+        how often its rows are handed to the writer (see :func:`~ray_cmf.system.sample_into`)."""
         with self._lock:
             moved = [self._watched.pop(t)[1] for t, (watched, _) in list(self._watched.items()) if watched == pid]
         for sampler in moved:  # its process lives on: the new trial's first row can wait for the hand-over
@@ -67,7 +69,7 @@ class NodeSampler:
         if not psutil.pid_exists(pid):
             return False
         key = functools.partial(_system_key, binding[0], instance)  # connect(): the writer, looked up once per job
-        started = sample_into(connect(), key, interval, extra, pid, ramp=True)
+        started = sample_into(connect(), key, interval, extra, pid, ramp=True, flush_seconds=flush_seconds)
         assert started is not None  # an interval was given
         with self._lock:
             self._watched[trial] = (pid, started)
@@ -221,14 +223,18 @@ def wait_for_samplers(starting: list[Any], timeout: float = SAMPLERS_START_S) ->
         log.warning("ray_cmf: %d of %d node samplers did not start in %g s", len(pending), len(starting), timeout)
 
 
-def watch(actor: Any, trial: str, binding: Any, interval: float) -> Watch | None:
+def watch(
+    actor: Any, trial: str, binding: Any, interval: float, flush_seconds: float = DEFAULT_FLUSH_SECONDS
+) -> Watch | None:
     """On the driver: have the sampler of ``actor``'s node sample its process for ``trial`` into the
     ``system_metrics`` series of ``binding`` (a Binding, or the ObjectRef of the reply that makes it;
-    neither the driver nor the sampler waits for it). None when the actor's process has ended already."""
+    neither the driver nor the sampler waits for it), handing its rows over every ``flush_seconds``. None
+    when the actor's process has ended already."""
     process = actor_process(actor)
     if process is None:
         return None
-    return watch_process(*process, f"{trial}@{actor._actor_id.hex()}", binding, interval)  # one per start
+    name = f"{trial}@{actor._actor_id.hex()}"  # one per start
+    return watch_process(*process, name, binding, interval, flush_seconds=flush_seconds)
 
 
 def watch_process(
@@ -239,12 +245,15 @@ def watch_process(
     interval: float,
     instance: str = "",
     extra: dict[str, Any] | None = None,
+    flush_seconds: float = DEFAULT_FLUSH_SECONDS,
 ) -> Watch:
     """Have the sampler of ``node`` sample process ``pid`` into the ``system_metrics`` series of ``binding``
     (a Binding, the ObjectRef of the reply that makes it, or a :class:`Bound` name; of ``instance``, with
-    the ``extra`` columns); ``name`` names the watch. Never waits."""
+    the ``extra`` columns), handing its rows over every ``flush_seconds``; ``name`` names the watch. Never
+    waits."""
     sampler = _sampler(node)
-    started = sampler.watch.remote(name, [binding], pid, interval, instance, extra)  # in a list: Ray passes the ref
+    binding_ref = [binding]  # in a list: Ray passes the ref
+    started = sampler.watch.remote(name, binding_ref, pid, interval, instance, extra, flush_seconds)
     return Watch(sampler, name, started)
 
 

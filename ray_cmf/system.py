@@ -211,12 +211,14 @@ def sample_into(
     pid: int | None = None,
     *,
     ramp: bool = False,
+    flush_seconds: float = DEFAULT_FLUSH_SECONDS,
 ) -> SystemSampler | None:
     """Start sampling a process (this one by default) into a series at the store's writer, each row with the
     ``pid`` it sampled and the ``extra`` columns; None when ``interval`` is None (switched off). ``ramp``: see
-    :class:`SystemSampler`."""
+    :class:`SystemSampler`. Rows reach the writer every ``flush_seconds`` (or every ``interval``, if longer):
+    what a process or node that dies had not handed over is lost."""
     if interval is None:
         return None
-    buffer = MetricBuffer(sink=writer.sink(key), flush_seconds=max(DEFAULT_FLUSH_SECONDS, interval))
+    buffer = MetricBuffer(sink=writer.sink(key), flush_seconds=max(flush_seconds, interval))
     columns = {**(extra or {}), PID_COLUMN: os.getpid() if pid is None else pid}
     return SystemSampler(buffer, interval, columns, pid, ramp=ramp).start()

@@ -292,7 +292,9 @@ class StepLogger:
         if self._context is not None:
             if not _NODE_SAMPLED:  # never sample a process twice
                 extra = {"rank": self.rank}  # the same columns as a node sampler's rows
-                self._sampler = sample_into(self._writer, self._system_key, system_metrics, extra)
+                self._sampler = sample_into(
+                    self._writer, self._system_key, system_metrics, extra, flush_seconds=flush_seconds
+                )
             on_thread_end(self._hand_over)
         elif self._buffer is not None:  # no Ray Train callback ends the run: the process's end, or letting go, does
             self._ending = _RunEnd(self)

@@ -127,7 +127,8 @@ def trial_cmf(
         _hand_over_at_stop(trainable)
     if in_trial:
         interval = None if joined.node_sampled else system_metrics
-        sampler = sample_into(writer, SeriesKey.system(joined.binding), interval)
+        flush_seconds = buffer_options.get("flush_seconds", DEFAULT_FLUSH_SECONDS)
+        sampler = sample_into(writer, SeriesKey.system(joined.binding), interval, flush_seconds=flush_seconds)
         hand_over = _HandOver(trial_id, cmf, sampler)
         _before_tune_stops(hand_over)
         on_thread_end(hand_over)
@@ -699,7 +700,7 @@ class CmfRayLogger(tune.Callback):
         assert binding is not None and self.system_metrics is not None  # on_trial_start made both
         try:
             reply = binding.ref if binding.ref is not None else binding.result()
-            return watch(actor, trial_id, reply, self.system_metrics)
+            return watch(actor, trial_id, reply, self.system_metrics, self.flush_seconds)
         except Exception as exc:
             log.warning("ray_cmf: the trial's process will not be sampled: %s: %s", type(exc).__name__, exc)
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -1109,6 +1110,38 @@ def test_every_trial_gets_system_metrics_without_code_in_its_trainable(ray_sessi
             assert rows[-1].get("proc_cpu_percent") is not None
     long = Sweep(store, metrics_name="system_metrics").trials(where="`config/results` == 6")
     assert (long["steps"] >= 6).all()  # 1.8 s at a row every 0.25 s
+
+
+def test_system_metrics_reach_the_writer_as_often_as_the_loggers_rows(ray_session: None, tmp_path: Path) -> None:
+    """The node sampler handed a trial's samples over every 30 s whatever ``CmfRayLogger(flush_seconds=...)``
+    said: a node that died within them took the trial's samples with it (a new user's 2-node cluster). They
+    reach the writer as the logger's rows do: a live read sees them while the trial still runs."""
+    from ray import tune
+
+    from ray_cmf import CmfRayLogger, Sweep
+
+    store = tmp_path / "store"
+
+    def trainable(config: dict[str, Any]) -> None:
+        from ray_cmf import RayCmfError
+
+        seen, deadline = 0, time.monotonic() + 15  # half the 30 s the sampler waited before
+        while not seen and time.monotonic() < deadline:  # until the sampler's rows can be read, while it runs
+            time.sleep(0.2)
+            with contextlib.suppress(RayCmfError):  # no series yet
+                seen = len(Sweep(store, metrics_name="system_metrics").steps(live=True))
+        tune.report({"seen_live": seen})
+
+    [result] = tune.Tuner(
+        trainable,
+        run_config=tune.RunConfig(
+            name="flushed",
+            storage_path=str(tmp_path / "results"),
+            callbacks=[CmfRayLogger("flushed", store=str(store), system_metrics=0.1, flush_seconds=0.5)],
+            verbose=0,
+        ),
+    ).fit()
+    assert result.error is None and result.metrics["seen_live"] > 0
 
 
 def test_a_retried_trial_keeps_each_starts_system_metrics_apart(ray_session: None, tmp_path: Path) -> None:
