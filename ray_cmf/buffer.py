@@ -43,7 +43,7 @@ from ray_cmf.errors import (
     RayCmfError,
     SchemaError,
 )
-from ray_cmf.exits import track
+from ray_cmf.exits import signals_held, track
 from ray_cmf.frames import RANK_COLUMN, SERIES_COLUMN, TRIAL_COLUMN
 from ray_cmf.series_format import FinishedFile, Spill, SpillManifest
 
@@ -462,7 +462,7 @@ class MetricBuffer:
         """Hand the rows not handed over yet to the spill thread, and after them ``then``, which it settles
         once the sink holds them: the appending thread cuts the chunk, any other copies its complete rows (a
         copy is always safe; a cut frees the chunk's memory)."""
-        with self._lock:
+        with signals_held(), self._lock:
             chunk = self._cut() if self._owner == threading.get_ident() else self._copy()
             for item in (chunk, then):
                 if item is not None:
@@ -493,14 +493,15 @@ class MetricBuffer:
 
     def flush(self) -> None:
         """Seal the rows logged so far and block until the sink holds every sealed row (from any thread)."""
-        self.sealed().result()
+        with signals_held():
+            self.sealed().result()
         self._report_refusals()
 
     def take(self) -> pa.RecordBatch | None:
         """The rows not handed over yet, as one batch that the caller delivers itself (e.g. on its commit
         request: one trip to the writer, not two), once the sink has been handed every chunk before them;
         from any thread (a script's exit commits rows that a thread logged)."""
-        with self._lock:
+        with signals_held(), self._lock:
             chunk = self._cut() if self._owner in (None, threading.get_ident()) else self._copy()
         if self._spiller is not None:
             self._spiller.queue.join()
@@ -566,7 +567,7 @@ class _FlushClock:
 
     def watch(self, buffer: MetricBuffer) -> None:
         """Look at ``buffer`` from now on (it may be due sooner than the buffers so far)."""
-        with self._lock:
+        with signals_held(), self._lock:
             self._buffers.add(buffer)
             if self._thread is None or not self._thread.is_alive():  # not yet, or a forked child's
                 self._thread = threading.Thread(target=self._run, name="ray_cmf-flush-clock", daemon=True)
@@ -585,7 +586,7 @@ class _FlushClock:
 
     def forget(self, buffer: MetricBuffer) -> None:
         """Stop looking at ``buffer`` (closed)."""
-        with self._lock:
+        with signals_held(), self._lock:
             self._buffers.discard(buffer)
 
     def _run(self) -> None:

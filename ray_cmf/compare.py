@@ -241,8 +241,9 @@ class Sweep:
                 self.metrics_name = obvious
             else:
                 which = repr(metrics_name) if metrics_name is not None else "of Tune results (tune_results)"
+                exists = what_exists([metrics_name] if metrics_name is not None else [], held)
                 raise MetricsNotFoundError(
-                    f"No series {which} in pipeline {self.pipeline!r}; it holds {held}: name one of them "
+                    f"No series {which} in pipeline {self.pipeline!r}; {exists}: name one of them "
                     "(metrics_name=..., or --metrics-name)",
                     held,
                 )
@@ -295,14 +296,15 @@ class Sweep:
         parent = self.lineage.find_pipeline(self.pipeline)
         if parent is None:
             known = [p.name for p in self.lineage.pipelines()]
-            raise StoreError(f"No pipeline {self.pipeline!r} in {self.store}; it holds {known}")
+            raise StoreError(f"No pipeline {self.pipeline!r} in {self.store}; {what_exists([self.pipeline], known)}")
         stages = self.lineage.stages(parent)
         if self.stage is None:
             return stages
         named = [s for s in stages if properties(s).get("stage") == self.stage]
         if not named:
-            known = [properties(s).get("stage") for s in stages]
-            raise StoreError(f"No stage {self.stage!r} in pipeline {self.pipeline!r}; it holds {known}")
+            known = [str(properties(s).get("stage")) for s in stages]
+            exists = what_exists([self.stage], known)
+            raise StoreError(f"No stage {self.stage!r} in pipeline {self.pipeline!r}; {exists}")
         return named
 
     def of_series(self, metrics_name: str) -> Sweep:
@@ -479,12 +481,15 @@ class Sweep:
         Values come back as logged, as :meth:`Cmf.read_metrics` gives them: a column with nulls (a metric some
         rows or trials lack) is Arrow-backed, so its ints stay ints and a null (nothing logged) is not a NaN
         (a NaN logged); the others keep their NumPy dtype. ``exact=True`` makes every number column
-        Arrow-backed.
+        Arrow-backed. A trial named in ``trials`` that this sweep does not hold is an error, as in :meth:`only`.
         """
         metrics = list(metrics) if metrics is not None else None
         if live:
             self.refresh()
-        table = self._step_table(metrics, set(trials) if trials is not None else None, live=live)
+        asked = set(trials) if trials is not None else None
+        if asked and (unknown := asked - {self.key(e) for e, _ in self.executions()}):
+            raise self.refusal(sorted(unknown, key=trial_order))
+        table = self._step_table(metrics, asked, live=live)
         if not table.num_rows:
             return _no_steps(metrics)
         return _tidy(exact_frame(table, arrow_numbers=exact), metrics, overlap=live, starts=self._starts())

@@ -22,7 +22,7 @@ import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
 from ray_cmf.constants import ERROR_PROPERTY, HOLDER_HOST, HOLDER_PID
@@ -88,25 +88,34 @@ def track(closeable: Closeable) -> None:
             signal.signal(signal.SIGINT, _on_sigint)
 
 
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Hold SIGTERM and Ctrl-C off while the main thread hands rows over or commits them: SIGTERM's handler,
-    closing every run from inside, waited for the lock the commit held (the process hung), and a
-    KeyboardInterrupt there dropped the rows the commit had taken from its buffer. Each acts as the outermost
-    such section ends; a second one while held acts at once (Ctrl-C raises there, SIGTERM ends the process
-    without closing: ``recover`` commits its rows)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _held["depth"] += 1
-    try:
-        yield
-    finally:
+class _SignalsHeld:
+    """See :func:`signals_held` (one object, entered and left by the main thread only: a signal handler runs
+    there)."""
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            _held["depth"] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
         _held["depth"] -= 1
         action = _held["action"] if not _held["depth"] else None
         if action is not None:
             _held["action"] = None
             action()
+
+
+_SIGNALS_HELD = _SignalsHeld()
+
+
+def signals_held() -> contextlib.AbstractContextManager[None]:
+    """Hold SIGTERM and Ctrl-C off while the main thread holds a lock that closing the runs takes (a buffer's
+    hand-over, a commit): SIGTERM's handler, closing every run from inside, waited for that lock (the process
+    hung), and a KeyboardInterrupt in a commit dropped the rows it had taken from its buffer. Each acts as the
+    outermost such section ends; a second one while held acts at once (Ctrl-C raises there, SIGTERM ends the
+    process without closing: ``recover`` commits its rows). Cheap: a buffer's hand-over takes it."""
+    return _SIGNALS_HELD
 
 
 def _hold(action: Callable[[], None]) -> bool | None:

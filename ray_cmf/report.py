@@ -292,6 +292,12 @@ def _broken(x: np.ndarray, y: np.ndarray, keep: np.ndarray, drawn: np.ndarray) -
     return xs, ys
 
 
+def _unbroken(xs: list[Any]) -> list[slice]:
+    """The stretches of a broken curve's points (see :func:`_broken`) between its gaps."""
+    gaps = [i for i, x in enumerate(xs) if x is None]
+    return [slice(a + 1, b) for a, b in zip([-1, *gaps], [*gaps, len(xs)], strict=True) if b > a + 1]
+
+
 def _off_the_plot(
     span: Span, x: np.ndarray, y: np.ndarray, max_points: int, label: str, meta: str, colour: str, hover: str
 ) -> list[dict[str, Any]]:
@@ -371,22 +377,24 @@ def _group_curves(
             ("band-minmax", (stats["min"].to_numpy(), stats["max"].to_numpy())),
             ("band-std", (mean - spread, mean + spread)),
         ):
-            for edge, fill in ((low, "none"), (high, "tonexty")):
-                traces.append(
-                    {
-                        "type": "scatter",
-                        "mode": "lines",
-                        "legendgroup": band,
-                        "meta": label,
-                        "x": xs,
-                        "y": _broken(x, np.clip(edge, span.low, span.high), keep, drawn)[1],
-                        "line": {"width": 0, "color": colour},
-                        "fill": fill,
-                        "fillcolor": _translucent(colour),
-                        "hoverinfo": "skip",
-                        "visible": band == "band-minmax",
-                    }
-                )
+            lows, highs = (_broken(x, np.clip(edge, span.low, span.high), keep, drawn)[1] for edge in (low, high))
+            for part in _unbroken(xs):  # plotly fills "tonexty" across a gap: one pair of traces per stretch
+                for edge, fill in ((lows, "none"), (highs, "tonexty")):
+                    traces.append(
+                        {
+                            "type": "scatter",
+                            "mode": "lines",
+                            "legendgroup": band,
+                            "meta": label,
+                            "x": xs[part],
+                            "y": edge[part],
+                            "line": {"width": 0, "color": colour},
+                            "fill": fill,
+                            "fillcolor": _translucent(colour),
+                            "hoverinfo": "skip",
+                            "visible": band == "band-minmax",
+                        }
+                    )
         counts = _broken(x, stats["count"].to_numpy(), keep, drawn)[1]
         traces.append(
             {

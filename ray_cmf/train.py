@@ -51,8 +51,9 @@ from ray_cmf.constants import (
     WORKER_STARTS_PROPERTY,
 )
 from ray_cmf.environment import Environment, capture, seed_props, torch_seed
-from ray_cmf.errors import InvalidArgumentError, RayCmfError, recorded_error
+from ray_cmf.errors import InvalidArgumentError, InvalidNameError, RayCmfError, recorded_error
 from ray_cmf.exits import error_properties, on_thread_end, outcome, track
+from ray_cmf.frames import is_metric
 from ray_cmf.lineage import Artifact, config_properties, observed_config_properties
 from ray_cmf.metrics import Max, MetricCollection, Min, Sum, SyncHandle
 from ray_cmf.metrics.packing import rank as dist_rank
@@ -240,6 +241,8 @@ class StepLogger:
             raise ValueError(f"metric {own[0]!r} names a column StepLogger fills itself ({sorted(_OWN_COLUMNS)})")
         for name in metrics:
             refuse_reserved(name, RESERVED_IN_TRAIN)
+            if not is_metric(name):  # a row would hold it, and no summary, best or plot would read it
+                raise InvalidNameError("metric name", name, "ray_cmf reads that column as a step, a key or bookkeeping")
         self.metrics = metrics
         # synced with the metrics, in their collective, but not theirs; the samples are a host-side count, always
         # finite, and none of the three has a <name>_nonfinite output to leave out
@@ -534,8 +537,9 @@ class StepLogger:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint: the series resumes after its step; rows re-run later win on read (the
         store counts the run's starts, so each restart's rows carry a later attempt)."""
-        self.metrics.load_state_dict(state["metrics"])  # first: a refused state changes nothing
-        self.steps_done = int(state["step"])
+        step = int(state["step"])
+        self.metrics.load_state_dict(state["metrics"])  # before anything is set: a refused state changes nothing
+        self.steps_done = step
         self._nonfinite = dict(state.get("nonfinite", {}))  # a checkpoint from before counts were kept: none
         self._syncs = int(state.get("syncs", self.steps_done // self.sync_every))  # older: the scheduled syncs
 

@@ -144,7 +144,7 @@ def test_every_exit_path_keeps_every_logged_row_and_ends_the_execution(
 MID_COMMIT = textwrap.dedent(
     """
     import os, signal, sys, time
-    import ray_cmf.client, ray_cmf.series_format
+    import ray_cmf.buffer, ray_cmf.client, ray_cmf.series_format
     from ray_cmf import Cmf
     store, name, rows, where = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     cmf = Cmf(pipeline_name="exit", store=store)
@@ -152,22 +152,34 @@ MID_COMMIT = textwrap.dedent(
         cmf.log_metric("train", {"step": i, "loss": i * 0.5})
         if i == rows:
             cmf.commit_metrics("train")
-    # the signal arrives as the commit writes its file, or as it sends the rows it took from the buffer
-    module, function = (ray_cmf.series_format, "write_parquet") if where == "file" else (ray_cmf.client, "Tail")
+    # the signal arrives as a commit writes its file, or sends the rows it took from the buffer, or as the buffer
+    # cuts a chunk to hand over (holding its lock: a flush, or every flush_rows rows of logging)
+    module, function = {
+        "file": (ray_cmf.series_format, "write_parquet"),
+        "tail": (ray_cmf.client, "Tail"),
+        "flush": (ray_cmf.buffer.MetricBuffer, "_cut"),
+        "logging": (ray_cmf.buffer.MetricBuffer, "_cut"),
+    }[where]
     original = getattr(module, function)
     def signalled(*args, **kwargs):
         setattr(module, function, original)
         os.kill(os.getpid(), getattr(signal, name))
         return original(*args, **kwargs)
     setattr(module, function, signalled)
-    cmf.commit_metrics("train")
+    if where == "logging":
+        for i in range(2 * rows, 3 * rows):
+            cmf.log_metric("train", {"step": i, "loss": i * 0.5})
+    elif where == "flush":
+        cmf.flush()
+    else:
+        cmf.commit_metrics("train")
     print("committed", flush=True)
     time.sleep(60)
     """
 )
 
 
-@pytest.mark.parametrize("where", ["file", "tail"])
+@pytest.mark.parametrize("where", ["file", "tail", "flush", "logging"])
 @pytest.mark.parametrize(("name", "returncode"), [("SIGTERM", -signal.SIGTERM), ("SIGINT", -signal.SIGINT)])
 def test_a_signal_during_a_commit_ends_the_run_with_every_row(
     tmp_path: Path, name: str, returncode: int, where: str
@@ -175,7 +187,8 @@ def test_a_signal_during_a_commit_ends_the_run_with_every_row(
     """SIGTERM while ``commit_metrics`` ran: its handler committed the run from inside the commit, waited for the
     lock the commit held, and the process hung for good. SIGINT there (or a SIGTERM that did not hang) dropped
     the rows the commit had taken from the buffer, with nothing left to recover (a new user, killing writers of
-    a shared store). Either now acts as the commit ends: the run ends CANCELED with every row."""
+    a shared store). SIGTERM while ``flush()`` or ``log_metric`` cut a chunk hung alike, on the buffer's lock.
+    Either signal now acts as that section ends: the run ends CANCELED with every row logged."""
     from ray_cmf.lineage import Lineage, state_name
 
     store, rows = tmp_path / "store", 25_000
@@ -198,7 +211,10 @@ def test_a_signal_during_a_commit_ends_the_run_with_every_row(
     versions = [a for a in lineage.store.get_artifacts() if properties(a).get("metrics_name") == "train"]
     newest = max(versions, key=lambda a: a.id)
     steps = pq.read_table(Store(store).resolve(properties(newest)["url"])).column("step").to_pylist()
-    assert steps == list(range(2 * rows))
+    if where == "logging":  # it ended as the chunk was handed over: every row up to there
+        assert 2 * rows < len(steps) < 3 * rows and steps == list(range(len(steps)))
+    else:
+        assert steps == list(range(2 * rows))
 
 
 def test_close_with_fewer_rows_than_a_chunk_spills_them(tmp_path: Path) -> None:

@@ -209,6 +209,60 @@ def test_a_checkpoint_of_ones_own_metric_compares_its_settings_by_value() -> Non
         shifted.load_state_dict(big.state_dict())
 
 
+def _cut_at(value: float) -> float:
+    return value
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded"),
+    [(1, 1.0), (True, 1), ((1, 2), [1, 2]), ({"a": 1, "b": 2}, {"b": 2, "a": 1.0}), (-0.0, 0.0), (_cut_at, _cut_at)],
+)
+def test_equal_settings_written_differently_restore(saved: Any, loaded: Any) -> None:
+    """A threshold saved as 1 and given back as 1.0 was refused, and so were (1, 2) against [1, 2], a dict in
+    another order, -0.0 against 0.0 (a Histogram's low too); a function setting was refused in any new process
+    (its repr holds its address). Equal settings read alike, as the re-check of a new user found."""
+    state = MetricCollection({"m": CountAbove(saved)}).state_dict()
+    MetricCollection({"m": CountAbove(loaded)}).load_state_dict(state)
+    histogram = MetricCollection({"h": Histogram(4, -0.0, 1.0)}).state_dict()
+    MetricCollection({"h": Histogram(4, 0.0, 1.0)}).load_state_dict(histogram)
+
+
+def test_a_function_setting_restores_in_another_process(tmp_path: Any) -> None:
+    """Saved in one process and loaded in another, ``threshold=<function g at 0x...>`` read unlike itself."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent.parent)!r})
+        from tests.test_metric_groups import CountAbove, _cut_at
+        from ray_cmf.metrics import MetricCollection
+        metrics = MetricCollection({{"m": CountAbove(_cut_at)}})
+        if sys.argv[1] == "save":
+            torch.save(metrics.state_dict(), sys.argv[2])
+        else:
+            metrics.load_state_dict(torch.load(sys.argv[2], weights_only=True))
+        """
+    )
+    path = str(tmp_path / "state.pt")
+    for step in ("save", "load"):
+        done = subprocess.run([sys.executable, "-c", script, step, path], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_array_setting_is_recorded_by_its_values() -> None:
+    """Two NumPy arrays of 5000 values that differ in one printed alike (their reprs elide the middle), and a
+    checkpoint of one loaded into the other silently."""
+    values = np.linspace(0.0, 1.0, 5000)
+    changed = values.copy()
+    changed[2500] += 1e-3
+    state = MetricCollection({"m": CountAbove(values)}).state_dict()  # type: ignore[arg-type]
+    with pytest.raises(RayCmfError, match=r"metric 'm' was saved as CountAbove\(threshold=tensor\(shape=\(5000,\)"):
+        MetricCollection({"m": CountAbove(changed)}).load_state_dict(state)  # type: ignore[arg-type]
+
+
 def test_a_metric_of_ones_own_is_grouped_by_the_settings_it_keeps() -> None:
     """Two instances of a user's metric with different thresholds were one group, computed with the first
     one's threshold (3 and 3 where 3 and 1 are right, or 1 and 1 in the other order): a setting kept as a

@@ -135,10 +135,12 @@ def test_a_series_name_that_matches_nothing_is_an_error_that_lists_what_exists(
 ) -> None:
     rows = {"": [{"step": 1, "loss": 1.0}]}
     store = write_trials(tmp_path / "store", [Trial("a", {}, rows)], metrics_name="steps")
-    with pytest.raises(MetricsNotFoundError, match=r"No series 'step' .*\['steps'\]"):
+    with pytest.raises(MetricsNotFoundError, match=r"No series 'step' .*; did you mean 'steps'\?"):
         Sweep(store, metrics_name="step")
     assert main(["trials", "--store", str(store.root), "--metrics-name", "step"]) == 2  # was: 0, every trial 0 steps
-    assert "['steps']" in capsys.readouterr().err
+    assert "did you mean 'steps'?" in capsys.readouterr().err
+    with pytest.raises(MetricsNotFoundError, match=r"No series 'loss_curve' .*; it has \['steps'\]"):
+        Sweep(store, metrics_name="loss_curve")  # nothing near: what exists
 
 
 def test_the_cli_shows_a_bug_as_a_bug(
@@ -1533,3 +1535,16 @@ def test_a_spill_of_a_newer_version_is_named_not_skipped_unsaid(
     with pytest.raises(RecoveryError, match=r"written by a newer ray_cmf: it holds \['checksum_kind'\]"):
         recover(Store(store))
     assert manifest.is_file()  # left for the version that wrote it
+
+
+def test_steps_of_a_trial_the_sweep_lacks_is_an_error(tmp_path: Path) -> None:
+    """``steps(trials=["trial_u0"])`` (the trial is ``trial_ü0``) gave an empty frame, and ``["run05", "qqq"]``
+    run05's rows, without a word about the trial it lacks (a new user's); ``only`` refused both."""
+    rows = [{"training_iteration": i, "loss": 1.0 / i} for i in (1, 2)]
+    write_trials(tmp_path / "store", [Trial(name, {}, {"": rows}) for name in ("trial_ü0", "run05")])
+    sweep = Sweep(tmp_path / "store")
+    with pytest.raises(RayCmfError, match=r"Unknown trial\(s\) \['trial_u0'\] .*did you mean 'trial_ü0'"):
+        sweep.steps(trials=["trial_u0"])
+    with pytest.raises(RayCmfError, match=r"Unknown trial\(s\) \['qqq'\]"):
+        sweep.steps(trials=["run05", "qqq"])
+    assert len(sweep.steps(trials=["run05"])) == 2

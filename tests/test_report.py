@@ -739,8 +739,9 @@ def test_a_diverged_group_leaves_the_other_groups_curves_readable(tmp_path: Path
 
 def test_a_group_mean_breaks_where_it_left_the_plot(tmp_path: Path) -> None:
     """A group whose mean climbed off the plot for a while, then came back: its mean line and its bands were
-    drawn straight across the climb, a smooth decline through values of 1e80 and more (a new user's). They
-    break there, as a trial's curve does, and the climb is marked."""
+    drawn straight across the climb, a smooth decline through values of 1e80 and more (a new user's); broken
+    with a gap, the bands were still filled across it (plotly fills "tonexty" over gaps). They break there, as
+    a trial's curve does, and the climb is marked."""
     from tests._stores import Trial, write_trials
 
     def losses(values: list[float]) -> dict[str, list[dict[str, Any]]]:
@@ -758,7 +759,8 @@ def test_a_group_mean_breaks_where_it_left_the_plot(tmp_path: Path) -> None:
     up = [t for t in section["traces"] if t.get("meta") == "kind=up" and "(off the plot)" not in t.get("name", "")]
     [mean] = [t for t in up if t.get("name") == "kind=up"]
     assert mean["x"] == [1, None, 4, 5] and mean["y"] == [2.0, None, 0.5, 0.3], mean
-    assert all(t["x"] == [1, None, 4, 5] and t["y"][1] is None for t in up), up  # the bands break there too
+    bands = [(t["x"], t["fill"]) for t in up if t.get("legendgroup") == "band-minmax"]
+    assert bands == [([1], "none"), ([1], "tonexty"), ([4, 5], "none"), ([4, 5], "tonexty")], bands  # no fill across
     [marked] = [t for t in section["traces"] if t.get("name") == "kind=up (off the plot)"]
     assert marked["x"] == [2, 3]
     steady_mean = next(t for t in section["traces"] if t.get("name") == "kind=a")

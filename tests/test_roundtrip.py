@@ -127,7 +127,7 @@ def test_a_text_the_store_cannot_hold_is_refused_where_it_is_given(
     assert sweep.config(trial) == {"lr": 0.1}
     assert main(["pipelines", "--store", str(tmp_path / "store"), "--json"]) == 0
     assert [row["stages"] for row in json.loads(capsys.readouterr().out)] == [["Train"]]  # none of a refused call
-    with pytest.raises(StoreError, match=r"No pipeline 'p\\udc80' in .*; it holds \['p'\]"):
+    with pytest.raises(StoreError, match=r"No pipeline 'p\\udc80' in .*; it has \['p'\]"):
         Sweep(tmp_path / "store", "p\udc80")
 
 

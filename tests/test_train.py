@@ -637,9 +637,14 @@ def test_a_refused_checkpoint_leaves_the_step_logger_as_it_was(tmp_path: Path) -
     state = saved.state_dict()
     saved.finish()
     other = StepLogger(MetricCollection({"h": Histogram(4, 0.0, 2.0)}), sync_every=2, store=store, run_name="b")
-    with pytest.raises(RayCmfError, match=r"metric 'h' was saved as Histogram\(4, 0.0, 1.0\)"):
+    with pytest.raises(RayCmfError, match=r"metric 'h' was saved as Histogram\(4, 0, 1\)"):
         other.load_state_dict(state)
     assert other.steps_done == 0
+    alike = StepLogger(MetricCollection({"h": Histogram(4, 0.0, 1.0)}), sync_every=2, store=store, run_name="c")
+    with pytest.raises(ValueError, match="invalid literal"):
+        alike.load_state_dict({**state, "step": "abc"})
+    assert alike.steps_done == 0 and alike.metrics.to_row()["h_count"] == 0  # nothing was loaded
+    alike.finish()
     other.finish()
 
 
@@ -671,6 +676,9 @@ def test_no_process_group_local_mode(tmp_path: Path) -> None:
     for own in ("rank", "SequenceNumber", "attempt"):  # a metric "rank" was taken, then read as the rows' rank
         with pytest.raises(InvalidNameError, match=rf"Invalid metric name {own!r}: ray_cmf .*another name"):
             StepLogger(MetricCollection({own: Mean()}), store=str(tmp_path / "store"), run_name="clash")
+    for unread in ("report", "pid", "training_iteration"):  # taken, then never summarised, best or plotted
+        with pytest.raises(InvalidNameError, match=rf"{unread!r}: ray_cmf reads that column as a step, a key"):
+            StepLogger(MetricCollection({unread: Mean()}), store=str(tmp_path / "store"), run_name="clash")
 
 
 @pytest.mark.parametrize("checkpoint_at", [3, 4])

@@ -14,7 +14,7 @@ import torch
 
 from ray_cmf.errors import RayCmfError
 from ray_cmf.metrics.groups import MetricGroups
-from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, REDUCTIONS, STATE_DTYPE, SyncHandle
+from ray_cmf.metrics.packing import COLLECTIVE_TIMEOUT_S, REDUCTIONS, STATE_DTYPE, SyncHandle, without_addresses
 from ray_cmf.metrics.staging import Stager, raise_naming_input
 
 NAN_POLICIES = ("exclude", "propagate")
@@ -106,7 +106,7 @@ class Metric(ABC):
 
     def saved_as(self) -> str:
         """The class and the settings that give the states their meaning, as a checkpoint names them, e.g.
-        ``Histogram(8, 0.0, 1.0)``."""
+        ``Histogram(8, 0, 1)``."""
         if type(self)._config is Metric._config and type(self)._state_settings is Metric._state_settings:
             settings = ", ".join(f"{name}={_recorded(value)}" for name, value in self._own_settings())
         else:
@@ -298,15 +298,28 @@ def _shown(setting: Any) -> str:
 
 
 def _recorded(setting: Any) -> str:
-    """A setting as a checkpoint records it: a tensor by its values (a large one by a digest of them), read
-    once, when saved or loaded; anything else as ranks compare it (see :func:`_shown`)."""
-    if not isinstance(setting, torch.Tensor):
-        return _shown(setting)
-    values = setting.detach().cpu().contiguous()
-    if values.numel() <= RECORDED_VALUES:
-        return f"tensor({values.tolist()!r}, dtype={values.dtype})"
-    digest = hashlib.sha256(values.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-    return f"tensor(shape={tuple(values.shape)}, dtype={values.dtype}, sha256={digest})"
+    """A setting as a checkpoint records it, so that equal settings read alike however they were written: a
+    number by its value (``1``, ``1.0``, ``True`` and NumPy's ``1`` are ``1``; ``-0.0`` is ``0``), a tuple as
+    the list it equals, a dict in key order, a tensor or array by its values (a large one by a digest of them,
+    read once, when saved or loaded), anything else by its repr less memory addresses (a function by name)."""
+    setting = _python(setting)
+    if isinstance(setting, np.ndarray) and setting.dtype != object:
+        setting = torch.from_numpy(setting)
+    if isinstance(setting, torch.Tensor):
+        values = setting.detach().cpu().contiguous()
+        if values.numel() <= RECORDED_VALUES:
+            return f"tensor({values.tolist()!r}, dtype={values.dtype})"
+        digest = hashlib.sha256(values.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+        return f"tensor(shape={tuple(values.shape)}, dtype={values.dtype}, sha256={digest})"
+    if isinstance(setting, (bool, int, float)):
+        exact = math.isfinite(setting) and setting == int(setting) and abs(setting) <= 2**53
+        return repr(int(setting)) if exact else repr(float(setting) if isinstance(setting, bool) else setting)
+    if isinstance(setting, (list, tuple)):
+        return f"[{', '.join(map(_recorded, setting))}]"
+    if isinstance(setting, dict):
+        items = sorted((_recorded(k), _recorded(v)) for k, v in setting.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    return without_addresses(repr(setting))
 
 
 def _python(setting: Any) -> Any:

@@ -326,7 +326,7 @@ class MetricGroups:
         """Put a global state into rank 0's local state and defaults everywhere else (exact for sum/max/min).
         The hidden metrics' states are optional (earlier versions saved them)."""
         self._check_saved_as(state_dict)
-        states = {k: v for k, v in state_dict.items() if k != SAVED_AS and not k.endswith(f".{SAVED_AS}")}
+        states = {k: v for k, v in state_dict.items() if not _is_saved_as(k)}
         absent = {slot.key: slot.owner._state_specs[slot.name].missing for slot in self.pack.slots}
         absent.update(self._hidden_states())
         saved = {**{k: v for k, v in absent.items() if v is not None}, **states}  # states added since it was saved
@@ -357,15 +357,15 @@ class MetricGroups:
         its values would load and mean something else; a state saved before these were kept cannot be checked,
         and says so."""
         shown = self._shown_metrics()
-        if shown and not any(self._state_key(name, SAVED_AS) in state_dict for name, _ in shown):
+        if shown and not any(_is_saved_as(key) for key in state_dict):
             log.warning(
                 "ray_cmf: this metric state_dict holds no metric's class and settings (it predates their recording): "
                 "they are not checked; load it only into the metrics it was saved from"
             )
         unlike = []
         for name, metric in shown:
-            saved = state_dict.get(self._state_key(name, SAVED_AS))
-            if saved is not None and (was := _read_text(saved)) != (now := metric.saved_as()):
+            key = self._state_key(name, SAVED_AS)
+            if key in state_dict and (was := _read_text(key, state_dict[key])) != (now := metric.saved_as()):
                 what = f"metric {name!r}" if self.prefixed else "the metric"
                 unlike.append(f"{what} was saved as {was} and is {now} here")
         if unlike:
@@ -380,5 +380,15 @@ def _text(text: str) -> torch.Tensor:
     return torch.tensor(list(text.encode()), dtype=torch.uint8)
 
 
-def _read_text(tensor: torch.Tensor) -> str:
-    return bytes(torch.as_tensor(tensor).tolist()).decode(errors="replace")
+def _read_text(key: str, tensor: torch.Tensor) -> str:
+    """The text :func:`_text` made; an error that names ``key`` where it holds something else."""
+    held = torch.as_tensor(tensor)
+    if held.dtype != torch.uint8 or held.dim() != 1:
+        said = f"{key!r} holds {held!r:.80}, not what a metric was saved as"
+        raise RayCmfError(f"Metric state_dict does not match: {said}")
+    return bytes(held.tolist()).decode(errors="replace")
+
+
+def _is_saved_as(key: str) -> bool:
+    """Whether a state_dict's key records what a metric was saved as (its own, or a collection member's)."""
+    return key == SAVED_AS or key.endswith(f".{SAVED_AS}")

@@ -329,9 +329,14 @@ class StatePack:
 
 
 def _settings(owner: StateOwner) -> str:
-    """A metric's class and settings as every rank writes them: its repr, less the memory addresses that the
-    repr of a setting such as a function holds (``<function f at 0x7f...>``), which differ between processes."""
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(owner))
+    """A metric's class and settings as every rank writes them: its repr, less memory addresses."""
+    return without_addresses(repr(owner))
+
+
+def without_addresses(text: str) -> str:
+    """A repr less the memory addresses that the repr of an object such as a function holds (``<function f at
+    0x7f...>``), which differ between processes."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
 
 
 def _group_object(group: Any) -> Any:
