@@ -434,6 +434,8 @@ class MetricBuffer:
         Only the appending thread cuts, under the lock."""
         self._last_spill = time.monotonic()
         n, handed = self._n, self._handed
+        if any(len(column.values) > n for column in self._columns.values()):
+            self._rollback(n)  # a row this thread was appending when a signal's handler came to close the buffer
         if not n:
             return None
         for key, column in self._columns.items():

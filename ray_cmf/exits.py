@@ -230,10 +230,18 @@ def on_thread_end(action: Callable[[], None]) -> None:
 
 
 def _close_quietly(action: Callable[[], None], what: object) -> None:
-    try:
-        action()
-    except Exception as exc:  # one broken sink must not keep the others' rows
-        log.warning("ray_cmf: at exit, could not hand over the rows of %s: %s", what, exc)
+    """Run a closing ``action``; one that fails is warned about, so that the others still run. One that a Ctrl-C
+    interrupts (a second one, during the commit the first one's exit makes) runs once more: its rows are kept."""
+    for attempt in range(2):
+        try:
+            action()
+            return
+        except KeyboardInterrupt:
+            if attempt:
+                log.warning("ray_cmf: at exit, Ctrl-C stopped handing over the rows of %s twice", what)
+        except Exception as exc:  # one broken sink must not keep the others' rows
+            log.warning("ray_cmf: at exit, could not hand over the rows of %s: %s", what, exc)
+            return
 
 
 # -- who holds a running execution ---------------------------------------------------------------------

@@ -217,6 +217,94 @@ def test_a_signal_during_a_commit_ends_the_run_with_every_row(
         assert steps == list(range(2 * rows))
 
 
+MID_ROW = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from ray_cmf import Cmf
+    store, name = sys.argv[1], sys.argv[2]
+    class Row(dict):  # the signal arrives between two of a row's values, inside log_metric
+        def items(self):
+            for i, item in enumerate(dict.items(self)):
+                if i == 2 and self.get("step") == 1234:
+                    os.kill(os.getpid(), getattr(signal, name))
+                yield item
+    cmf = Cmf(pipeline_name="exit", store=store, flush_rows=500)
+    for i in range(100_000):
+        cmf.log_metric("train", Row(step=i, loss=i * 0.5, acc=1.0 - i / 1e6, lr=0.1))
+    print("logged", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(("name", "returncode"), [("SIGTERM", -signal.SIGTERM), ("SIGINT", -signal.SIGINT)])
+def test_a_signal_inside_log_metric_keeps_every_whole_row(tmp_path: Path, name: str, returncode: int) -> None:
+    """SIGTERM between two values of a row: its handler closed the buffer, whose chunk then held a column one
+    row longer than the others ("Arrays were not all the same length: 325 vs 324"), and the chunk's rows were
+    lost for good (a re-check by a new user: up to flush_rows rows). The row being logged is left out whole,
+    every row before it is committed."""
+    from ray_cmf.lineage import Lineage, state_name
+
+    store = tmp_path / "store"
+    child = subprocess.Popen(
+        [sys.executable, "-c", MID_ROW, str(store), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == returncode, stderr[-3000:]
+    assert "not all the same length" not in stderr and "logged" not in stdout, stderr[-3000:]
+    assert recover(Store(store)) == []
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    [execution] = lineage.store.get_executions()
+    assert state_name(execution) == "CANCELED"
+    [artifact] = [a for a in lineage.store.get_artifacts() if properties(a).get("metrics_name") == "train"]
+    table = pq.read_table(Store(store).resolve(properties(artifact)["url"]))
+    assert table.column("step").to_pylist() == list(range(1234))  # the interrupted row wholly out
+    assert table.column("lr").null_count == 0
+
+
+AT_EXIT = textwrap.dedent(
+    """
+    import os, signal, sys
+    import ray_cmf.series_format
+    from ray_cmf import Cmf
+    store = sys.argv[1]
+    runs = [Cmf(pipeline_name="exit", store=store) for _ in range(2)]
+    for i in range(30_000):
+        for cmf in runs:
+            cmf.log_metric("train", {"step": i, "loss": i * 0.5})
+    write = ray_cmf.series_format.write_parquet
+    def interrupted(*args, **kwargs):  # a second Ctrl-C, as the end commits the first run
+        ray_cmf.series_format.write_parquet = write
+        os.kill(os.getpid(), signal.SIGINT)
+        return write(*args, **kwargs)
+    ray_cmf.series_format.write_parquet = interrupted
+    raise KeyboardInterrupt  # the first
+    """
+)
+
+
+def test_a_second_ctrl_c_during_the_ends_commit_still_ends_every_run(tmp_path: Path) -> None:
+    """Ctrl-C twice: the second landed in the commit the script's end makes, escaped it, and the other runs
+    were never ended (CRASHED, their rows left to ``recover``; a new user's re-check). Each run ends CANCELED
+    with its rows."""
+    from ray_cmf.lineage import Lineage, state_name
+
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", AT_EXIT, str(store)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGINT, done.stderr[-3000:]
+    assert recover(Store(store)) == []
+    lineage = Lineage(store / "mlmd.sqlite", readonly=True)
+    states = [state_name(e) for e in lineage.store.get_executions()]
+    assert states == ["CANCELED", "CANCELED"], (states, done.stderr[-3000:])
+    for execution in lineage.store.get_executions():
+        versions = lineage.store.get_artifacts_by_id([o.artifact_id for o in lineage.outputs([execution.id])])
+        newest = max(versions, key=lambda a: a.id)
+        steps = pq.read_table(Store(store).resolve(properties(newest)["url"])).column("step").to_pylist()
+        assert steps == list(range(30_000))
+
+
 def test_close_with_fewer_rows_than_a_chunk_spills_them(tmp_path: Path) -> None:
     from ray_cmf import MetricBuffer
     from ray_cmf.series_format import read_segments

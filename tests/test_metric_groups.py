@@ -215,12 +215,21 @@ def _cut_at(value: float) -> float:
 
 @pytest.mark.parametrize(
     ("saved", "loaded"),
-    [(1, 1.0), (True, 1), ((1, 2), [1, 2]), ({"a": 1, "b": 2}, {"b": 2, "a": 1.0}), (-0.0, 0.0), (_cut_at, _cut_at)],
+    [
+        (1, 1.0),
+        (True, 1),
+        ((1, 2), [1, 2]),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1.0}),
+        (-0.0, 0.0),
+        (_cut_at, _cut_at),
+        ({"alpha", "beta", "gamma"}, frozenset({"gamma", "beta", "alpha"})),
+    ],
 )
 def test_equal_settings_written_differently_restore(saved: Any, loaded: Any) -> None:
     """A threshold saved as 1 and given back as 1.0 was refused, and so were (1, 2) against [1, 2], a dict in
     another order, -0.0 against 0.0 (a Histogram's low too); a function setting was refused in any new process
-    (its repr holds its address). Equal settings read alike, as the re-check of a new user found."""
+    (its repr holds its address), and a set against its frozenset (or in another process, whose hashes order
+    it otherwise). Equal settings read alike, as the re-checks of a new user found."""
     state = MetricCollection({"m": CountAbove(saved)}).state_dict()
     MetricCollection({"m": CountAbove(loaded)}).load_state_dict(state)
     histogram = MetricCollection({"h": Histogram(4, -0.0, 1.0)}).state_dict()

@@ -300,7 +300,7 @@ def _shown(setting: Any) -> str:
 def _recorded(setting: Any) -> str:
     """A setting as a checkpoint records it, so that equal settings read alike however they were written: a
     number by its value (``1``, ``1.0``, ``True`` and NumPy's ``1`` are ``1``; ``-0.0`` is ``0``), a tuple as
-    the list it equals, a dict in key order, a tensor or array by its values (a large one by a digest of them,
+    the list it equals, a dict or a set in order, a tensor or array by its values (a large one by a digest of them,
     read once, when saved or loaded), anything else by its repr less memory addresses (a function by name)."""
     setting = _python(setting)
     if isinstance(setting, np.ndarray) and setting.dtype != object:
@@ -316,6 +316,8 @@ def _recorded(setting: Any) -> str:
         return repr(int(setting)) if exact else repr(float(setting) if isinstance(setting, bool) else setting)
     if isinstance(setting, (list, tuple)):
         return f"[{', '.join(map(_recorded, setting))}]"
+    if isinstance(setting, (set, frozenset)):  # in order: a set's repr follows its hashes, which vary by process
+        return "{" + ", ".join(sorted(map(_recorded, setting))) + "}"
     if isinstance(setting, dict):
         items = sorted((_recorded(k), _recorded(v)) for k, v in setting.items())
         return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
