@@ -796,3 +796,13 @@ def test_a_state_saved_from_other_settings_is_refused_by_name(caplog: pytest.Log
     assert "not checked" not in caplog.text  # it said the state predated the records
     with pytest.raises(RayCmfError, match=r"'mx.__metric__' holds tensor\(1.\), not what a metric was saved as"):
         MetricCollection({"mx": Max()}).load_state_dict({"mx.__metric__": torch.tensor(1.0), "mx.extremum": 1.0})
+
+
+def test_accuracy_takes_a_numpy_int_as_the_int_it_is() -> None:
+    """``Accuracy(top_k=np.int64(1))`` was refused ("top_k must be an int >= 1, got np.int64(1)"), where a
+    Histogram's NumPy bins were taken."""
+    numpy_k = Accuracy(top_k=np.int64(2), ignore_index=np.int32(-100))  # type: ignore[arg-type]
+    assert (numpy_k.top_k, numpy_k.ignore_index) == (2, -100) and numpy_k.saved_as() == Accuracy(2, -100).saved_as()
+    for bad in (2.0, True, "2"):
+        with pytest.raises(ValueError, match="top_k must be an int >= 1"):
+            Accuracy(top_k=bad)  # type: ignore[arg-type]

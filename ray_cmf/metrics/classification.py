@@ -36,12 +36,12 @@ class Accuracy(Metric):
 
     def __init__(self, top_k: int = 1, ignore_index: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        if not _an_int(top_k) or top_k < 1:  # a NumPy int counts: it is one
             raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
-        if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
+        if ignore_index is not None and not _an_int(ignore_index):
             raise ValueError(f"ignore_index must be an int or None, got {ignore_index!r}")
-        self.top_k = top_k
-        self.ignore_index = ignore_index
+        self.top_k = int(top_k)
+        self.ignore_index = None if ignore_index is None else int(ignore_index)
         self.add_state("correct", 0.0, "sum")
         self.add_state("total", 0.0, "sum")
 
@@ -119,3 +119,8 @@ class Accuracy(Metric):
 
     def _compute(self, states: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return outputs(states["correct"] / states["total"], states)
+
+
+def _an_int(value: Any) -> bool:
+    """Whether ``value`` is an int (Python's or NumPy's), not a bool."""
+    return not isinstance(value, bool) and hasattr(value, "__index__")
