@@ -204,7 +204,8 @@ class WriterSink:
 
     def _retain(self, first_row: int, payload: Any, nbytes: int, exc: BaseException) -> None:
         if not self._retained:
-            log.warning("ray_cmf: could not send rows to the writer (%s); keeping them in memory and retrying", exc)
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("ray_cmf: could not send rows to the writer (%s); keeping them in memory and retrying", why)
         self._retained.append((first_row, payload, nbytes))
         self._retained_bytes += nbytes
         while self._retained_bytes > MAX_RETAINED_BYTES and len(self._retained) > 1:

@@ -41,7 +41,7 @@ _LIVE: dict[int, weakref.ref[Any]] = {}  # what track() was given, in order, whi
 _installed = {"atexit": False, "signals": False}
 # what a signal that arrived while the main thread handed rows over or committed (see signals_held) does once it
 # is done: run by the outermost such section as it ends
-_held: dict[str, Any] = {"depth": 0, "action": None}
+_held: dict[str, Any] = {"depth": 0, "action": None, "closing": False}
 _ending: dict[str, str | None] = {"state": "COMPLETE", "error": None}  # how the process ends (see outcome())
 # how the last sys.exit would end the process: applied at exit, forgotten once ray_cmf tracks anything after it
 # (the SystemExit was caught: argparse's, in a test or a notebook, say)
@@ -130,7 +130,11 @@ def _hold(action: Callable[[], None]) -> bool | None:
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
-    """Python's Ctrl-C (a KeyboardInterrupt), raised as a commit ends where one runs (see :func:`signals_held`)."""
+    """Python's Ctrl-C (a KeyboardInterrupt), raised as a commit ends where one runs (see :func:`signals_held`);
+    none while the process's end commits the runs' last rows: it ends anyway, and they would be left behind."""
+    if _held["closing"]:
+        log.warning("ray_cmf: Ctrl-C: committing the runs' last rows first (SIGTERM or SIGKILL stops that)")
+        return
     if not _hold(functools.partial(signal.default_int_handler, signum, None)):
         signal.default_int_handler(signum, frame)
 
@@ -141,10 +145,14 @@ def close_all() -> None:
     about, and the others still close. A ``sys.exit`` that ends the process decides how they end."""
     if _exit_called["by"] is not None:
         _ending["state"], _ending["error"] = _exit_called["by"]
-    for ref in reversed(list(_LIVE.values())):
-        closeable = ref()
-        if closeable is not None:
-            _close_quietly(closeable.close, closeable)
+    _held["closing"] = True  # a Ctrl-C now waits for the last commits (see _on_sigint)
+    try:
+        for ref in reversed(list(_LIVE.values())):
+            closeable = ref()
+            if closeable is not None:
+                _close_quietly(closeable.close, closeable)
+    finally:
+        _held["closing"] = False
 
 
 def ended_by(error: BaseException | None) -> tuple[str, str | None]:

@@ -269,35 +269,45 @@ AT_EXIT = textwrap.dedent(
     import os, signal, sys
     import ray_cmf.series_format
     from ray_cmf import Cmf
-    store = sys.argv[1]
+    store, how = sys.argv[1], sys.argv[2]
     runs = [Cmf(pipeline_name="exit", store=store) for _ in range(2)]
     for i in range(30_000):
         for cmf in runs:
             cmf.log_metric("train", {"step": i, "loss": i * 0.5})
     write = ray_cmf.series_format.write_parquet
-    def interrupted(*args, **kwargs):  # a second Ctrl-C, as the end commits the first run
-        ray_cmf.series_format.write_parquet = write
-        os.kill(os.getpid(), signal.SIGINT)
+    calls = []
+    def interrupted(*args, **kwargs):  # Ctrl-C as the end commits a run, and again as it commits the next
+        calls.append(1)
+        if len(calls) <= 2:
+            os.kill(os.getpid(), signal.SIGINT)
         return write(*args, **kwargs)
     ray_cmf.series_format.write_parquet = interrupted
-    raise KeyboardInterrupt  # the first
+    if how == "interrupted":
+        raise KeyboardInterrupt  # a first Ctrl-C ended the script
     """
 )
 
 
-def test_a_second_ctrl_c_during_the_ends_commit_still_ends_every_run(tmp_path: Path) -> None:
-    """Ctrl-C twice: the second landed in the commit the script's end makes, escaped it, and the other runs
-    were never ended (CRASHED, their rows left to ``recover``; a new user's re-check). Each run ends CANCELED
+@pytest.mark.parametrize(
+    ("how", "returncode", "state"), [("interrupted", -signal.SIGINT, "CANCELED"), ("ended", 0, "COMPLETE")]
+)
+def test_ctrl_c_during_the_ends_commit_still_ends_every_run(
+    tmp_path: Path, how: str, returncode: int, state: str
+) -> None:
+    """Ctrl-C during the commit the script's end makes (after a first that ended it, or twice after a normal
+    end): it escaped that commit, and the other runs were never ended (CRASHED, their rows left to
+    ``recover``; new users' re-checks). The end's commits run to their end: every run ends as the script did,
     with its rows."""
     from ray_cmf.lineage import Lineage, state_name
 
     store = tmp_path / "store"
-    done = subprocess.run([sys.executable, "-c", AT_EXIT, str(store)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == -signal.SIGINT, done.stderr[-3000:]
+    command = [sys.executable, "-c", AT_EXIT, str(store), how]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == returncode, done.stderr[-3000:]
     assert recover(Store(store)) == []
     lineage = Lineage(store / "mlmd.sqlite", readonly=True)
     states = [state_name(e) for e in lineage.store.get_executions()]
-    assert states == ["CANCELED", "CANCELED"], (states, done.stderr[-3000:])
+    assert states == [state, state], (states, done.stderr[-3000:])
     for execution in lineage.store.get_executions():
         versions = lineage.store.get_artifacts_by_id([o.artifact_id for o in lineage.outputs([execution.id])])
         newest = max(versions, key=lambda a: a.id)
