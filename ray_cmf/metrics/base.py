@@ -313,7 +313,7 @@ def _recorded(setting: Any) -> str:
         return f"tensor(shape={tuple(values.shape)}, dtype={values.dtype}, sha256={digest})"
     if isinstance(setting, (bool, int, float)):
         exact = math.isfinite(setting) and setting == int(setting) and abs(setting) <= 2**53
-        return repr(int(setting)) if exact else repr(float(setting) if isinstance(setting, bool) else setting)
+        return repr(int(setting)) if exact else repr(setting)  # a bool is always exact: True reads 1
     if isinstance(setting, (list, tuple)):
         return f"[{', '.join(map(_recorded, setting))}]"
     if isinstance(setting, (set, frozenset)):  # in order: a set's repr follows its hashes, which vary by process
