@@ -465,6 +465,8 @@ class MetricBuffer:
         once the sink holds them: the appending thread cuts the chunk, any other copies its complete rows (a
         copy is always safe; a cut frees the chunk's memory)."""
         with signals_held(), self._lock:
+            if self._n > self._handed or then is not None:  # before the cut: a thread Python refuses
+                self._spilling()  # leaves the rows here for the next hand-over
             chunk = self._cut() if self._owner == threading.get_ident() else self._copy()
             for item in (chunk, then):
                 if item is not None:
@@ -473,8 +475,9 @@ class MetricBuffer:
     def _spilling(self) -> _SpillThread:
         """The spill thread, started on first use."""
         if self._spiller is None:
-            self._spiller = _SpillThread(self._sink, str(id(self)))
-            self._spiller.start()
+            spiller = _SpillThread(self._sink, str(id(self)))
+            spiller.start()
+            self._spiller = spiller
         return self._spiller
 
     def _due(self, now: float) -> bool:

@@ -84,8 +84,15 @@ def track(closeable: Closeable) -> None:
     if not _installed["signals"] and threading.current_thread() is threading.main_thread():
         _installed["signals"] = True
         signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, signal.getsignal(signal.SIGTERM)))
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Python's own: a KeyboardInterrupt
-            signal.signal(signal.SIGINT, _on_sigint)
+        _hold_ctrl_c()
+
+
+def _hold_ctrl_c() -> None:
+    """Put ray_cmf's Ctrl-C handler (see :func:`signals_held`) in place of Python's own, from the main thread:
+    at the first track, and again wherever Python's came back since (Tune's ``fit()`` puts it back at the first
+    Ctrl-C, over buffers it opened while its own handler was in place). Another handler is left as it is."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Python's own: a KeyboardInterrupt
+        signal.signal(signal.SIGINT, _on_sigint)
 
 
 class _SignalsHeld:
@@ -94,6 +101,8 @@ class _SignalsHeld:
 
     def __enter__(self) -> None:
         if threading.current_thread() is threading.main_thread():
+            if not _held["depth"]:
+                _hold_ctrl_c()
             _held["depth"] += 1
 
     def __exit__(self, *exc: object) -> None:
@@ -145,6 +154,8 @@ def close_all() -> None:
     about, and the others still close. A ``sys.exit`` that ends the process decides how they end."""
     if _exit_called["by"] is not None:
         _ending["state"], _ending["error"] = _exit_called["by"]
+    if threading.current_thread() is threading.main_thread():
+        _hold_ctrl_c()
     _held["closing"] = True  # a Ctrl-C now waits for the last commits (see _on_sigint)
     try:
         for ref in reversed(list(_LIVE.values())):

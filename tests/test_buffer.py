@@ -460,3 +460,29 @@ def test_a_hand_over_that_ctrl_c_interrupts_never_hangs_the_end(tmp_path: Path) 
         finished = _finished_within(buf, tmp_path / f"o{line}.parquet", 30)
         assert finished is not None, f"finishing hung after Ctrl-C at line {line} of Condition.notify"
         assert _read(finished.path)["a"].tolist() == [1.0, 2.0, 3.0, 4.0], line
+
+
+def test_a_spill_thread_that_cannot_start_leaves_the_rows_in_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python refuses a new thread (at the interpreter's end, or out of threads): the first hand-over had cut
+    the chunk before it started the spill thread, so its rows were gone, and the half-made thread then failed
+    the buffer's close ("cannot join thread before it is started"). The rows stay for the next hand-over."""
+    import threading
+
+    buf = MetricBuffer(tmp_path / "spill")
+    for step in range(3):
+        buf.append({"v": float(step)})
+    start = threading.Thread.start
+
+    def refused(self: threading.Thread) -> None:
+        if self.name.startswith("ray_cmf-spill"):
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        buf.seal()
+    monkeypatch.setattr(threading.Thread, "start", start)
+    buf.append({"v": 3.0})
+    assert _read(buf.finish(tmp_path / "o.parquet").path)["v"].tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -634,3 +634,54 @@ def test_an_error_the_interactive_prompt_shows_ends_no_run(tmp_path: Path) -> No
     assert ended == dict.fromkeys(
         ["live across the errors", "after an error", "after a ctrl-c", "left to the session's end"], ("COMPLETE", None)
     )
+
+
+AFTER_TUNES_CTRL_C = textwrap.dedent(
+    """
+    import os, queue, signal, sys, threading
+    from pathlib import Path
+    from ray_cmf import MetricBuffer
+    from ray_cmf.series_format import read_segments
+    spill, at = Path(sys.argv[1]), sys.argv[2]
+    signal.signal(signal.SIGINT, lambda signum, frame: None)  # Tune's handler, in place while fit() runs
+    buffer = MetricBuffer(spill, flush_rows=1000)  # a trial's results buffer, opened by the driver's result hook
+    for step in range(4):
+        buffer.append({"v": float(step)})
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the first Ctrl-C: Tune puts Python's back
+    patched = threading.Thread if at == "thread" else queue.Queue
+    method = "start" if at == "thread" else "put"
+    original = getattr(patched, method)
+    def ctrl_c_again(self, *args, **kwargs):  # the second Ctrl-C, as Tune's last checkpoint hands the rows over
+        setattr(patched, method, original)
+        if at == "thread":  # the thread runs: Ctrl-C as start() waits for it to say so
+            original(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        if at == "put":  # before the chunk is in the queue
+            original(self, *args, **kwargs)
+    setattr(patched, method, ctrl_c_again)
+    try:
+        buffer.seal()
+    except KeyboardInterrupt:
+        print("interrupted")
+    buffer.close()
+    print(sum(batch.num_rows for batch in read_segments(spill)))
+    """
+)
+
+
+@pytest.mark.parametrize("at", ["thread", "put"])
+def test_ctrl_c_after_tune_put_pythons_handler_back_loses_no_row_it_hands_over(tmp_path: Path, at: str) -> None:
+    """A Tune driver's buffers are opened while Tune's own SIGINT handler is in place, so ray_cmf's, which
+    holds a Ctrl-C off until a hand-over ends, was never installed: the first Ctrl-C puts Python's back, and a
+    second one inside the hand-over that Tune's last experiment checkpoint makes (starting the spill thread,
+    or handing it the chunk) dropped the chunk the buffer had cut: an interrupted sweep's trial committed no
+    result (1 run in 3 of ``test_a_sweep_interrupted_twice_commits_what_its_trials_reported``). The Ctrl-C
+    now ends the hand-over first, and every row reaches the spill."""
+    child = subprocess.run(
+        [sys.executable, "-c", AFTER_TUNES_CTRL_C, str(tmp_path / "spill"), at],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.split() == ["interrupted", "4"], child.stderr[-3000:]
