@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -806,3 +808,62 @@ def test_accuracy_takes_a_numpy_int_as_the_int_it_is() -> None:
     for bad in (2.0, True, "2"):
         with pytest.raises(ValueError, match="top_k must be an int >= 1"):
             Accuracy(top_k=bad)  # type: ignore[arg-type]
+
+
+def _copied(obj: Any, how: str) -> Any:
+    import copy
+    import io
+
+    if how == "deepcopy":
+        return copy.deepcopy(obj)
+    saved = io.BytesIO()
+    torch.save(obj, saved)  # pickles it, as Ray does an object it passes on
+    saved.seek(0)
+    return torch.load(saved, weights_only=False)
+
+
+def _close(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], what: str) -> None:
+    assert got.keys() == expected.keys(), what
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, equal_nan=True, msg=f"{what}: {key}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=90),
+    st.integers(0, 90),
+    st.sampled_from(["deepcopy", "pickle"]),
+    st.booleans(),
+)
+def test_a_copied_metric_holds_what_the_original_held_and_goes_its_own_way(
+    values: list[float], synced_after: int, how: str, joint: bool
+) -> None:
+    """``copy.deepcopy`` of a metric that had updates staged shared their blocks with the original: updating
+    the copy changed the original's values (a validation copy of the training metrics, say), and pickling it
+    (``torch.save``, Ray passing it on) failed ("Can't pickle local object"). A copy holds the original's
+    values, staged updates and last sync included, and each then counts only its own updates."""
+    original, twin = MetricCollection(_members()), MetricCollection(_members())
+    for i, v in enumerate(values):
+        for metrics in (original, twin):
+            x, logits, target = torch.tensor([v, v / 2]), torch.eye(3)[i % 3 : i % 3 + 1] * v, torch.tensor([i % 2])
+            if joint:
+                metrics.update(loss=x, acc=(logits, target), top=x, hist=x)
+            else:
+                for name, args in (("loss", (x,)), ("acc", (logits, target)), ("top", (x,)), ("hist", (x,))):
+                    metrics[name].update(*args)
+            if i == synced_after:
+                metrics.sync()
+    copied = _copied(original, how)
+    _close(copied.compute(), twin.compute(), "the copy")
+    more = torch.tensor([1000.0, -1000.0])
+    copied.update(loss=more, top=more, hist=more)
+    _close(original.compute(), twin.compute(), "the original after the copy was updated")
+    twin.update(loss=more, top=more, hist=more)
+    _close(copied.compute(), twin.compute(), "the copy after its own update")
+    single = Mean()
+    single.update(torch.tensor(values[:5]))
+    alone = _copied(single, how)
+    single.update(torch.tensor([7.0]))
+    reference = Mean()
+    reference.update(torch.tensor(values[:5]))
+    _close(alone.compute(), reference.compute(), "a standalone metric's copy")

@@ -279,6 +279,12 @@ class Metric(ABC):
             setattr(self, name, getattr(self, name).clone())
         self._groups, self._stager = None, None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy or a pickle takes: the staged updates applied first (see ``MetricGroups.settle``)."""
+        if self._groups is not None:
+            self._groups.settle()
+        return vars(self).copy()
+
     def __repr__(self) -> str:
         """The class and every setting (``_config``'s values first), e.g. ``Accuracy(2, None, ...)``: ranks whose
         metrics differ in any of them are told so at the first sync."""

@@ -145,11 +145,14 @@ class _Joint:
         self.groups, self.metrics = groups, metrics
         bounds = [sum(counts[:i]) for i in range(len(counts) + 1)]
         self.parts = [slice(a, b) for a, b in itertools.pairwise(bounds)]
-        self.stager = Stager(1, groups.device, self._apply, lambda _, columns: self._apply(columns, None), self._check)
+        self.stager = Stager(1, groups.device, self._apply, self._apply_one, self._check)
 
     def _apply(self, columns: list[torch.Tensor], valid: torch.Tensor | None) -> None:
         for metric, part in zip(self.metrics, self.parts, strict=True):
             self.groups.groups[metric._group]._apply_one(metric._member, columns[part])
+
+    def _apply_one(self, _: int, columns: list[torch.Tensor]) -> None:
+        self._apply(columns, None)
 
     def _check(self, *inputs: Any) -> None:
         for metric, part in zip(self.metrics, self.parts, strict=True):
@@ -226,6 +229,18 @@ class MetricGroups:
         self._flush_joint()
         for group in self.groups:
             group.stager.flush()
+
+    def settle(self) -> None:
+        """Fold the staged updates and wait for a sync in flight: what a copy or a pickle of the metrics must
+        see first, since neither takes staged rows (their blocks write where the original reads) nor a pending
+        collective."""
+        if self._in_flight is not None:
+            self._in_flight.wait()
+        self.fold()
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.settle()
+        return {**vars(self), "_joint": {}, "_in_flight": None}
 
     def _values(self, states: GroupStates, *, keep: bool) -> MetricValues:
         """Every group's outputs from ``states``; ``keep`` copies those that view a buffer a later sync reuses."""

@@ -309,6 +309,12 @@ class StatePack:
 
         return works, restore_min
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy has no sync in flight (the metrics settle first) and makes its own CUDA stream."""
+        state = {**vars(self), "_in_flight": [None, None]}
+        state.pop("_side_stream", None)
+        return state
+
     def _launch_cuda(self, index: int, group: Any, async_op: bool) -> SyncHandle[GroupStates]:
         """Reduce on a side stream, ordered against the main stream by events: updates keep running."""
         if not hasattr(self, "_side_stream"):

@@ -281,6 +281,11 @@ class Stager:
         self._blocks.clear()
         self._last = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy gets blocks of its own as it stages (a block's ``put`` writes to the block it was made for)."""
+        self.flush()
+        return {**vars(self), "_blocks": {}, "_last": None}
+
 
 def _nbytes(sig: Signature) -> int:
     return sum(shape.numel() * dtype.itemsize for shape, dtype in sig)
