@@ -31,7 +31,8 @@ def latest_attempt(table: pa.Table, metrics_name: str) -> pa.Table:
     names = table.column_names
     if ATTEMPT_COLUMN not in names:
         return table
-    if (pc.max(table.column(ATTEMPT_COLUMN)).as_py() or 1) == 1:  # as Sweep: no later attempt logged a row
+    highest = {c: pc.max(table.column(c)).as_py() for c in (ATTEMPT_COLUMN, WORKER_GROUP_COLUMN) if c in names}
+    if not restarted(highest):  # as Sweep: no later attempt or worker group logged a row
         return table.drop_columns([ATTEMPT_COLUMN])
     import pandas as pd
 
@@ -47,6 +48,13 @@ def latest_attempt(table: pa.Table, metrics_name: str) -> pa.Table:
     stepped = frame["step"].notna()  # a row without a step supersedes nothing and is never superseded
     kept = pd.concat([dedup_attempts(frame[stepped], "step", by=by)[_ROW], frame.loc[~stepped, _ROW]])
     return table.take(pa.array(np.sort(kept.to_numpy()))).drop_columns([ATTEMPT_COLUMN])
+
+
+def restarted(highest: Mapping[str, float | None]) -> bool:
+    """Whether a later attempt, or a later start of a run's workers within one, logged a row (``highest``: the
+    highest ``attempt`` and ``worker_group`` the rows hold, where they hold those columns): only then can a
+    row supersede another."""
+    return any(value is not None and value > 1 for value in highest.values())
 
 
 def dedup_attempts(

@@ -24,7 +24,7 @@ import pyarrow.dataset as pads
 
 from ray_cmf._json import JsonText, float_of
 from ray_cmf._names import check_limit, check_mode, recorded_modes, what_exists
-from ray_cmf.attempts import dedup_attempts
+from ray_cmf.attempts import dedup_attempts, restarted
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
@@ -49,6 +49,7 @@ from ray_cmf.constants import (
     SYSTEM_METRICS_NAME,
     THROUGHPUT,
     TRIAL_EXECUTION_TYPE,
+    WORKER_GROUP_COLUMN,
 )
 from ray_cmf.curation import (
     DELETED_COLUMN,
@@ -793,12 +794,12 @@ class Sweep:
         mine = [f for f in self.files() if f.trial_id in trials]
         footers = self._footers(mine)
         summaries = {f.trial_id: footers[f.path][1] for f in mine if f.path in footers}
-        restarted = set(self._starts())
+        resumed = set(self._starts())
         if self._several() or any(
             s is None
-            or s["columns"].get(ATTEMPT_COLUMN, {}).get("max", 1) > 1
+            or restarted({c: s["columns"].get(c, {}).get("max") for c in (ATTEMPT_COLUMN, WORKER_GROUP_COLUMN)})
             or s["columns"].get(RANK_COLUMN, {}).get("max", 0) > 0  # a Train run's ranks: rank 0's rows are read
-            or t in restarted
+            or t in resumed
             for t, s in summaries.items()
         ):
             return None
@@ -1350,12 +1351,12 @@ def _no_steps(metrics: list[str] | None) -> pd.DataFrame:
 
 def _columns(schema: pa.Schema, metrics: list[str] | None, steps: Sequence[str], numbered: bool = False) -> list[str]:
     """The ``steps`` columns, the columns asked for (by default every column logged, bookkeeping such as a
-    row's ``pid`` or ``wall_time`` included: only what ray_cmf keys rows by is not), and the rank and attempt
-    columns, to read; ``numbered``: the row numbers too, which tell a live read's rows apart (a spill holds
-    rows its series' committed version holds too)."""
+    row's ``pid`` or ``wall_time`` included: only what ray_cmf keys rows by is not), and the rank, attempt and
+    worker group columns (what a restart's rows supersede others by), to read; ``numbered``: the row numbers
+    too, which tell a live read's rows apart (a spill holds rows its series' committed version holds too)."""
     names = schema.names
     chosen = [m for m in metrics if m in names] if metrics is not None else _logged_columns(schema)
-    keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN) if c in names]
+    keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN, WORKER_GROUP_COLUMN) if c in names]
     if numbered and SEQUENCE_COLUMN in names:
         keys.append(SEQUENCE_COLUMN)
     return list(dict.fromkeys([*[s for s in steps if s in names], *chosen, *keys]))
@@ -1389,11 +1390,14 @@ def _tidy(
     keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in frame.columns]
     present = set(frame[TRIAL_COLUMN]) if starts and TRIAL_COLUMN in keys else set()
     starts = {t: s for t, s in (starts or {}).items() if t in present}
-    if ATTEMPT_COLUMN in frame.columns and len(frame) and (frame[ATTEMPT_COLUMN].max() > 1 or starts):
+    highest = {c: frame[c].max() for c in (ATTEMPT_COLUMN, WORKER_GROUP_COLUMN) if c in frame.columns}
+    if ATTEMPT_COLUMN in frame.columns and len(frame) and (restarted(highest) or starts):
         frame = dedup_attempts(frame, "step", by=keys, resumed=starts)
     if overlap:  # the same row, by its number in its series: a step logged twice keeps both rows
         frame = frame.drop_duplicates([*keys, SEQUENCE_COLUMN if SEQUENCE_COLUMN in frame else "step"], keep="last")
     unasked = [c for c in (ATTEMPT_COLUMN, SEQUENCE_COLUMN) if c in frame.columns and c not in (metrics or [])]
+    if metrics is not None and WORKER_GROUP_COLUMN in frame.columns and WORKER_GROUP_COLUMN not in metrics:
+        unasked.append(WORKER_GROUP_COLUMN)  # read to resolve restarts; logged, so kept where all columns are
     frame = frame.drop(columns=unasked)
     if SERIES_COLUMN in frame.columns:
         frame = _series_in_step_order(frame)

@@ -1548,3 +1548,43 @@ def test_steps_of_a_trial_the_sweep_lacks_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(RayCmfError, match=r"Unknown trial\(s\) \['qqq'\]"):
         sweep.steps(trials=["run05", "qqq"])
     assert len(sweep.steps(trials=["run05"])) == 2
+
+
+@pytest.mark.parametrize("ranks", [(0,), (0, 1)])  # one rank: its trial's summary comes from the files' footers
+def test_workers_restarted_within_one_attempt_read_as_the_restart_left_them(
+    tmp_path: Path, ranks: tuple[int, ...]
+) -> None:
+    """Ray Train restarted a run's failed workers (``FailureConfig``) from its checkpoint at step 65, in the same
+    attempt of the run: the restarted group's report of step 80 stayed beside the one the failed group made,
+    since the reads resolved restarts only where some row's attempt was above 1 (a new user's run). A later
+    worker group supersedes the earlier one's reports from its first step on, whatever the attempt."""
+    from ray_cmf.attempts import latest_attempt
+
+    def reports(group: int, steps: list[int]) -> list[dict[str, Any]]:
+        return [
+            {"step": s, "rank": r, "worker_group": group, "loss": float(group * 1000 + s)} for s in steps for r in ranks
+        ]
+
+    rows = reports(1, [20, 40, 60, 80]) + reports(2, [80, 100])
+    store = write_trials(tmp_path / "store", [Trial("run", {}, {"": rows})], metrics_name="train_reports", start=True)
+    sweep = Sweep(store, metrics_name="train_reports")
+    read = sweep.steps(["loss", "worker_group", "attempt"])
+    assert set(read["attempt"]) == {1}
+    assert read[read["rank"] == 0][["step", "worker_group"]].values.tolist() == [
+        [20, 1],
+        [40, 1],
+        [60, 1],
+        [80, 2],
+        [100, 2],
+    ]
+    [row] = sweep.trials(["loss"], mode="max").to_dict(orient="records")
+    assert (row["loss_best"], row["steps"]) == (2100.0, 5)
+    table = pa.Table.from_pylist([{**r, "attempt": 1} for r in rows])
+    kept = latest_attempt(table, "train_reports").to_pylist()
+    assert [(r["step"], r["worker_group"]) for r in kept if r["rank"] == 0] == [
+        (20, 1),
+        (40, 1),
+        (60, 1),
+        (80, 2),
+        (100, 2),
+    ]
