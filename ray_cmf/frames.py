@@ -130,6 +130,7 @@ def alone(drawn: np.ndarray) -> np.ndarray:
 
 _BULK = (0.05, 0.95)  # the quantiles of a plot's values that count as its bulk
 _REACH = 20.0  # how many widths of the bulk beyond it a value may lie and still set the axis
+_TINY = 1e-290  # values this close to zero are zero to a plot (below it, 5% of their spread rounds away)
 
 
 def _width(low: float, high: float) -> float:
@@ -191,9 +192,13 @@ class Span:
         return "NaN" if math.isnan(value) else "Infinity" if value > self.high else "-Infinity"
 
     def edges(self) -> dict[str, float]:
-        """Where each side's marks go: just outside the span (NaN with the values above it)."""
-        width = (self.high - self.low) or max(abs(self.low), abs(self.high)) or 1.0
-        pad = max(width * 0.05, max(abs(self.low), abs(self.high)) * 1e-6, 1e-300)  # never lost in rounding
+        """Where each side's marks go: just outside the span (NaN with the values above it). A span a plot
+        cannot show as narrow as it is (one value, or values of about zero) is padded as the plot widens it."""
+        magnitude = max(abs(self.low), abs(self.high))
+        width = self.high - self.low
+        if width <= magnitude * 1e-9 or magnitude < _TINY:  # drawn around the value, as wide as its magnitude
+            width = magnitude if magnitude >= _TINY else 1.0
+        pad = max(width * 0.05, magnitude * 1e-6)
         return {"Infinity": self.high + pad, "NaN": self.high + pad, "-Infinity": self.low - pad}
 
     def marks(self, y: np.ndarray, most: int) -> np.ndarray:

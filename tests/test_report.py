@@ -895,3 +895,26 @@ def test_a_report_of_no_trial_yet_is_a_page_not_a_key_error(tmp_path: Path) -> N
     cmf.close()
     page = Sweep(tmp_path / "store").only([]).report(tmp_path / "none.html").read_text()
     assert "<tbody></tbody>" in page
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=20))
+@example([5e-324, -0.0, 0.0])  # a diverged series whose finite values are all (about) zero
+@example([3.0])
+@example([1e-20, 1e-20 * (1 + 1e-15)])
+def test_a_plots_marks_sit_beyond_the_values_however_close_together_they_are(values: list[float]) -> None:
+    """A series of inf, -inf and NaN beside finite values of about zero (5e-324 and -0.0): the marks sat 1e-300
+    above and below them, while the axis, which no plot can make narrower than its values' magnitude allows,
+    showed -0.05 to 0.05, so inf and -inf were drawn on the line at 0, like values (a new user). The marks
+    now sit beyond where a plot shows the values (matplotlib's limits for them), and the plot's limits hold
+    the marks."""
+    from matplotlib.transforms import nonsingular
+
+    from ray_cmf.plots import _limits
+
+    y = np.array(values, dtype=float)
+    span = Span.of(y)
+    shown_low, shown_high = nonsingular(span.low, span.high)
+    edges = span.edges()
+    assert edges["Infinity"] >= shown_high and edges["-Infinity"] <= shown_low, (span, edges)
+    low, high = _limits(span)
+    assert low < edges["-Infinity"] and edges["Infinity"] < high
