@@ -583,7 +583,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if args.metric and len(args.metric) > 1:
         raise RayCmfError(f"plot draws one --metric; got {args.metric}: run it once per metric")
     sweep = _picked(args)
-    [metric] = _metrics_or_ranked(args, sweep)
+    [metric] = args.metric or [sweep.ranked_metric(sole=args.top is None)]  # without --top: ranks nothing
     path = sweep.plot_curves(metric, _output(args.output), color_by=args.color_by, top=args.top, mode=args.mode)
     _emit(args, [{"plot": str(Path(path).absolute())}], "plot written")
     return EXIT_OK
@@ -996,7 +996,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-points", type=int, default=200, help="points kept per curve (default: 200)")
     p.add_argument("--group-by", action="append", metavar="COLUMN", help=GROUP_HELP)
     p = command("plot", cmd_plot, "learning curves as a PNG, SVG or PDF")
-    _add_sweep_options(p, metric_help=f"the metric to plot (one; default: {RANKED_DEFAULT})")
+    _add_sweep_options(p, metric_help=f"the metric to plot (one; default: {RANKED_DEFAULT}; else the only one)")
     p.add_argument("-o", "--output", required=True, type=_path, help="a .png, .svg or .pdf file")
     p.add_argument("--color-by", help="config key that colours the curves")
     p.add_argument("--top", type=_positive, help="only the best N trials")

@@ -947,13 +947,16 @@ class Sweep:
                 self._declared[self.key(execution)] = (ranked, declared)
         return self._declared
 
-    def ranked_metric(self) -> str:
+    def ranked_metric(self, *, sole: bool = False) -> str:
         """The metric to rank by when none is named: the one the sweep's CmfRayLogger ranked by, else the first
-        a logger declared a mode for (never StepLogger's throughput, a speed), among this series' columns.
+        a logger declared a mode for (never StepLogger's throughput, a speed), among this series' columns;
+        ``sole``: else the series' only numeric metric (what a plot of every trial draws: it ranks nothing).
         What ``ray-cmf trials``, ``compare`` and ``plot`` rank by without ``--metric``."""
         logged = [column for column in self.columns() if is_metric(column)]
         declared = [m for m in self.modes() if m != THROUGHPUT and (m in logged or not logged)]  # none yet: any
         ranked = next(iter(declared), None)
+        if ranked is None and sole and len(numeric := _numeric(self._schema())) == 1:
+            [ranked] = numeric
         if ranked is None and (deleted := self.emptied_by_deletion()):
             raise InvalidArgumentError(f"Name a metric (--metric): {deleted}")
         if ranked is None:

@@ -813,3 +813,24 @@ def test_an_unknown_name_is_answered_with_near_ones_or_a_few() -> None:
     assert what_exists(["run_mian"], ["run_main", "eval", "zzz"]) == "did you mean 'run_main'?"
     assert what_exists(["zzz"], keys) == f"it has {keys[:20]} and 4980 more"
     assert what_exists(["zzz"], ["b", "a"]) == "it has ['b', 'a']"
+
+
+def test_plot_draws_a_series_only_metric_without_being_told_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain pipeline whose series holds one metric, no logger having declared a mode: ``plot`` asked for
+    ``--metric`` all the same (a new user), though drawing every trial ranks nothing. It draws that metric;
+    ``--top`` (which ranks) and ``compare`` still ask which, and a series of two metrics too."""
+    for run in range(2):
+        cmf = Cmf(pipeline_name="one", store=tmp_path / "store")
+        cmf.create_execution("train", execution_name=f"run{run}")
+        for step in range(3):
+            cmf.log_metric("steps", {"step": step, "loss": 1.0 / (step + run + 1)})
+        cmf.commit_metrics("steps")
+        cmf.close()
+    store = ("--store", str(tmp_path / "store"), "--pipeline", "one")
+    code, out, err = _cli(capsys, "plot", *store, "-o", str(tmp_path / "one.png"), "--json")
+    assert code == 0 and json.loads(out)[0]["plot"].endswith("one.png"), err
+    for argv in (("plot", "-o", str(tmp_path / "top.png"), "--top", "1"), ("compare",)):
+        code, _, err = _cli(capsys, argv[0], *store, *argv[1:])
+        assert code == 2 and "Name a metric (--metric)" in err and "['loss']" in err, (argv, err)

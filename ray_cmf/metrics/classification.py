@@ -16,7 +16,8 @@ class Accuracy(Metric):
     """Fraction of samples whose target is among the top-``k`` predictions.
 
     ``preds_or_logits`` is either class scores of shape ``(N, C)`` (or ``(N, C, ...)``) or predicted labels
-    with the target's shape. Samples whose scores are not all finite, or whose predicted label is NaN or
+    with the target's shape, compared with the targets as they are (binary probabilities need a threshold
+    first: ``probs > 0.5``). Samples whose scores are not all finite, or whose predicted label is NaN or
     inf, are excluded and counted (under ``nan_policy="exclude"``); under ``"propagate"`` infinite scores
     rank as values and a NaN score or label makes the value NaN. Tied scores rank by class index.
     Samples whose target is ``ignore_index`` (``-100`` for padding, as ``cross_entropy`` has it) are not
