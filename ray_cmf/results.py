@@ -108,6 +108,35 @@ def _drop_reserved(row: dict[str, Any], name: str, source: str, why: object) -> 
     del row[name]
 
 
+class KindsAcrossTrials:
+    """What each result key was (a bool or a number) in the first trial of a sweep that reported it: a key
+    another trial reports as the other kind reads as text across the sweep, with no best, final or ranking
+    for any trial (see the README), which is said once per key as it happens, not first when it is read."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[str, str]] = {}  # key -> (its kind, the trial that first reported it)
+        self._said: set[str] = set()
+
+    def note(self, row: Mapping[str, Any], trial_id: str) -> None:
+        """Note a trial's result row (as appended: values its own series refused are out of it already)."""
+        for key, value in row.items():
+            if value is None:
+                continue
+            kind = "a bool" if isinstance(value, bool) else "a number"
+            first, by = self._first.setdefault(key, (kind, trial_id))
+            if first != kind and key not in self._said:
+                self._said.add(key)
+                log.warning(
+                    "ray_cmf: %r is %s in trial %s and %s in trial %s: across the sweep it reads as text, with no "
+                    "best, final or ranking for any trial (report it as one kind in every trial)",
+                    key,
+                    first,
+                    by,
+                    kind,
+                    trial_id,
+                )
+
+
 _WARNED: set[tuple[str, str]] = set()
 
 

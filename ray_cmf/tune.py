@@ -60,7 +60,7 @@ from ray_cmf.node_sampler import (
     wait_for_samplers,
     watch,
 )
-from ray_cmf.results import MODEL_PATH, TUNE_OWN, append_result, result_row
+from ray_cmf.results import MODEL_PATH, TUNE_OWN, KindsAcrossTrials, append_result, result_row
 from ray_cmf.store import Store
 from ray_cmf.system import SystemSampler, sample_into
 from ray_cmf.writer import StoreWriter
@@ -420,6 +420,7 @@ class _Runtime:
     replies: list[Reply] = field(default_factory=list)
     trials: list[Any] = field(default_factory=list)  # the sweep's trials (Tune's own list, which it keeps current)
     warned_metric: bool = False
+    kinds: KindsAcrossTrials = field(default_factory=KindsAcrossTrials)  # what each result key is, across trials
 
 
 def _existing(argument: str, path: str | os.PathLike[str]) -> str:
@@ -721,6 +722,7 @@ class CmfRayLogger(tune.Callback):
         row = result_row(result)
         step = row.get("step", row.get("training_iteration"))  # what the results are keyed by when read
         append_result(state.buffer, row, f"trial {trial.trial_id}, result at step {step}")  # type: ignore[arg-type]
+        self._rt.kinds.note(row, trial.trial_id)
         state.keys.update(row)
         if self.metric:
             state.rank(step, row.get(self.metric))

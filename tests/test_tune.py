@@ -1870,3 +1870,28 @@ def test_a_long_errors_table_cell_is_its_exception_line() -> None:
     cell = _headline(error)
     assert cell is not None and cell.startswith("ValueError: xxx") and len(cell) == HEADLINE_CHARS
     assert _headline(None) is None and _headline("RuntimeError: short") == "RuntimeError: short"
+
+
+def _reports_m_as(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    for it in range(1, 4):
+        tune.report({"m": it % 2 == 0 if config["kind"] == "bool" else it + 0.25, "loss": 1.0 / it})
+
+
+def test_a_metric_one_trial_reports_as_a_bool_is_said_as_it_happens(
+    ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One trial reported the sweep's ranking metric as a bool, the others as numbers: across the sweep the
+    column reads as text (the README's rule), so ``m`` had no best, no final and no ranking for any trial, and
+    nothing said so until the sweep was read (a new user). The driver says it once, naming both trials."""
+    from ray_cmf import CmfRayLogger
+    from tests._sweeps import run_grid
+
+    logger = CmfRayLogger("kinds", store=str(tmp_path / "store"), metric="m", mode="max")
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        run_grid(_reports_m_as, {"kind": ["number", "bool", "number"]}, tmp_path / "results", logger)
+    said = [r.getMessage() for r in caplog.records if "'m' is" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "a bool" in said[0] and "a number" in said[0] and "reads as text" in said[0], said
+    assert not [r for r in caplog.records if "'loss' is" in r.getMessage()]  # one kind everywhere: no word
