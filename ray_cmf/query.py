@@ -168,10 +168,10 @@ class _Parser:
             raise self.error(f"expected {what}")
         return token
 
-    def error(self, why: str) -> QueryError:
+    def error(self, why: str, detail: str = "") -> QueryError:
         token = self.peek()
         found = "the end" if token.kind == "end" else repr(self.text[token.at : token.end])
-        return QueryError(self.text, token.at, f"{why}, found {found}")
+        return QueryError(self.text, token.at, f"{why}, found {found}", detail)
 
     def parse(self) -> Node:
         if self.peek().kind == "end":
@@ -255,7 +255,9 @@ class _Parser:
         if token.kind == "keyword" and token.value in ("true", "false", "null"):
             self.i += 1
             return {"true": True, "false": False, "null": None}[token.value]
-        raise self.error("expected a column name, a number, text in quotes, true, false or null")
+        listed = token.kind == "op" and token.value == "["  # a list config's cell holds its JSON text
+        hint = f" (a list is compared as its JSON text in quotes: {self.text[token.at :].strip()!r})" if listed else ""
+        raise self.error("expected a column name, a number, text in quotes, true, false or null", hint)
 
 
 @dataclass(frozen=True)
