@@ -814,10 +814,14 @@ def _copied(obj: Any, how: str) -> Any:
     import copy
     import io
 
+    from ray import cloudpickle
+
     if how == "deepcopy":
         return copy.deepcopy(obj)
+    if how == "cloudpickle":  # as Ray passes an object on
+        return cloudpickle.loads(cloudpickle.dumps(obj))
     saved = io.BytesIO()
-    torch.save(obj, saved)  # pickles it, as Ray does an object it passes on
+    torch.save(obj, saved)  # keeps the views of one storage as views, where plain pickle copies each
     saved.seek(0)
     return torch.load(saved, weights_only=False)
 
@@ -832,7 +836,7 @@ def _close(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
 @given(
     st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=90),
     st.integers(0, 90),
-    st.sampled_from(["deepcopy", "pickle"]),
+    st.sampled_from(["deepcopy", "cloudpickle", "torch.save"]),
     st.booleans(),
 )
 def test_a_copied_metric_holds_what_the_original_held_and_goes_its_own_way(
@@ -840,8 +844,10 @@ def test_a_copied_metric_holds_what_the_original_held_and_goes_its_own_way(
 ) -> None:
     """``copy.deepcopy`` of a metric that had updates staged shared their blocks with the original: updating
     the copy changed the original's values (a validation copy of the training metrics, say), and pickling it
-    (``torch.save``, Ray passing it on) failed ("Can't pickle local object"). A copy holds the original's
-    values, staged updates and last sync included, and each then counts only its own updates."""
+    (``torch.save``, Ray passing it on) failed ("Can't pickle local object"); then a pickled collection's
+    sync read memory no state was in (pickle copies each view of the packed buffer apart; a re-check by a
+    new user). A copy holds the original's values, staged updates and last sync included, and each then
+    counts and syncs only its own updates."""
     original, twin = MetricCollection(_members()), MetricCollection(_members())
     for i, v in enumerate(values):
         for metrics in (original, twin):
@@ -860,6 +866,9 @@ def test_a_copied_metric_holds_what_the_original_held_and_goes_its_own_way(
     _close(original.compute(), twin.compute(), "the original after the copy was updated")
     twin.update(loss=more, top=more, hist=more)
     _close(copied.compute(), twin.compute(), "the copy after its own update")
+    _close(copied.sync().wait(), twin.sync().wait(), "the copy's sync")
+    again = _copied(original, how)  # of a collection that synced before
+    _close(again.sync().wait(), original.sync().wait(), "a copy of a synced collection, synced")
     single = Mean()
     single.update(torch.tensor(values[:5]))
     alone = _copied(single, how)
@@ -867,3 +876,4 @@ def test_a_copied_metric_holds_what_the_original_held_and_goes_its_own_way(
     reference = Mean()
     reference.update(torch.tensor(values[:5]))
     _close(alone.compute(), reference.compute(), "a standalone metric's copy")
+    _close(alone.sync().wait(), reference.sync().wait(), "a standalone metric's copy, synced")

@@ -280,10 +280,12 @@ class Metric(ABC):
         self._groups, self._stager = None, None
 
     def __getstate__(self) -> dict[str, Any]:
-        """What a copy or a pickle takes: the staged updates applied first (see ``MetricGroups.settle``)."""
-        if self._groups is not None:
-            self._groups.settle()
-        return vars(self).copy()
+        """What a copy or a pickle takes: the staged updates applied first (see ``MetricGroups.settle``), and the
+        states as the packed buffer holds them, whose copy makes them views of it again (``StatePack``)."""
+        if self._groups is None:
+            return vars(self).copy()
+        self._groups.settle()
+        return {k: v for k, v in vars(self).items() if k not in self._state_specs}
 
     def __repr__(self) -> str:
         """The class and every setting (``_config``'s values first), e.g. ``Accuracy(2, None, ...)``: ranks whose

@@ -310,10 +310,21 @@ class StatePack:
         return works, restore_min
 
     def __getstate__(self) -> dict[str, Any]:
-        """A copy has no sync in flight (the metrics settle first) and makes its own CUDA stream."""
-        state = {**vars(self), "_in_flight": [None, None]}
-        state.pop("_side_stream", None)
+        """What a copy or a pickle takes: the buffers, not their views (a pickle copies each view apart from
+        its buffer), nor a sync in flight (the metrics settle first), scratch buffers or a CUDA stream."""
+        state = {**vars(self), "_in_flight": [None, None], "_gathered": [None, None]}
+        for dropped in ("live", "_snapshots", "_snapshot_states", "_side_stream"):
+            state.pop(dropped, None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Views into the restored buffer again: the groups' states, and each member's own (see ``Metric``)."""
+        self.__dict__.update(state)
+        self._snapshots = [torch.empty_like(self.flat) for _ in range(2)]
+        self.live = self.group_states(self.flat)
+        self._snapshot_states = [self.group_states(snapshot) for snapshot in self._snapshots]
+        for slot in self.slots:
+            setattr(slot.owner, slot.name, self.flat[slot.span].view(slot.shape))
 
     def _launch_cuda(self, index: int, group: Any, async_op: bool) -> SyncHandle[GroupStates]:
         """Reduce on a side stream, ordered against the main stream by events: updates keep running."""
