@@ -10,9 +10,10 @@ that are written to disk (the store's config file, logs, MLMD properties) go thr
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from ml_metadata.proto import metadata_store_pb2 as mlpb
 
@@ -28,13 +29,30 @@ def is_url(location: str) -> bool:
 
 
 def without_password(location: str) -> str:
-    """A location fit to write down: a URL's password removed, and its query (``?password=...``) too."""
+    """A location fit to write down: a URL's password removed, and its query (``?password=...``) too, however
+    the URL is written (a password it did not percent-encode may hold ``@``, ``/``, ``?`` or ``#``: the user
+    part ends at the last ``@``)."""
     if not is_url(location):
         return location
-    url = urlsplit(location)._replace(query="", fragment="")
-    if url.password:
-        url = url._replace(netloc=f"{url.username}@{url.hostname}" + (f":{url.port}" if url.port else ""))
-    return urlunsplit(url)
+    scheme, rest = location.split("://", 1)
+    userinfo, at, place = rest.rpartition("@")
+    place = re.split(r"[?#]", place, maxsplit=1)[0]
+    if not at:  # no user part: a ':' that is no port's may be a password whose '@' is missing
+        host, colon, port = place.partition("/")[0].partition(":")
+        place = place if not colon or port.isdigit() else f"{host}:…{place[len(host) + 1 + len(port) :]}"
+    return f"{scheme}://{userinfo.split(':', 1)[0]}{at}{place}"
+
+
+def _refuse_unencoded(location: str) -> None:
+    """Refuse a URL whose user or password holds what a URL must percent-encode: it would be read as another
+    host, port or database (and its password be shown where those are)."""
+    userinfo = location.split("://", 1)[1].rpartition("@")[0]
+    if any(char in userinfo for char in "@/?#"):
+        variable = "MYSQL_PWD" if location.startswith("mysql") else "PGPASSWORD"
+        raise StoreError(
+            f"MLMD URL {without_password(location)!r}: its user or password holds @, /, ? or #, which a URL must "
+            f"percent-encode (urllib.parse.quote(password, safe='')); or leave the password out and set {variable}"
+        )
 
 
 def database_of(location: str) -> str:
@@ -59,6 +77,7 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
             else mlpb.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
         )
         return config
+    _refuse_unencoded(location)
     url = urlsplit(location)
     database = url.path.lstrip("/")
     if url.query or url.fragment:
@@ -67,7 +86,7 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
             f"MLMD URL {without_password(location)!r} takes no query (?...): ray_cmf reads its user, password, host, "
             f"port and database; give the password in the URL or in {variable}"
         )
-    if not url.hostname or not database or "/" in database:
+    if not url.hostname or not database or "/" in database or not _port_is_number(url):
         raise StoreError(
             f"MLMD URL {without_password(location)!r} must look like "
             f"{url.scheme}://user[:password]@host[:port]/database"
@@ -85,6 +104,14 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
         my.host, my.port, my.database, my.user = url.hostname, url.port or 3306, database, user
         my.password = password or os.environ.get("MYSQL_PWD", "")
     return config
+
+
+def _port_is_number(url: SplitResult) -> bool:
+    """Whether the URL's port, where it gives one, is a number (urllib raises on reading one that is not)."""
+    try:
+        return url.port is None or url.port >= 0
+    except ValueError:  # "Port could not be cast to integer value as ..."
+        return False
 
 
 def explain(location: str, error: Exception) -> str:
@@ -108,8 +135,8 @@ def explain(location: str, error: Exception) -> str:
     if any(s in lowered for s in ("permission denied to create database", "does not exist", "creating database")):
         database = url.path.lstrip("/")
         hint = f"the database {database!r} does not exist: create the database, or let this user create databases"
-    elif not _answers(url.hostname or "", url.port or (5432 if postgres else 3306)):
-        hint = f"nothing answers on {url.hostname}:{url.port}: is the server running, and does it listen there?"
+    elif not _answers(url.hostname or "", port := url.port or (5432 if postgres else 3306)):
+        hint = f"nothing answers on {url.hostname}:{port}: is the server running, and does it listen there?"
     elif any(s in lowered for s in refused):
         where_password = "PGPASSWORD or ~/.pgpass" if postgres else "MYSQL_PWD"
         where_hosts = "pg_hba.conf" if postgres else "the user's host in its grants"

@@ -256,8 +256,17 @@ class _Parser:
             self.i += 1
             return {"true": True, "false": False, "null": None}[token.value]
         listed = token.kind == "op" and token.value == "["  # a list config's cell holds its JSON text
-        hint = f" (a list is compared as its JSON text in quotes: {self.text[token.at :].strip()!r})" if listed else ""
+        hint = f" (a list is compared as its JSON text in quotes: {self._bracketed(token.at)!r})" if listed else ""
         raise self.error("expected a column name, a number, text in quotes, true, false or null", hint)
+
+    def _bracketed(self, at: int) -> str:
+        """The text of the list that opens at ``at``, to its matching ``]`` (or to the end)."""
+        depth = 0
+        for end, char in enumerate(self.text[at:], start=at):
+            depth += {"[": 1, "]": -1}.get(char, 0)
+            if not depth:
+                return self.text[at : end + 1]
+        return self.text[at:].strip()
 
 
 @dataclass(frozen=True)

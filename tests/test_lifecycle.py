@@ -421,6 +421,7 @@ def test_a_nan_config_is_a_value_that_nan_finds_and_null_does_not(tmp_path: Path
         ('started_at in ["2026-11-01", "later"]', 30, "'later' is not a UTC date or time"),
         ("", 1, "empty"),
         ("config/lr == [1, 2]", 14, "a list is compared as its JSON text in quotes: '[1, 2]'"),  # a new user's
+        ("config/lr in [[1, 2], [3]] and steps > 1", 15, "its JSON text in quotes: '[1, 2]')"),
     ],
 )
 def test_a_bad_where_exits_2_and_points_at_the_column(

@@ -7,6 +7,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from ray_cmf import Cmf, InvalidNameError, Store
 from ray_cmf.audit import audit
@@ -107,3 +109,34 @@ def test_a_secret_on_the_command_line_never_reaches_the_store(tmp_path: Path) ->
         if path.is_file():
             data = path.read_bytes()
             assert not [s for s in SECRETS if s.encode() in data], path
+
+
+@given(st.text(alphabet="xyz@:/?#%&= Z", min_size=1, max_size=12))  # no hex digit: "%" stays a "%"
+@example("hunter2/xyz")  # a new user's URLs, the password not percent-encoded
+@example("hunter2#xyz")
+@example("b@b:p/w%#?&x")
+def test_a_password_a_url_did_not_percent_encode_is_in_no_error_or_file(password: str) -> None:
+    """``postgresql://bob:hunter2/xyz@host/db``: the URL could not be parsed as meant, and the error quoted it,
+    password and all ("MLMD URL 'postgresql://bob:hunter2/xyz@...' must look like ..."), or a part of it
+    ("... 'postgresql://bob:hunter2' takes no query"), or failed inside urllib naming a piece of it (a new
+    user). What ray_cmf writes down of a URL holds no password however it is written, and a URL whose
+    password needs percent-encoding is refused, saying so."""
+    from ray_cmf.connection import connection_config, without_password
+    from ray_cmf.errors import StoreError
+
+    secret = f"SECRETpw{password}"
+    url = f"postgresql://bob:{secret}@127.0.0.1:55432/mlmd"
+    assert "SECRETpw" not in without_password(url) and without_password(url).startswith("postgresql://bob@127.0.0.1")
+    try:
+        config = connection_config(url)
+    except StoreError as refused:
+        assert "SECRETpw" not in str(refused) and "percent-encode" in str(refused), str(refused)
+    else:  # only where the URL reads as meant
+        assert config.postgresql.password == secret and config.postgresql.host == "127.0.0.1"
+
+
+def test_an_error_names_the_default_port_of_a_url_that_gives_none() -> None:
+    from ray_cmf.connection import explain
+
+    said = explain("postgresql://alice@127.0.0.1/mlmd", RuntimeError("connection pointer is NULL"))
+    assert "None" not in said and ("127.0.0.1:5432" in said or "turned down" in said), said
