@@ -118,9 +118,9 @@ def _tracked_status(store: Store, md5: str, path: Path) -> str:
 def pull(store: Store) -> list[Path]:
     """Bring back every file of the store that is missing here, from its remote by md5 (into the DVC cache,
     then its place in the store, with its ``.dvc`` file), and the cache object of one that is here without
-    it. Returns the files restored."""
+    it. Returns the files restored; raises, once every other file is back, naming those the remote lacks."""
     remote = store.require_remote()
-    restored = []
+    restored, lacking = [], []
     recorded = list(_recorded(store))
     for _, md5, path, _lost in track(recorded, f"pulling from {remote.url}", len(recorded)):
         if md5.endswith(".dir") or not path.is_relative_to(store.root) or store.escapes(path):
@@ -131,9 +131,16 @@ def pull(store: Store) -> list[Path]:
             continue
         cached = store.fetch(md5)
         if cached is None:
-            raise StoreError(f"Neither this store nor its remote {remote.url} holds {path} (md5 {md5})")
+            lacking.append(f"{store.url(path)} (md5 {md5})")
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cached, path)
         store.dvc.track(path, md5, path.stat().st_size)  # tracked here too: dvc status, push and gc know it
         restored.append(path)
+    if lacking:
+        raise StoreError(
+            f"Neither this store nor its remote {remote.url} holds {len(lacking)} of its files: "
+            f"{', '.join(lacking[:10])}{' ...' if len(lacking) > 10 else ''}; pulled the other {len(restored)} "
+            "(the store that committed them can `ray-cmf push` them)"
+        )
     return restored

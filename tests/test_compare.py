@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep, lineage
 from ray_cmf.cli import main
-from ray_cmf.versioning import cache_path
+from ray_cmf.versioning import cache_path, file_md5
 from tests._values import floats, same
 from tests.test_tune import GOOD_LRS, RESULTS
 
@@ -834,3 +834,23 @@ def test_plot_draws_a_series_only_metric_without_being_told_it(
     for argv in (("plot", "-o", str(tmp_path / "top.png"), "--top", "1"), ("compare",)):
         code, _, err = _cli(capsys, argv[0], *store, *argv[1:])
         assert code == 2 and "Name a metric (--metric)" in err and "['loss']" in err, (argv, err)
+
+
+def test_pull_brings_back_every_file_it_can_and_then_names_those_it_cannot(
+    store_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One file never reached the remote (a colleague recovered a crashed run and did not push): ``pull``
+    stopped at it and fetched nothing after it, leaving files the remote holds unread (a new user's team
+    store). It brings back every other file, then fails naming the one it could not."""
+    remote = tmp_path / "remote"
+    assert _cli(capsys, "push", "--store", str(store_copy), "--add-remote", str(remote))[0] == 0
+    files = sorted(store_copy.glob("artifacts/**/*.parquet"))
+    assert len(files) > 2
+    never_pushed = files[0]
+    [object_of_it] = [p for p in remote.rglob("*") if p.is_file() and file_md5(p) == file_md5(never_pushed)]
+    object_of_it.unlink()
+    shutil.rmtree(store_copy / ".dvc" / "cache")
+    shutil.rmtree(store_copy / "artifacts")
+    code, _, err = _cli(capsys, "pull", "--store", str(store_copy))
+    assert code == 2 and str(never_pushed.relative_to(store_copy)) in err and "pulled the other" in err, err
+    assert sorted(store_copy.glob("artifacts/**/*.parquet")) == files[1:]
