@@ -331,7 +331,7 @@ class Store:
                     f"{self.root} is not a store ({what}): give the directory that a sweep or a Cmf wrote"
                 ) from None
             kept = self._kept_mlmd()
-            if kept is None or kept != self.mlmd:
+            if kept is None or kept != self.mlmd or is_url(kept):  # a server's own error says what it did
                 raise
             raise StoreError(
                 f"No MLMD database at {kept}, where the store {self.root} keeps its lineage ({STORE_CONFIG} names it): "

@@ -140,3 +140,21 @@ def test_an_error_names_the_default_port_of_a_url_that_gives_none() -> None:
 
     said = explain("postgresql://alice@127.0.0.1/mlmd", RuntimeError("connection pointer is NULL"))
     assert "None" not in said and ("127.0.0.1:5432" in said or "turned down" in said), said
+
+
+def test_a_store_whose_server_does_not_answer_says_so_not_that_its_database_moved(tmp_path: Path) -> None:
+    """A store whose ``ray_cmf.json`` names a PostgreSQL server, read while the server is down (or with a wrong
+    password): every such failure read "No MLMD database at ...: if the database was moved, give its path"
+    (a new user's team store). The reader says what the server did, as opening it by its URL does."""
+    import json
+
+    from ray_cmf import Sweep
+    from ray_cmf.errors import StoreError
+    from tests._servers import free_port
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "ray_cmf.json").write_text(json.dumps({"mlmd": f"postgresql://bob@127.0.0.1:{free_port()}/mlmd"}))
+    with pytest.raises(StoreError) as refused:
+        Sweep(store)
+    assert "nothing answers on 127.0.0.1" in str(refused.value) and "moved" not in str(refused.value)
