@@ -157,8 +157,13 @@ class Store:
         """Record an MLMD kept outside the store in its config file (never a password), so every tool finds
         it from the store directory alone. A SQLite file in the directory that holds the store (cmflib's
         ``Cmf(filepath="mlmd")`` beside ``./cmf_store``) is recorded relative to the store: a copy of the
-        project then records into its own copy of the database, and a moved one finds its own."""
+        project then records into its own copy of the database, and a moved one finds its own. A server URL
+        already recorded stays as it is when another user opens the same database (the store's owner reads as
+        that user)."""
         if self.mlmd == str(self.root / MLMD_FILE):
+            return
+        kept = self._kept_mlmd()
+        if is_url(self.mlmd) and kept is not None and database_of(kept) == database_of(self.mlmd):
             return
         if not is_url(self.mlmd) and Path(self.mlmd).is_relative_to(self.root.parent):
             self._write_config(mlmd=os.path.relpath(self.mlmd, self.root))

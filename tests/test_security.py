@@ -158,3 +158,19 @@ def test_a_store_whose_server_does_not_answer_says_so_not_that_its_database_move
     with pytest.raises(StoreError) as refused:
         Sweep(store)
     assert "nothing answers on 127.0.0.1" in str(refused.value) and "moved" not in str(refused.value)
+
+
+def test_a_colleague_who_opens_a_store_as_another_user_leaves_its_recorded_server_as_it_was(tmp_path: Path) -> None:
+    """Bob opened alice's store with his own user for the same database: its ``ray_cmf.json`` was rewritten to
+    name bob, and alice's reads from the store directory then logged in as bob and were turned down (a new
+    user's team store). The store keeps the URL it recorded; another database is still refused."""
+    import json
+
+    from ray_cmf.errors import StoreError
+
+    root = tmp_path / "store"
+    Store(root, mlmd="postgresql://alice:pw@127.0.0.1:55432/mlmd").dvc  # noqa: B018  # records where its MLMD is
+    Store(root, mlmd="postgresql://bob:pw@127.0.0.1:55432/mlmd").dvc  # noqa: B018
+    assert json.loads((root / "ray_cmf.json").read_text())["mlmd"] == "postgresql://alice@127.0.0.1:55432/mlmd"
+    with pytest.raises(StoreError, match="keeps its lineage in postgresql://alice@"):
+        Store(root, mlmd="postgresql://bob:pw@127.0.0.1:55432/other")._check_mlmd()
