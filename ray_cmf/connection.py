@@ -23,9 +23,14 @@ POSTGRES_SCHEMES = ("postgresql", "postgres")
 URL_SCHEMES = (*POSTGRES_SCHEMES, "mysql")
 
 
+def scheme_of(location: str) -> str:
+    """A location's URL scheme in lower case, as URLs read in any case (``""`` where it has none)."""
+    return location.split("://", 1)[0].lower() if "://" in location else ""
+
+
 def is_url(location: str) -> bool:
     """Whether an MLMD location names a database server (else it is a SQLite file path)."""
-    return location.split("://", 1)[0] in URL_SCHEMES if "://" in location else False
+    return scheme_of(location) in URL_SCHEMES
 
 
 def without_password(location: str) -> str:
@@ -34,7 +39,7 @@ def without_password(location: str) -> str:
     part ends at the last ``@``)."""
     if not is_url(location):
         return location
-    scheme, rest = location.split("://", 1)
+    scheme, rest = scheme_of(location), location.split("://", 1)[1]
     userinfo, at, place = rest.rpartition("@")
     place = re.split(r"[?#]", place, maxsplit=1)[0]
     if not at:  # no user part: a ':' that is no port's may be a password whose '@' is missing
@@ -48,7 +53,7 @@ def _refuse_unencoded(location: str) -> None:
     host, port or database (and its password be shown where those are)."""
     userinfo = location.split("://", 1)[1].rpartition("@")[0]
     if any(char in userinfo for char in "@/?#"):
-        variable = "MYSQL_PWD" if location.startswith("mysql") else "PGPASSWORD"
+        variable = "MYSQL_PWD" if scheme_of(location) == "mysql" else "PGPASSWORD"
         raise StoreError(
             f"MLMD URL {without_password(location)!r}: its user or password holds @, /, ? or #, which a URL must "
             f"percent-encode (urllib.parse.quote(password, safe='')); or leave the password out and set {variable}"

@@ -27,7 +27,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlpb
 
 from ray_cmf._json import NONFINITE_TEXT, JsonText, float_of
 from ray_cmf._names import check_texts, escaped, unstorable
-from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url
+from ray_cmf.connection import POSTGRES_SCHEMES, connection_config, explain, is_url, scheme_of
 from ray_cmf.constants import (
     CONFIG_JSON,
     ENV_PREFIX,
@@ -188,7 +188,7 @@ class Dialect:
         """The dialect of an MLMD target: a SQLite file, or a server's URL."""
         if not is_url(target):
             return cls()
-        return cls(int_bits=32, backslashes=target.split("://", 1)[0] not in POSTGRES_SCHEMES)
+        return cls(int_bits=32, backslashes=scheme_of(target) not in POSTGRES_SCHEMES)
 
 
 ENCODED_TEXT = "ray_cmf:b64:"  # a text property held as base64 (see _text); any text that begins so is too

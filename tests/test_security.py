@@ -174,3 +174,21 @@ def test_a_colleague_who_opens_a_store_as_another_user_leaves_its_recorded_serve
     assert json.loads((root / "ray_cmf.json").read_text())["mlmd"] == "postgresql://alice@127.0.0.1:55432/mlmd"
     with pytest.raises(StoreError, match="keeps its lineage in postgresql://alice@"):
         Store(root, mlmd="postgresql://bob:pw@127.0.0.1:55432/other")._check_mlmd()
+
+
+@pytest.mark.parametrize("scheme", ["POSTGRESQL", "Postgres", "MySQL"])
+def test_a_url_whose_scheme_is_in_capitals_is_a_server_and_its_password_stays_out_of_files(
+    tmp_path: Path, scheme: str
+) -> None:
+    """``POSTGRESQL://alice:pw@host/db`` was taken for a SQLite file's path: the runs went to a local file made
+    under a directory named after the URL, password and all, and ``ray_cmf.json`` recorded it (a re-check by a
+    new user). A URL's scheme reads in any case, as URLs' do."""
+    from ray_cmf.connection import connection_config, is_url, without_password
+
+    url = f"{scheme}://alice:SECRETpw@127.0.0.1:5/mlmd"
+    assert is_url(url) and "SECRETpw" not in without_password(url)
+    config = connection_config(url)
+    server = config.mysql if scheme == "MySQL" else config.postgresql
+    assert (server.host, server.password) == ("127.0.0.1", "SECRETpw")
+    Store(tmp_path / "store", mlmd=url).dvc  # noqa: B018  # records where its MLMD is
+    assert "SECRETpw" not in (tmp_path / "store" / "ray_cmf.json").read_text()
