@@ -99,16 +99,24 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
     user, password = unquote(url.username or ""), unquote(url.password or "")
     if url.scheme in POSTGRES_SCHEMES:
         pg = config.postgresql
-        pg.host, pg.port, pg.dbname, pg.user = url.hostname, str(url.port or 5432), database, user
-        pg.password = password or os.environ.get("PGPASSWORD", "")
+        pg.host, pg.port, pg.dbname, pg.user = url.hostname, str(url.port or 5432), database, _libpq_value(user)
+        password = password or os.environ.get("PGPASSWORD", "")
         passfile = os.environ.get("PGPASSFILE", str(Path.home() / ".pgpass"))
-        if not pg.password and Path(passfile).is_file():
-            pg.passfile = passfile
+        if password:
+            pg.password = _libpq_value(password)
+        elif Path(passfile).is_file():
+            pg.passfile = _libpq_value(passfile)
     else:
         my = config.mysql
         my.host, my.port, my.database, my.user = url.hostname, url.port or 3306, database, user
         my.password = password or os.environ.get("MYSQL_PWD", "")
     return config
+
+
+def _libpq_value(value: str) -> str:
+    """``value`` quoted for libpq's connection string, which ML-Metadata builds by pasting each setting in as
+    it is: unquoted, a space would end a password, and a backslash escape the character after it."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _port_is_number(url: SplitResult) -> bool:

@@ -121,7 +121,7 @@ def test_a_password_a_url_did_not_percent_encode_is_in_no_error_or_file(password
     ("... 'postgresql://bob:hunter2' takes no query"), or failed inside urllib naming a piece of it (a new
     user). What ray_cmf writes down of a URL holds no password however it is written, and a URL whose
     password needs percent-encoding is refused, saying so."""
-    from ray_cmf.connection import connection_config, without_password
+    from ray_cmf.connection import _libpq_value, connection_config, without_password
     from ray_cmf.errors import StoreError
 
     secret = f"SECRETpw{password}"
@@ -132,7 +132,7 @@ def test_a_password_a_url_did_not_percent_encode_is_in_no_error_or_file(password
     except StoreError as refused:
         assert "SECRETpw" not in str(refused) and "percent-encode" in str(refused), str(refused)
     else:  # only where the URL reads as meant
-        assert config.postgresql.password == secret and config.postgresql.host == "127.0.0.1"
+        assert config.postgresql.password == _libpq_value(secret) and config.postgresql.host == "127.0.0.1"
 
 
 def test_an_error_names_the_default_port_of_a_url_that_gives_none() -> None:
@@ -183,12 +183,15 @@ def test_a_url_whose_scheme_is_in_capitals_is_a_server_and_its_password_stays_ou
     """``POSTGRESQL://alice:pw@host/db`` was taken for a SQLite file's path: the runs went to a local file made
     under a directory named after the URL, password and all, and ``ray_cmf.json`` recorded it (a re-check by a
     new user). A URL's scheme reads in any case, as URLs' do."""
-    from ray_cmf.connection import connection_config, is_url, without_password
+    from ray_cmf.connection import _libpq_value, connection_config, is_url, without_password
 
     url = f"{scheme}://alice:SECRETpw@127.0.0.1:5/mlmd"
     assert is_url(url) and "SECRETpw" not in without_password(url)
     config = connection_config(url)
     server = config.mysql if scheme == "MySQL" else config.postgresql
-    assert (server.host, server.password) == ("127.0.0.1", "SECRETpw")
+    assert (server.host, server.password) == (
+        "127.0.0.1",
+        "SECRETpw" if scheme == "MySQL" else _libpq_value("SECRETpw"),
+    )
     Store(tmp_path / "store", mlmd=url).dvc  # noqa: B018  # records where its MLMD is
     assert "SECRETpw" not in (tmp_path / "store" / "ray_cmf.json").read_text()

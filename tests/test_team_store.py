@@ -703,3 +703,22 @@ def test_a_store_that_kept_copies_of_what_gc_freed_elsewhere_frees_them(
     assert freed["files"] == 1 and freed["remote_objects"] == 1, freed
     assert not kept.exists() and not remote.exists(files["run-1"].md5) and remote.exists(files["run-0"].md5)
     assert main(["verify", "--store", str(store), "--remote"]) == 0
+
+
+@pytest.mark.parametrize("password", ["abc def", "a\\b", "it's", "p@ss:w/o?r#d%x&y z'\\"])
+def test_a_password_with_spaces_quotes_or_backslashes_logs_in(
+    pg: Postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, password: str
+) -> None:
+    """``abc def`` (psql takes it) never logged in: ML-Metadata puts the password into libpq's connection
+    string unquoted, so a space ended it and a backslash escaped what followed; the error then blamed the
+    password or pg_hba.conf (a re-check by a new user). It logs in, from the URL percent-encoded and from
+    PGPASSWORD alike."""
+    from urllib.parse import quote
+
+    role = f"odd{abs(hash(password)) % 10_000}"
+    pg.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password.replace(chr(39), chr(39) * 2)}' CREATEDB")
+    url = f"postgresql://{role}:{quote(password, safe='')}@127.0.0.1:{pg.port}/cmf_{role}"
+    _one_run(url, tmp_path / "store", 2)
+    monkeypatch.setenv("PGPASSWORD", password)
+    _one_run(f"postgresql://{role}@127.0.0.1:{pg.port}/cmf_{role}", tmp_path / "store", 3)  # the run again
+    assert pg.execution_names(f"cmf_{role}") == ["run-1"]
