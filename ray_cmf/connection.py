@@ -150,16 +150,31 @@ def explain(location: str, error: Exception) -> str:
         hint = f"the database {database!r} does not exist: create the database, or let this user create databases"
     elif not _answers(url.hostname or "", port := url.port or (5432 if postgres else 3306)):
         hint = f"nothing answers on {url.hostname}:{port}: is the server running, and does it listen there?"
+    elif "permission denied for schema" in lowered:  # PostgreSQL 15 and later: public is its owner's alone
+        hint = (
+            f"user {url.username!r} may not use the tables of this database, which another user made: its owner "
+            f"grants them (GRANT ALL ON SCHEMA public TO {url.username}; GRANT ALL ON ALL TABLES IN SCHEMA public "
+            f"TO {url.username}; GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {url.username};)"
+        )
     elif any(s in lowered for s in refused):
         where_password = "PGPASSWORD or ~/.pgpass" if postgres else "MYSQL_PWD"
         where_hosts = "pg_hba.conf" if postgres else "the user's host in its grants"
+        check = "check the password" if _password_given(url) else "no password was given"
         hint = (
-            f"the server turned down user {url.username!r}: check the password (in the URL, or {where_password}) "
+            f"the server turned down user {url.username!r}: {check} (in the URL, or {where_password}) "
             f"and that the server lets this host in ({where_hosts})"
         )
     else:
         hint = "see the server's message"
     return f"Cannot open the MLMD database {where}: {hint} ({text})"
+
+
+def _password_given(url: SplitResult) -> bool:
+    """Whether a login had a password: in the URL, the environment, or (PostgreSQL) a password file."""
+    if url.scheme == "mysql":
+        return bool(url.password or os.environ.get("MYSQL_PWD"))
+    passfile = os.environ.get("PGPASSFILE", str(Path.home() / ".pgpass"))
+    return bool(url.password or os.environ.get("PGPASSWORD") or Path(passfile).is_file())
 
 
 def _answers(host: str, port: int) -> bool:

@@ -722,3 +722,20 @@ def test_a_password_with_spaces_quotes_or_backslashes_logs_in(
     monkeypatch.setenv("PGPASSWORD", password)
     _one_run(f"postgresql://{role}@127.0.0.1:{pg.port}/cmf_{role}", tmp_path / "store", 3)  # the run again
     assert pg.execution_names(f"cmf_{role}") == ["run-1"]
+
+
+def test_a_login_without_a_password_and_one_without_grants_say_what_to_do(
+    pg: Postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No password anywhere read like a wrong one ("check the password"), and a colleague whose user may not
+    use the tables another user made got "see the server's message" over ML-Metadata's SQL (a re-check by a
+    new user). Each now says which it is, the second with the grants its owner gives."""
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))
+    with pytest.raises(StoreError, match="turned down user 'team': no password was given"):
+        Cmf(filepath=f"postgresql://team@127.0.0.1:{pg.port}/cmf_grants", pipeline_name="pg", store=tmp_path / "a")
+    _one_run(pg.url("team", "team-secret", "cmf_grants"), tmp_path / "team", 1)
+    with pytest.raises(
+        StoreError, match=r"user 'reader' may not use the tables .*GRANT ALL ON SCHEMA public TO reader"
+    ):
+        _one_run(pg.url("reader", "reader-secret", "cmf_grants"), tmp_path / "reader", 1)
