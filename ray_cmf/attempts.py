@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _ROW = "_row"  # a row's place in the table, kept through the resolution
+RESTART_KEYS = (ATTEMPT_COLUMN, WORKER_GROUP_COLUMN)  # what a row's place among its run's restarts is read from
 
 
 def latest_attempt(table: pa.Table, metrics_name: str) -> pa.Table:
@@ -31,7 +32,7 @@ def latest_attempt(table: pa.Table, metrics_name: str) -> pa.Table:
     names = table.column_names
     if ATTEMPT_COLUMN not in names:
         return table
-    highest = {c: pc.max(table.column(c)).as_py() for c in (ATTEMPT_COLUMN, WORKER_GROUP_COLUMN) if c in names}
+    highest = {c: pc.max(table.column(c)).as_py() for c in RESTART_KEYS if c in names}
     if not restarted(highest):  # as Sweep: no later attempt or worker group logged a row
         return table.drop_columns([ATTEMPT_COLUMN])
     import pandas as pd
@@ -42,7 +43,7 @@ def latest_attempt(table: pa.Table, metrics_name: str) -> pa.Table:
         {
             _ROW: np.arange(table.num_rows),
             "step": row_steps(table, steps).to_pandas(),
-            **{c: table.column(c).to_pandas() for c in (*by, ATTEMPT_COLUMN, WORKER_GROUP_COLUMN) if c in names},
+            **{c: table.column(c).to_pandas() for c in (*by, *RESTART_KEYS) if c in names},
         }
     )
     stepped = frame["step"].notna()  # a row without a step supersedes nothing and is never superseded

@@ -24,7 +24,7 @@ import pyarrow.dataset as pads
 
 from ray_cmf._json import JsonText, float_of
 from ray_cmf._names import check_limit, check_mode, recorded_modes, what_exists
-from ray_cmf.attempts import dedup_attempts, restarted
+from ray_cmf.attempts import RESTART_KEYS, dedup_attempts, restarted
 from ray_cmf.constants import (
     ATTEMPT_COLUMN,
     CONFIG_JSON,
@@ -797,7 +797,7 @@ class Sweep:
         resumed = set(self._starts())
         if self._several() or any(
             s is None
-            or restarted({c: s["columns"].get(c, {}).get("max") for c in (ATTEMPT_COLUMN, WORKER_GROUP_COLUMN)})
+            or restarted({c: s["columns"].get(c, {}).get("max") for c in RESTART_KEYS})
             or s["columns"].get(RANK_COLUMN, {}).get("max", 0) > 0  # a Train run's ranks: rank 0's rows are read
             or t in resumed
             for t, s in summaries.items()
@@ -1359,7 +1359,7 @@ def _columns(schema: pa.Schema, metrics: list[str] | None, steps: Sequence[str],
     too, which tell a live read's rows apart (a spill holds rows its series' committed version holds too)."""
     names = schema.names
     chosen = [m for m in metrics if m in names] if metrics is not None else _logged_columns(schema)
-    keys = [c for c in (RANK_COLUMN, ATTEMPT_COLUMN, WORKER_GROUP_COLUMN) if c in names]
+    keys = [c for c in (RANK_COLUMN, *RESTART_KEYS) if c in names]
     if numbered and SEQUENCE_COLUMN in names:
         keys.append(SEQUENCE_COLUMN)
     return list(dict.fromkeys([*[s for s in steps if s in names], *chosen, *keys]))
@@ -1393,7 +1393,7 @@ def _tidy(
     keys = [c for c in (TRIAL_COLUMN, SERIES_COLUMN, RANK_COLUMN) if c in frame.columns]
     present = set(frame[TRIAL_COLUMN]) if starts and TRIAL_COLUMN in keys else set()
     starts = {t: s for t, s in (starts or {}).items() if t in present}
-    highest = {c: frame[c].max() for c in (ATTEMPT_COLUMN, WORKER_GROUP_COLUMN) if c in frame.columns}
+    highest = {c: frame[c].max() for c in RESTART_KEYS if c in frame.columns}
     if ATTEMPT_COLUMN in frame.columns and len(frame) and (restarted(highest) or starts):
         frame = dedup_attempts(frame, "step", by=keys, resumed=starts)
     if overlap:  # the same row, by its number in its series: a step logged twice keeps both rows

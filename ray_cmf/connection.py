@@ -39,21 +39,35 @@ def without_password(location: str) -> str:
     part ends at the last ``@``)."""
     if not is_url(location):
         return location
-    scheme, rest = scheme_of(location), location.split("://", 1)[1]
-    userinfo, at, place = rest.rpartition("@")
+    userinfo, at, place = _user_part(location)
     place = re.split(r"[?#]", place, maxsplit=1)[0]
     if not at:  # no user part: a ':' that is no port's may be a password whose '@' is missing
         host, colon, port = place.partition("/")[0].partition(":")
         place = place if not colon or port.isdigit() else f"{host}:…{place[len(host) + 1 + len(port) :]}"
-    return f"{scheme}://{userinfo.split(':', 1)[0]}{at}{place}"
+    return f"{scheme_of(location)}://{userinfo.split(':', 1)[0]}{at}{place}"
+
+
+def _user_part(location: str) -> tuple[str, str, str]:
+    """A URL's text after ``scheme://`` split at its last ``@``: the user part, the ``@`` (or ``""`` where it has
+    none) and the rest (host, port, database and any query), however its password was written."""
+    return location.split("://", 1)[1].rpartition("@")
+
+
+def _password_variable(scheme: str) -> str:
+    """The environment variable a password is read from for a server of ``scheme`` (in lower case)."""
+    return "MYSQL_PWD" if scheme == "mysql" else "PGPASSWORD"
+
+
+def _pgpassfile() -> Path:
+    """PostgreSQL's password file, as libpq finds it."""
+    return Path(os.environ.get("PGPASSFILE", str(Path.home() / ".pgpass")))
 
 
 def _refuse_unencoded(location: str) -> None:
     """Refuse a URL whose user or password holds what a URL must percent-encode: it would be read as another
     host, port or database (and its password be shown where those are)."""
-    userinfo = location.split("://", 1)[1].rpartition("@")[0]
-    if any(char in userinfo for char in "@/?#"):
-        variable = "MYSQL_PWD" if scheme_of(location) == "mysql" else "PGPASSWORD"
+    if any(char in _user_part(location)[0] for char in "@/?#"):
+        variable = _password_variable(scheme_of(location))
         raise StoreError(
             f"MLMD URL {without_password(location)!r}: its user or password holds @, /, ? or #, which a URL must "
             f"percent-encode (urllib.parse.quote(password, safe='')); or leave the password out and set {variable}"
@@ -86,7 +100,7 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
     url = urlsplit(location)
     database = url.path.lstrip("/")
     if url.query or url.fragment:
-        variable = "MYSQL_PWD" if url.scheme == "mysql" else "PGPASSWORD"
+        variable = _password_variable(url.scheme)
         raise StoreError(
             f"MLMD URL {without_password(location)!r} takes no query (?...): ray_cmf reads its user, password, host, "
             f"port and database; give the password in the URL or in {variable}"
@@ -101,11 +115,10 @@ def connection_config(location: str, *, readonly: bool = False) -> mlpb.Connecti
         pg = config.postgresql
         pg.host, pg.port, pg.dbname, pg.user = url.hostname, str(url.port or 5432), database, _libpq_value(user)
         password = password or os.environ.get("PGPASSWORD", "")
-        passfile = os.environ.get("PGPASSFILE", str(Path.home() / ".pgpass"))
         if password:
             pg.password = _libpq_value(password)
-        elif Path(passfile).is_file():
-            pg.passfile = _libpq_value(passfile)
+        elif (passfile := _pgpassfile()).is_file():
+            pg.passfile = _libpq_value(str(passfile))
     else:
         my = config.mysql
         my.host, my.port, my.database, my.user = url.hostname, url.port or 3306, database, user
@@ -171,10 +184,8 @@ def explain(location: str, error: Exception) -> str:
 
 def _password_given(url: SplitResult) -> bool:
     """Whether a login had a password: in the URL, the environment, or (PostgreSQL) a password file."""
-    if url.scheme == "mysql":
-        return bool(url.password or os.environ.get("MYSQL_PWD"))
-    passfile = os.environ.get("PGPASSFILE", str(Path.home() / ".pgpass"))
-    return bool(url.password or os.environ.get("PGPASSWORD") or Path(passfile).is_file())
+    given = bool(url.password or os.environ.get(_password_variable(url.scheme)))
+    return given or (url.scheme in POSTGRES_SCHEMES and _pgpassfile().is_file())
 
 
 def _answers(host: str, port: int) -> bool:
