@@ -1561,14 +1561,26 @@ def test_workers_restarted_within_one_attempt_read_as_the_restart_left_them(
     from ray_cmf.attempts import latest_attempt
 
     def reports(group: int, steps: list[int]) -> list[dict[str, Any]]:
+        loss = {1: lambda s: math.nan if s == 40 else 5000.0 + s, 2: lambda s: -math.inf if s == 100 else 2000.0 + s}
         return [
-            {"step": s, "rank": r, "worker_group": group, "loss": float(group * 1000 + s)} for s in steps for r in ranks
+            {
+                "step": s,
+                "rank": r,
+                "worker_group": group,
+                "loss": loss[group](s),
+                **({"acc": 0.5} if group == 2 else {}),
+            }
+            for s in steps
+            for r in ranks
         ]
 
-    rows = reports(1, [20, 40, 60, 80]) + reports(2, [80, 100])
-    store = write_trials(tmp_path / "store", [Trial("run", {}, {"": rows})], metrics_name="train_reports", start=True)
+    rows = reports(1, [20, 40, 60, 80]) + reports(2, [80, 100])  # group 2's acc: a column group 1 lacks
+    other = [{"step": s, "rank": 0, "worker_group": 1, "lös_ü": float(s)} for s in (1, 2)]  # never restarted
+    trials = [Trial("run", {}, {"": rows}), Trial("ünï", {}, {"": other})]
+    store = write_trials(tmp_path / "store", trials, metrics_name="train_reports", start=True)
     sweep = Sweep(store, metrics_name="train_reports")
-    read = sweep.steps(["loss", "worker_group", "attempt"])
+    assert sweep.steps(["lös_ü"], trials=["ünï"])["lös_ü"].tolist() == [1.0, 2.0]
+    read = sweep.only(["run"]).steps(["loss", "worker_group", "attempt"])
     assert set(read["attempt"]) == {1}
     assert read[read["rank"] == 0][["step", "worker_group"]].values.tolist() == [
         [20, 1],
@@ -1577,8 +1589,8 @@ def test_workers_restarted_within_one_attempt_read_as_the_restart_left_them(
         [80, 2],
         [100, 2],
     ]
-    [row] = sweep.trials(["loss"], mode="max").to_dict(orient="records")
-    assert (row["loss_best"], row["steps"]) == (2100.0, 5)
+    [row] = sweep.only(["run"]).trials(["loss"], mode="max").to_dict(orient="records")
+    assert (row["loss_best"], row["loss_final"], row["steps"]) == (5060.0, -math.inf, 5)  # 5080 was superseded
     table = pa.Table.from_pylist([{**r, "attempt": 1} for r in rows])
     kept = latest_attempt(table, "train_reports").to_pylist()
     assert [(r["step"], r["worker_group"]) for r in kept if r["rank"] == 0] == [
