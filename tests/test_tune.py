@@ -846,33 +846,60 @@ def test_a_trial_that_tune_stopped_reads_as_stopped(
 
 
 def _reports_scaled(config: dict[str, Any]) -> None:
+    """Twelve falling losses; a trial given a ``gate`` file waits for it before its ninth (HyperBand's max_t)."""
     from ray import tune
 
     for i in range(12):
+        if i == 8 and config.get("gate"):
+            _wait_for(Path(config["gate"]))
         time.sleep(0.02)
         tune.report({"loss": config["scale"] / (i + 1)})
+
+
+def _wait_for(gate: Path, limit_s: float = 120.0) -> None:
+    """Wait for ``gate`` to exist, or ``limit_s`` seconds: the sweep runs on either way."""
+    deadline = time.monotonic() + limit_s
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_trials_hyperband_cut_read_as_stopped(ray_session: None, tmp_path: Path) -> None:
     """HyperBand stops the trials it cuts from a bracket itself (``stop_trial``), not by its answer to their
     result: their last result says nothing of it, and half of a sweep it stopped read ``stopped=False``, as if
-    they had run to their end (a new user's, with Tune's defaults). A trial that ended on its own is not."""
+    they had run to their end (a new user's, with Tune's defaults). A trial that ended on its own is not.
+
+    With max_t=9 the first three trials share a bracket: the first two to reach step 9 are paused, and stopped
+    when the third gets there. The third waits until both are paused, as it would in a real sweep of unequal
+    trials: Tune's HyperBand stops only trials already paused when a bracket ends, and one still saving then
+    stays paused for ever (a hang CI met once, in Tune, with identical trials reaching step 9 together)."""
     from ray import tune
     from ray.tune.schedulers import HyperBandScheduler
 
     from ray_cmf import CmfRayLogger, Sweep
 
+    gate = tmp_path / "others-paused"
+
+    class OpensGate(tune.Callback):
+        def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
+            waiting = [t for t in trials if t.config["scale"] in (1.0, 2.0)]
+            if len(waiting) == 2 and all(t.status == "PAUSED" for t in waiting):
+                gate.touch()
+
     tune.Tuner(
         tune.with_resources(_reports_scaled, {"cpu": 0.5}),
-        param_space={"scale": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
+        param_space={
+            "scale": tune.grid_search([1.0, 2.0, 3.0, 4.0]),
+            "gate": tune.sample_from(lambda spec: str(gate) if spec.config.scale == 3.0 else None),
+        },
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=HyperBandScheduler(max_t=9)),
         run_config=tune.RunConfig(
             name="hb",
             storage_path=str(tmp_path / "results"),
-            callbacks=[CmfRayLogger("hb", store=str(tmp_path / "store"))],
+            callbacks=[CmfRayLogger("hb", store=str(tmp_path / "store")), OpensGate()],
             verbose=0,
         ),
     ).fit()
+    assert gate.exists(), "the two trials HyperBand pauses at step 9 were never both paused"
     table = Sweep(tmp_path / "store").trials()
     assert (table["status"] == "COMPLETE").all() and (table["steps"] <= 9).all(), table[["steps", "status"]]
     assert table["stopped"].tolist() == [True] * 4, table[["config/scale", "steps", "stopped"]]
