@@ -20,7 +20,7 @@ from ray_cmf.actor import before_the_driver_ends, connect
 from ray_cmf.binding import Binding, SeriesKey
 from ray_cmf.constants import DEFAULT_FLUSH_SECONDS, SYSTEM_METRICS_NAME
 from ray_cmf.errors import RayCmfError
-from ray_cmf.system import SystemSampler, sample_into
+from ray_cmf.system import SystemSampler, node_gpus, sample_into
 
 log = logging.getLogger(__name__)
 SAMPLER_NAME = "ray_cmf_sampler"
@@ -43,7 +43,11 @@ class NodeSampler:
         self._stopped = threading.Condition(self._lock)  # an unwatched sampler has handed its rows over
 
     def ready(self) -> bool:
-        """Answers once the actor is up (see :func:`start_samplers`)."""
+        """Answers once the actor is up and has found the writer and its node's GPUs (see
+        :func:`start_samplers`): a trial's first row then waits for neither, and a short trial is not gone by
+        the time it is taken."""
+        connect()
+        node_gpus()
         return True
 
     def watch(

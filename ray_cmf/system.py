@@ -8,6 +8,7 @@ durable as any other: spilled through the writer, committed at its trial's or ru
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -56,6 +57,13 @@ class _Gpus:
             row[f"gpu{i}_mem_used_mb"] = nvml.nvmlDeviceGetMemoryInfo(handle).used / _MB
             row[f"gpu{i}_power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
         return row
+
+
+@functools.cache
+def node_gpus() -> _Gpus:
+    """This process's NVML handles, found once: importing NVML takes tens of milliseconds, which a node's
+    sampler must not spend at each trial's first row (a short trial may be gone by then)."""
+    return _Gpus()
 
 
 class _CpuClock:
@@ -126,7 +134,7 @@ class SystemSampler:
         self.extra = dict(extra or {})
         self.samples = 0
         self._process = psutil.Process(pid)
-        self._gpus = _Gpus()
+        self._gpus = node_gpus()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ray_cmf-system-metrics", daemon=True)
         self._last = self._counters()

@@ -360,7 +360,7 @@ class _TrialState:
     models: dict[str, tuple[int, int]] = field(default_factory=dict)  # logged model files: (mtime_ns, size) then
     host: str | None = None  # where the trial runs, from its results
     keys: set[str] = field(default_factory=set)  # what its results held
-    watch: Future[Watch | None] | None = None  # its process, as its node's sampler samples it
+    watch: Watch | None = None  # its process, as its node's sampler samples it
     tag: str | None = None  # Tune's experiment tag: a trial restart_errored makes keeps the one it replaces
     stopped: bool = False  # Tune decided to stop it at its latest result (a scheduler, a stop criterion)
 
@@ -391,6 +391,19 @@ class _TrialState:
         return (min(values) if mode == "min" else max(values)) if values else None
 
 
+def _unwatch(state: _TrialState) -> Any:
+    """Stop sampling the trial's process: start the hand-over of its last sample and rows (a Ray object to
+    wait for, see :func:`~ray_cmf.node_sampler.handed_over`), or None when it was not sampled."""
+    found, state.watch = state.watch, None
+    if found is None:
+        return None
+    try:
+        return found.stop()
+    except Exception as exc:  # the node's sampler is gone with its node
+        log.warning("ray_cmf: the trial's last system sample was not taken: %s: %s", type(exc).__name__, exc)
+        return None
+
+
 def _index_of(name: str, digits: str) -> int | None:
     """The trial index that ``digits`` (a part of a trial's ``name``) holds, if they are digits."""
     return int(digits) if digits.isdecimal() and digits != name else None
@@ -412,9 +425,6 @@ class _Runtime:
     environment: Environment = field(default_factory=lambda: capture(hardware=False))  # the driver's code and software
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-commit")
-    )
-    sampling: ThreadPoolExecutor = field(  # watches and unwatches, in order and never behind a commit
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ray_cmf-sample")
     )
     futures: list[Future[None]] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
@@ -673,8 +683,9 @@ class CmfRayLogger(tune.Callback):
         if not self._restored:
             self._sweep = uuid.uuid4().hex
         self._restored = False
+        writer = self._rt.writer  # started before the samplers, which look it up as they start
         starting = start_samplers() if self.system_metrics is not None else []
-        self._rt.writer.call(StoreWriter.sweep_runs, sweep=self._sweep, running=True)  # before the first trial
+        writer.call(StoreWriter.sweep_runs, sweep=self._sweep, running=True)  # before the first trial
         as_the_driver_ends(self._at_driver_end)
         wait_for_samplers(starting)
 
@@ -687,31 +698,24 @@ class CmfRayLogger(tune.Callback):
             earlier, state.buffer = state.buffer, None
             self._rt.futures.append(submit_or_run(self._rt.executor, earlier.close))  # handed over off the event loop
         self._state(trial, start=True)  # (re)register: marks the execution RUNNING, with its next attempt
-        if state.watch is not None:  # a retry Tune did not announce (on_trial_recover stops it otherwise)
-            submit_or_run(self._rt.sampling, self._unwatch, state.watch)
-        state.watch = None
+        _unwatch(state)  # a retry Tune did not announce (on_trial_recover stops it otherwise)
         actor = trial.temporary_state.ray_actor
         if self.system_metrics is not None and actor is not None:
-            state.watch = submit_or_run(self._rt.sampling, self._watch, actor, trial.trial_id, state.binding)
+            state.watch = self._watch(actor, trial.trial_id, state.binding)
 
     def _watch(self, actor: Any, trial_id: str, binding: Reply | None) -> Watch | None:
-        """On the sampling thread (which never waits for a reply, so that it keeps up with trial starts):
-        have the trial's node sample its process from the trial's registration on (a warning if it
-        cannot)."""
+        """Have the trial's node sample its process from the trial's registration on (a warning if it cannot).
+
+        Here, before Tune runs the trial: a look-up in Ray's actor table (under a millisecond) and a request
+        that waits for no reply. Done later, on a thread that may lag Tune, it found a short trial's process
+        gone."""
         assert binding is not None and self.system_metrics is not None  # on_trial_start made both
         try:
-            reply = binding.ref if binding.ref is not None else binding.result()
+            reply = binding.ref if binding.ref is not None else binding.result()  # in-process: done already
             return watch(actor, trial_id, reply, self.system_metrics, self.flush_seconds)
         except Exception as exc:
             log.warning("ray_cmf: the trial's process will not be sampled: %s: %s", type(exc).__name__, exc)
             return None
-
-    @staticmethod
-    def _unwatch(watched: Future[Watch | None]) -> Any:
-        """On the sampling thread: start the hand-over of the trial's last sample and rows (a Ray object to
-        wait for), or None when its process was not sampled."""
-        found = watched.result()
-        return found.stop() if found is not None else None
 
     @_hook
     def on_trial_result(
@@ -779,9 +783,8 @@ class CmfRayLogger(tune.Callback):
         """A trial failed and Tune will retry it: its failed start's process gets its last sample now, while it
         may still live (the retry's start hands over that start's rows)."""
         state = self._trials.get(trial.trial_id)
-        if state is not None and state.watch is not None:
-            submit_or_run(self._rt.sampling, self._unwatch, state.watch)
-            state.watch = None
+        if state is not None:
+            _unwatch(state)
 
     @_hook
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -812,8 +815,7 @@ class CmfRayLogger(tune.Callback):
                 )
         buffer, key, state.buffer = state.buffer, state.key, None
         assert buffer is not None and key is not None  # _state() opened them
-        sampled = submit_or_run(self._rt.sampling, self._unwatch, state.watch) if state.watch is not None else None
-        state.watch = None
+        sampled = _unwatch(state)
         commit = functools.partial(self._commit, buffer, key, props, status, sampled, error_file)
         self._rt.futures.append(submit_or_run(self._rt.executor, commit))
 
@@ -823,7 +825,7 @@ class CmfRayLogger(tune.Callback):
         key: Callable[[], SeriesKey],
         props: dict[str, Any],
         status: str,
-        sampled: Future[Any] | None,
+        sampled: Any,
         error_file: str | None,
     ) -> None:
         """Runs on the commit thread: never on Tune's event loop (``error_file``: what Tune wrote of the trial's
@@ -831,8 +833,8 @@ class CmfRayLogger(tune.Callback):
         error = last_failure(error_file) if error_file else None
         if error:
             props = {**props, ERROR_PROPERTY: error}
-        if sampled is not None and (stopping := sampled.result()) is not None:
-            handed_over(stopping, HAND_OVER_WAIT_S)  # the system metrics reach the writer before the end
+        if sampled is not None:
+            handed_over(sampled, HAND_OVER_WAIT_S)  # the system metrics reach the writer before the end
         buffer.close()  # every row is with the writer now
         series = key()
         try:
@@ -904,7 +906,6 @@ class CmfRayLogger(tune.Callback):
     def _leave(self) -> None:
         """Stop this sweep's threads (after their work) and forget its run."""
         self._rt.executor.shutdown(wait=True)
-        self._rt.sampling.shutdown(wait=True)
         self._runtime = None
 
     def _mark_top_n(self, trials: list[Any]) -> None:

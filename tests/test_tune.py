@@ -1283,6 +1283,36 @@ def test_trials_that_end_at_once_are_each_sampled_from_their_start(ray_session: 
     assert len(table) == 6 and table["steps"].min() >= 2, table[["trial_id", "steps"]]
 
 
+def test_a_trial_is_looked_up_for_sampling_before_tune_runs_it(
+    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial's process was looked up in Ray's actor table on a thread of the driver that may lag Tune (a
+    starved machine, a slow control store): an instant trial had ended by then, and got no system rows at all.
+    The lookup now happens as Tune starts the trial, before it runs: here it answers a second late."""
+    from ray import tune
+
+    import ray_cmf.node_sampler
+    from ray_cmf import CmfRayLogger, Sweep
+
+    found = ray_cmf.node_sampler.actor_process
+
+    def slow(actor: Any) -> tuple[int, str] | None:
+        time.sleep(1.0)
+        return found(actor)
+
+    monkeypatch.setattr(ray_cmf.node_sampler, "actor_process", slow)
+    store = tmp_path / "store"
+    tune.Tuner(
+        _instant,
+        param_space={"i": tune.grid_search([0, 1])},
+        run_config=tune.RunConfig(
+            name="late", storage_path=str(tmp_path / "results"), callbacks=[CmfRayLogger("late", store=store)]
+        ),
+    ).fit()
+    table = Sweep(store, pipeline="late", metrics_name="system_metrics").trials()
+    assert len(table) == 2 and table["steps"].min() >= 1, table[["trial_id", "steps"]]
+
+
 def _reused(config: dict[str, Any]) -> None:
     from ray import tune
     from ray.train._internal.session import get_session
