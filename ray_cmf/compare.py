@@ -103,6 +103,7 @@ from ray_cmf.lineage import (
     tune_id_of_key,
 )
 from ray_cmf.query import Query, parse
+from ray_cmf.results import TUNE_BOOKKEEPING
 from ray_cmf.series_format import (
     SeriesSummary,
     SpillManifest,
@@ -836,13 +837,13 @@ class Sweep:
         if keys:
             raise InvalidArgumentError(
                 f"{keys} are steps, keys or bookkeeping, not metrics: they have no best or final; "
-                f"the numeric metrics are {list(dict.fromkeys(numeric))}"
+                f"the numeric metrics are {_offered(numeric)}"
             )
         other = [m for m in chosen if m not in numeric]
         if other:
             raise InvalidArgumentError(
                 f"Metric(s) {other} hold no numbers (bools or text), so they have no best or final; "
-                f"the numeric metrics are {list(dict.fromkeys(numeric))}"
+                f"the numeric metrics are {_offered(numeric)}"
             )
         return chosen
 
@@ -863,7 +864,9 @@ class Sweep:
             hint += (
                 f"; {elsewhere} hold{'s' if len(elsewhere) == 1 else ''} them: name it (metrics_name=, --metrics-name)"
             )
-        return RayCmfError(f"Unknown metric(s) {unknown} in series {self.metrics_name!r}; it has {known}{hint}")
+        return RayCmfError(
+            f"Unknown metric(s) {unknown} in series {self.metrics_name!r}; it has {_offered(known)}{hint}"
+        )
 
     def emptied_by_deletion(self) -> str:
         """What says so where this sweep holds no trial because every one is deleted; "" otherwise."""
@@ -1339,6 +1342,18 @@ def _no_summary(metrics: Sequence[str]) -> pd.DataFrame:
 
     columns = [f"{m}_{part}" for m in metrics for part in ("best", "final")]
     return pd.DataFrame(columns=[*columns, "steps"], index=pd.Index([], dtype=object, name=TRIAL_COLUMN), dtype=float)
+
+
+def _offered(metrics: list[str]) -> str:
+    """The metrics an error names, once each: Tune's bookkeeping (``time_total_s``, ...), which the trial table
+    hides too, only said to be there, unless the series holds nothing else."""
+    named = list(dict.fromkeys(metrics))
+    own = [m for m in named if m not in TUNE_BOOKKEEPING]
+    return (
+        f"{own} and Tune's bookkeeping ({', '.join(m for m in named if m not in own)})"
+        if own != named and own
+        else str(named)
+    )
 
 
 def _numeric(schema: pa.Schema) -> list[str]:

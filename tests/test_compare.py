@@ -755,6 +755,25 @@ def test_a_metric_of_bools_or_words_asked_for_by_name_is_said_to_have_no_best(
     assert Sweep(root).plot_curves("flag", tmp_path / "flag.png").stat().st_size > 0
 
 
+def test_the_metrics_an_error_offers_leave_out_tunes_bookkeeping(tmp_path: Path) -> None:
+    """``Sweep.trials(["flag"])`` on a Tune sweep offered ``time_this_iter_s``, ``time_total_s`` ... beside
+    ``loss``: the numbers Tune adds to every result, which the trial table itself hides. They are now only said
+    to be there; a series that holds nothing else still offers them by name."""
+    from tests._stores import Trial, write_trials
+
+    def rows(extra: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        bookkeeping = {"time_this_iter_s": 0.1, "time_total_s": 0.3, "iterations_since_restore": 1}
+        return {"": [{"training_iteration": i + 1, **bookkeeping, "flag": True, **extra} for i in range(3)]}
+
+    tuned = write_trials(tmp_path / "tuned", [Trial("a", {"lr": 0.1}, rows({"loss": 0.5}))])
+    offered = r"are \['loss'\] and Tune's bookkeeping \(time_this_iter_s, time_total_s, iterations_since_restore\)$"
+    with pytest.raises(RayCmfError, match=offered):
+        Sweep(tuned.root).trials(["flag"])
+    bare = write_trials(tmp_path / "bare", [Trial("a", {"lr": 0.1}, rows({}))])
+    with pytest.raises(RayCmfError, match=r"the numeric metrics are \[.*'time_total_s'"):
+        Sweep(bare.root).trials(["flag"])
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
