@@ -541,7 +541,8 @@ class Sweep:
         when the rows read include them)."""
         known = set(self._known_schema().names)
         known |= {name for table in spilled or [] for name in table.column_names}
-        unknown = [m for m in metrics if m not in known and m not in self.modes()]  # declared: none logged yet
+        unknown = [m for m in metrics if m not in known]
+        unknown = [m for m in unknown if m not in self._awaited(unknown)]
         if unknown and (known or spilled is None):
             raise self._unknown(unknown)
 
@@ -829,7 +830,7 @@ class Sweep:
         unknown = [m for m in chosen if m not in schema.names]
         if unknown:  # only trials left out have them, or none yet: their columns stay, blank for the trials kept
             whole = unify([self._known_schema(), *spilled])
-            awaited = [m for m in unknown if m not in whole.names and m in self.modes()]  # declared, none logged yet
+            awaited = self._awaited([m for m in unknown if m not in whole.names])
             if any(m not in whole.names and m not in awaited for m in unknown):
                 raise self._unknown(unknown)
             numeric += _numeric(whole) + awaited
@@ -873,6 +874,12 @@ class Sweep:
         if self.executions() or self.include_deleted or self._kept is not None or not self.everyone().executions():
             return ""
         return f"every trial of {self.pipeline!r} is deleted (--include-deleted, include_deleted=True, reads them)"
+
+    def _awaited(self, missing: list[str]) -> list[str]:
+        """Those of the ``missing`` metrics a logger declares (its ranked metric, its ``modes``) and no series of
+        the pipeline holds yet: read as not logged yet. One another series holds is that series' metric."""
+        declared = [m for m in missing if m in self.modes()]
+        return [m for m in declared if not self._series_with([m])] if declared else []
 
     def _series_with(self, metrics: list[str]) -> list[str]:
         """The pipeline's other series that hold every one of ``metrics`` (committed), by name."""

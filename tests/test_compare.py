@@ -774,6 +774,37 @@ def test_the_metrics_an_error_offers_leave_out_tunes_bookkeeping(tmp_path: Path)
         Sweep(bare.root).trials(["flag"])
 
 
+def test_the_ranked_metric_asked_of_another_series_is_unknown_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``Sweep(store, metrics_name="system_metrics").trials(["loss"])`` on a sweep ranked by ``loss`` read every
+    trial's ``loss_best`` as NaN, compare printed a top-5 of NaNs and ``best`` named a NaN trial (a new user's):
+    a metric the logger declares passed as one not logged yet in any series. It is refused, as any metric of
+    another series is, naming the series that holds it; while no series holds it, it still reads as awaited."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+    from tests._stores import Trial, write_trials
+
+    ranked = {RANKED_BY_PROPERTY: "loss", RANKED_MODE_PROPERTY: "min"}
+    results = [{"training_iteration": 1, "loss": 0.5}, {"training_iteration": 2, "loss": 0.25}]
+    trials = [Trial(t, {"lr": 0.1}, {"": results}, props=ranked) for t in ("a", "b")]
+    store = write_trials(tmp_path / "store", trials)
+    system = [{"step": 1, "proc_rss_mb": 10.0}]
+    write_trials(
+        tmp_path / "store",
+        [Trial(t, {"lr": 0.1}, {"": system}, props=ranked) for t in ("a", "b")],
+        metrics_name="system_metrics",
+    )
+    root = str(store.root)
+    with pytest.raises(RayCmfError, match=r"Unknown metric\(s\) \['loss'\] in series 'system_metrics'.*tune_results"):
+        Sweep(root, metrics_name="system_metrics").trials(["loss"])
+    with pytest.raises(RayCmfError, match=r"\['tune_results'\] holds them"):
+        Sweep(root, metrics_name="system_metrics").best("loss")
+    code, _, err = _cli(capsys, "compare", "--metrics-name", "system_metrics", "--metric", "loss", "--store", root)
+    assert code == 2 and "['tune_results'] holds them" in err, err
+    awaited = write_trials(tmp_path / "awaited", [Trial("c", {}, {"": system}, props=ranked)])
+    assert math.isnan(Sweep(awaited.root).trials(["loss"])["loss_best"].iloc[0])  # declared, logged nowhere yet
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
