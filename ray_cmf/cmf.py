@@ -200,6 +200,7 @@ class Cmf:
         recorded = properties(self.execution)
         if any(key.startswith(ENV_PREFIX) for key in recorded):  # made before, by the run whose code it records
             _warn_of_other_config(execution_name, recorded.get(CONFIG_JSON), props.get(CONFIG_JSON))
+            _warn_of_other_place(execution_name, recorded, props)
         else:
             self._writer.call(
                 StoreWriter.record_environment,
@@ -510,6 +511,20 @@ def _warn_of_other_config(name: str, recorded: str | None, given: str | None) ->
             "execution_name for a new execution.",
             name,
             said,
+        )
+
+
+def _warn_of_other_place(name: str, recorded: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """An execution reopened by name from another pipeline or stage than the one it was made in: say that its
+    rows go to that one (cmflib's rule, one name an execution of its type in the database)."""
+    then, now = [(props.get("Pipeline_Type"), props.get("Context_Type")) for props in (recorded, given)]
+    if then[0] is not None and then != now:  # a Tune trial's records no Pipeline_Type
+        log.warning(
+            "ray_cmf: execution %r belongs to pipeline %r, stage %r, not to pipeline %r, stage %r: it was reopened "
+            "there, and what this Cmf logs goes to it. Give another execution_name for a new execution.",
+            name,
+            *then,
+            *now,
         )
 
 

@@ -92,6 +92,33 @@ def test_implicit_context_and_execution(store_dir: Path) -> None:
     assert cmf.store.lineage.contexts_of(cmf.execution.id)[0].id == cmf.child_context.id
 
 
+def test_an_execution_reopened_from_another_pipeline_says_where_its_rows_go(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Cmf(pipeline_name="P3")`` reopening the name of pipeline P2's execution logged into P2's, and ``ray-cmf
+    pipelines`` then listed P3 with no trial: the warning only named a property that differed, and none
+    did where the config was the same (a new user's). It names the pipeline and stage the rows go to."""
+    first = Cmf(pipeline_name="P2", store=store_dir)
+    first.create_context("s2")
+    first.create_execution("Train", {"who": "A"}, execution_name="B")
+    first.close()
+    for config in ({"who": "A"}, {"who": "C"}):
+        caplog.clear()
+        other = Cmf(pipeline_name="P3", store=store_dir)
+        other.create_context("other")
+        with caplog.at_level("WARNING", logger="ray_cmf"):
+            other.create_execution("Train", config, execution_name="B")
+        assert "execution 'B' belongs to pipeline 'P2', stage 's2', not to" in caplog.text, caplog.text
+        assert "not to pipeline 'P3', stage 'other'" in caplog.text, caplog.text
+        other.close()
+    caplog.clear()
+    again = Cmf(pipeline_name="P2", store=store_dir)
+    again.create_context("s2")
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        again.create_execution("Train", {"who": "A"}, execution_name="B")
+    assert "belongs to" not in caplog.text  # its own pipeline and stage: nothing to say
+
+
 def test_an_execution_reopened_by_name_with_other_properties_says_it_keeps_its_own(
     store_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
