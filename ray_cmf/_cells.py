@@ -1,13 +1,12 @@
 """How a table's cells read, so that no two different values read alike: a float gets few significant digits
 unless it needs more to be told apart from the values beside it, and a text that could read as another
-value (a number-like text beside numbers, an empty one, one with a space at an end) is quoted."""
+value (a number-like text, an empty one, one with a space at an end) is quoted."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
-from numbers import Number
 from typing import Any
 
 from ray_cmf._json import JsonText
@@ -98,17 +97,10 @@ def _digits(values: Iterable[Any], least: int) -> dict[float, int]:
 
 
 def quoted_cells(values: Sequence[Sequence[Any]]) -> list[list[bool]]:
-    """Which cells of a table hold a text to show quoted: one that reads as a number or a bool in a column
-    that holds numbers or bools too (the text "0.1" beside the number 0.1), and one that could read as no
-    value or as another text (see :func:`needs_quotes`)."""
-    mixed = [any(isinstance(v, Number | JsonText) for v in column) for column in zip(*values, strict=True)]
-    return [
-        [
-            isinstance(v, str) and (needs_quotes(v) or (plain and _reads_as_value(v)))
-            for v, plain in zip(line, mixed, strict=True)
-        ]
-        for line in values
-    ]
+    """Which cells of a table hold a text to show quoted: one that reads as a number, a bool, a list or a
+    mapping (the text "0.1", in every table: a filter that leaves no number beside it must not change how it
+    reads), and one that could read as no value or as another text (see :func:`needs_quotes`)."""
+    return [[isinstance(v, str) and (needs_quotes(v) or _reads_as_value(v)) for v in line] for line in values]
 
 
 def needs_quotes(text: str) -> bool:

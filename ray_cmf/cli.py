@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -253,18 +253,18 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
     seeds only when asked for (``every``), and a counter (``epoch``, ``step``, ``loss_nonfinite``) by its final
     value only. How trials ended and what users noted show where some trial has them, or always where the
     output is read by a program (``stable``: ``--json``, whose rows keep their keys whatever the filter)."""
+    summaries = _summaries(table.columns)
+    recorded = [c for c in table.columns if c not in summaries]  # a metric named config/lr is no config
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = [c for c in ("recovered", "stopped") if c in table.columns and (stable or table[c].any())]
-    curated = [c for c in table.columns if c.startswith(TAG_COLUMN)]
+    curated = [c for c in recorded if c.startswith(TAG_COLUMN)]
     shown = (*RESTART_COLUMNS, NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
     curated += [c for c in shown if c in table.columns and (stable or table[c].notna().any())]
-    keep = ["trial_id", "status", *recovered, *ranked, *[c for c in table.columns if c.startswith("config/")]]
+    keep = ["trial_id", "status", *recovered, *ranked, *[c for c in recorded if c.startswith("config/")]]
     keep += curated
-    keep += [c for c in table.columns if c.startswith("metrics/")]  # log_execution_metrics: few, and results
-    keep += [c for c in table.columns if c.startswith(("env/", "seed/")) or c in RECORD_COLUMNS] if every else []
-    for column in table.columns:
-        if not column.endswith(("_best", "_final")):
-            continue
+    keep += [c for c in recorded if c.startswith("metrics/")]  # log_execution_metrics: few, and results
+    keep += [c for c in recorded if c.startswith(("env/", "seed/")) or c in RECORD_COLUMNS] if every else []
+    for column in summaries:
         metric, kind = column.rsplit("_", 1)
         if metrics:
             if metric in metrics:
@@ -272,6 +272,17 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
         elif kind in summary_kinds(metric) and (every or metric not in TUNE_BOOKKEEPING):
             keep.append(column)
     return [*keep, "steps"]
+
+
+def _summaries(columns: Iterable[str]) -> list[str]:
+    """The trial table's ``<metric>_best`` and ``<metric>_final`` columns: those that come in such a pair (a
+    config key that ends in ``_best`` has no ``_final`` beside it)."""
+    names = set(columns)
+    return [
+        c
+        for c in columns
+        if c.endswith(("_best", "_final")) and {f"{c.rsplit('_', 1)[0]}_{kind}" for kind in ("best", "final")} <= names
+    ]
 
 
 RECORD_COLUMNS = ("stage", "started_at", "md5", "url")  # where and when a trial ran, and its file

@@ -843,7 +843,8 @@ class Sweep:
         other = [m for m in chosen if m not in numeric]
         if other:
             raise InvalidArgumentError(
-                f"Metric(s) {other} hold no numbers (bools or text), so they have no best or final; "
+                f"Metric(s) {other} hold values that are not numbers (bools or text, in some trials or all), so they "
+                f"have no best or final; "
                 f"the numeric metrics are {_offered(numeric)}"
             )
         return chosen

@@ -741,18 +741,21 @@ def test_a_metric_of_bools_or_words_asked_for_by_name_is_said_to_have_no_best(
     says that 'flag' holds no numbers and names the metrics that do; its curve is still drawn."""
     from tests._stores import Trial, write_trials
 
-    def rows(flag: bool) -> dict[str, list[dict[str, Any]]]:
+    def rows(flag: Any) -> dict[str, list[dict[str, Any]]]:
         return {"": [{"training_iteration": i + 1, "loss": 1.0 / (i + 1), "flag": flag} for i in range(3)]}
 
     trials = [Trial("a", {"lr": 0.1}, rows(True)), Trial("b", {"lr": 0.2}, rows(False))]
     store = write_trials(tmp_path / "store", trials)
     root = str(store.root)
-    with pytest.raises(RayCmfError, match=r"\['flag'\] hold no numbers.*\['loss'\]"):
+    with pytest.raises(RayCmfError, match=r"\['flag'\] hold values that are not numbers.*\['loss'\]"):
         Sweep(root).trials(["flag", "loss"])
     for argv in (["trials", "--metric", "flag"], ["report", "--metric", "flag", "-o", str(tmp_path / "r.html")]):
         code, _, err = _cli(capsys, *argv, "--store", root)
-        assert code == 2 and "['flag'] hold no numbers" in err and "['loss']" in err, err
+        assert code == 2 and "['flag'] hold values that are not numbers" in err and "['loss']" in err, err
     assert Sweep(root).plot_curves("flag", tmp_path / "flag.png").stat().st_size > 0
+    mixed = write_trials(tmp_path / "mixed", [Trial("n", {}, rows(1.5)), Trial("w", {}, rows("high"))])
+    with pytest.raises(RayCmfError, match=r"\['flag'\] hold values that are not numbers \(bools or text, in some"):
+        Sweep(mixed.root).trials(["flag"])
 
 
 def test_the_metrics_an_error_offers_leave_out_tunes_bookkeeping(tmp_path: Path) -> None:
@@ -803,6 +806,62 @@ def test_the_ranked_metric_asked_of_another_series_is_unknown_there(
     assert code == 2 and "['tune_results'] holds them" in err, err
     awaited = write_trials(tmp_path / "awaited", [Trial("c", {}, {"": system}, props=ranked)])
     assert math.isnan(Sweep(awaited.root).trials(["loss"])["loss_best"].iloc[0])  # declared, logged nowhere yet
+
+
+def test_metrics_named_like_recorded_columns_are_shown_once_as_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Metrics named ``config/lr``, ``tag/team`` or ``env/reward`` (an RL result's key): ``ray-cmf trials`` listed
+    their ``_best``/``_final`` columns twice, beside the config and the tags, and pandas warned that columns
+    were not unique (a new user's). Each is shown once, among the metrics; the config stays itself."""
+    import warnings
+
+    from tests._stores import Trial, write_trials
+
+    rows = [{"training_iteration": i + 1, "config/lr": 1.0 + i, "tag/team": 2.0, "env/reward": -i} for i in range(3)]
+    store = write_trials(tmp_path / "store", [Trial("a", {"lr": 0.1}, {"": rows})])
+    for every in ([], ["--all-columns"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            code, out, err = _cli(capsys, "trials", "--store", str(store.root), "--json", *every)
+            assert code == 0, err
+            code, _, err = _cli(capsys, "trials", "--store", str(store.root), *every)  # no warning either
+            assert code == 0, err
+        [row] = json.loads(out)
+        assert row["config/lr"] == 0.1 and row["config/lr_best"] == 1.0 and row["config/lr_final"] == 3.0, row
+        assert row["tag/team_final"] == 2.0 and row["env/reward_best"] == -2.0, row
+        keys = list(row)
+        summaries = [k for k in keys if k.endswith(("_best", "_final"))]
+        first = keys.index(summaries[0])
+        assert keys[first : first + len(summaries)] == summaries and "config/lr_best" in summaries, keys  # together
+
+
+def test_a_text_that_reads_as_a_number_is_quoted_whatever_the_filter_keeps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config text "NaN" was quoted in the whole table, beside the number NaN, and shown bare where
+    ``--where 'config/lr == "NaN"'`` kept that trial alone: just as the number reads (a new user's). Such a text
+    is quoted in every table, whatever else its column holds."""
+    from tests._stores import Trial, write_trials
+
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    configs = {
+        "t": {"lr": "NaN"},
+        "u": {"lr": "0.1"},
+        "v": {"lr": "true"},
+        "w": {"lr": float("nan")},
+        "x": {"lr": "adam"},
+    }
+    store = write_trials(tmp_path / "store", [Trial(t, config, rows) for t, config in configs.items()])
+    cells = {}
+    for where in (None, 'config/lr == "NaN"', 'config/lr in ["0.1", "true"]', 'config/lr == "adam"'):
+        code, out, err = _cli(capsys, "trials", "--store", str(store.root), *(["--where", where] if where else []))
+        assert code == 0, err
+        for line in out.splitlines():
+            parts = [p.strip() for p in line.split("│")]
+            if len(parts) > 3 and parts[1] in configs:
+                cells.setdefault(parts[1], set()).add(parts[3])
+    assert cells == {"t": {'"NaN"'}, "u": {'"0.1"'}, "v": {'"true"'}, "w": {"NaN"}, "x": {"adam"}}, cells
 
 
 @settings(max_examples=200, deadline=None)
