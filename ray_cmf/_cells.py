@@ -110,10 +110,11 @@ def needs_quotes(text: str) -> bool:
 
 
 def _reads_as_value(text: str) -> bool:
-    """Whether a text reads as a number or a bool does, or as a list or a mapping does (a :class:`JsonText`)."""
+    """Whether a text reads as a number, a bool or no value does, or as a list or a mapping does (a
+    :class:`JsonText`)."""
     if isinstance(text, JsonText):
         return False
-    if text in ("True", "False", "true", "false"):
+    if text in ("True", "False", "true", "false", "null", "None"):  # null: what --where calls no value
         return True
     if text.startswith(("[", "{")):
         try:

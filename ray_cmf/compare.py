@@ -674,7 +674,7 @@ class Sweep:
         trials = set(recorded["trial_id"])
         groups = self._mode_groups(trials, read) if own else [(mode, trials)]
         summary = pd.concat([self._summary(read, group_mode, trials, live) for group_mode, trials in groups])
-        table = settle_ints(recorded.join(summary, on="trial_id"))
+        table = settle_ints(recorded.join(_without_recorded(summary, recorded.columns), on="trial_id"))
         table["steps"] = table["steps"].fillna(0).astype(int) if "steps" in table else 0
         if query is None:
             return table
@@ -858,8 +858,9 @@ class Sweep:
             if known
             else f" ({deleted})"
             if deleted
-            else " (no trial has committed rows of it yet: a running sweep's are read with live=True, a crashed "
-            "one's are committed by `ray-cmf recover`)"
+            else " (no trial has committed rows of it yet: a running sweep's are read with live=True once its "
+            "trials have handed them over, every flush_seconds (30 s by default); a crashed one's are committed by "
+            "`ray-cmf recover`)"
         )
         elsewhere = self._series_with(unknown)
         if elsewhere:
@@ -878,9 +879,12 @@ class Sweep:
 
     def _awaited(self, missing: list[str]) -> list[str]:
         """Those of the ``missing`` metrics a logger declares (its ranked metric, its ``modes``) and no series of
-        the pipeline holds yet: read as not logged yet. One another series holds is that series' metric."""
+        the pipeline holds yet, while a trial runs: read as not logged yet. One another series holds is that
+        series' metric; one a finished sweep never logged is unknown."""
         declared = [m for m in missing if m in self.modes()]
-        return [m for m in declared if not self._series_with([m])] if declared else []
+        if not declared or not any(state_name(e) == "RUNNING" for e, _ in self.executions()):
+            return []
+        return [m for m in declared if not self._series_with([m])]
 
     def _series_with(self, metrics: list[str]) -> list[str]:
         """The pipeline's other series that hold every one of ``metrics`` (committed), by name."""
@@ -971,9 +975,14 @@ class Sweep:
         if ranked is None and (deleted := self.emptied_by_deletion()):
             raise InvalidArgumentError(f"Name a metric (--metric): {deleted}")
         if ranked is None:
+            unlogged = [m for m in self.modes() if m != THROUGHPUT and m not in logged]
+            why = (
+                f"{self.pipeline!r} ranks by {unlogged[0]!r}, which no trial has logged in {self.metrics_name}"
+                if unlogged
+                else f"no logger of {self.pipeline!r} said which of its {self.metrics_name} metrics to rank by"
+            )
             raise InvalidArgumentError(
-                f"Name a metric (--metric): no logger of {self.pipeline!r} said which of its {self.metrics_name} "
-                f"metrics to rank by; they are {sorted(_numeric(self._schema()))}"
+                f"Name a metric (--metric): {why}; they are {_offered(sorted(_numeric(self._schema())))}"
             )
         return ranked
 
@@ -1350,6 +1359,22 @@ def _no_summary(metrics: Sequence[str]) -> pd.DataFrame:
 
     columns = [f"{m}_{part}" for m in metrics for part in ("best", "final")]
     return pd.DataFrame(columns=[*columns, "steps"], index=pd.Index([], dtype=object, name=TRIAL_COLUMN), dtype=float)
+
+
+def _without_recorded(summary: pd.DataFrame, recorded: Iterable[str]) -> pd.DataFrame:
+    """``summary`` without the columns a recorded one of the same name takes the place of (a config key
+    ``x_best`` beside a metric ``config/x``), with a warning that names each."""
+    hidden = [c for c in summary.columns if c in set(recorded)]
+    for column in hidden:
+        metric = column.rsplit("_", 1)[0]
+        log.warning(
+            "ray_cmf: the trial table's %r is the recorded column of that name, not metric %r's summary: read "
+            "the metric with steps([%r])",
+            column,
+            metric,
+            metric,
+        )
+    return summary.drop(columns=hidden)
 
 
 def _offered(metrics: list[str]) -> str:

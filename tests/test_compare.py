@@ -783,7 +783,8 @@ def test_the_ranked_metric_asked_of_another_series_is_unknown_there(
     """``Sweep(store, metrics_name="system_metrics").trials(["loss"])`` on a sweep ranked by ``loss`` read every
     trial's ``loss_best`` as NaN, compare printed a top-5 of NaNs and ``best`` named a NaN trial (a new user's):
     a metric the logger declares passed as one not logged yet in any series. It is refused, as any metric of
-    another series is, naming the series that holds it; while no series holds it, it still reads as awaited."""
+    another series is, naming the series that holds it; while no series holds it, it reads as awaited as long as a
+    trial runs. A finished sweep that never logged it says so."""
     from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
     from tests._stores import Trial, write_trials
 
@@ -804,8 +805,13 @@ def test_the_ranked_metric_asked_of_another_series_is_unknown_there(
         Sweep(root, metrics_name="system_metrics").best("loss")
     code, _, err = _cli(capsys, "compare", "--metrics-name", "system_metrics", "--metric", "loss", "--store", root)
     assert code == 2 and "['tune_results'] holds them" in err, err
-    awaited = write_trials(tmp_path / "awaited", [Trial("c", {}, {"": system}, props=ranked)])
-    assert math.isnan(Sweep(awaited.root).trials(["loss"])["loss_best"].iloc[0])  # declared, logged nowhere yet
+    running = write_trials(tmp_path / "running", [Trial("c", {}, {"": system}, status="RUNNING", props=ranked)])
+    assert math.isnan(Sweep(running.root).trials(["loss"])["loss_best"].iloc[0])  # declared, logged nowhere yet
+    ended = write_trials(tmp_path / "ended", [Trial("c", {}, {"": [{"step": 1, "acc": 0.5}]}, props=ranked)])
+    with pytest.raises(RayCmfError, match=r"Unknown metric\(s\) \['loss'\] in series 'tune_results'"):
+        Sweep(ended.root).best("loss")  # the sweep ranks by it, and no trial ever logged it
+    code, _, err = _cli(capsys, "compare", "--store", str(ended.root))
+    assert code == 2 and "'sweep' ranks by 'loss', which no trial has logged in tune_results" in err, err
 
 
 def test_metrics_named_like_recorded_columns_are_shown_once_as_metrics(
@@ -836,12 +842,30 @@ def test_metrics_named_like_recorded_columns_are_shown_once_as_metrics(
         assert keys[first : first + len(summaries)] == summaries and "config/lr_best" in summaries, keys  # together
 
 
+def test_a_summary_named_as_a_recorded_column_keeps_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config key ``x_best`` beside a metric ``config/x``: ``Sweep.trials`` and every table raised pandas'
+    "columns overlap but no suffix specified: ['config/x_best']" (a new user's). The recorded column stays, and
+    a warning says which summary it hides and how to read that metric."""
+    from tests._stores import Trial, write_trials
+
+    rows = {"": [{"training_iteration": i + 1, "loss": 0.5, "config/x": float(i)} for i in range(3)]}
+    store = write_trials(tmp_path / "store", [Trial("a", {"x_best": 7, "lr": 0.1}, rows)])
+    with caplog.at_level("WARNING", logger="ray_cmf"):
+        [row] = Sweep(store.root).trials().to_dict(orient="records")
+    assert row["config/x_best"] == 7 and row["config/x_final"] == 2.0 and row["loss_best"] == 0.5, row
+    assert "'config/x_best'" in caplog.text and "steps(['config/x'])" in caplog.text, caplog.text
+    code, out, err = _cli(capsys, "trials", "--store", str(store.root), "--json")
+    assert code == 0 and json.loads(out)[0]["config/x_best"] == 7, err
+
+
 def test_a_text_that_reads_as_a_number_is_quoted_whatever_the_filter_keeps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The config text "NaN" was quoted in the whole table, beside the number NaN, and shown bare where
     ``--where 'config/lr == "NaN"'`` kept that trial alone: just as the number reads (a new user's). Such a text
-    is quoted in every table, whatever else its column holds."""
+    is quoted in every table, whatever else its column holds; so is "null", which ``--where`` reads as no value."""
     from tests._stores import Trial, write_trials
 
     rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
@@ -851,6 +875,7 @@ def test_a_text_that_reads_as_a_number_is_quoted_whatever_the_filter_keeps(
         "v": {"lr": "true"},
         "w": {"lr": float("nan")},
         "x": {"lr": "adam"},
+        "y": {"lr": "null"},
     }
     store = write_trials(tmp_path / "store", [Trial(t, config, rows) for t, config in configs.items()])
     cells = {}
@@ -861,7 +886,9 @@ def test_a_text_that_reads_as_a_number_is_quoted_whatever_the_filter_keeps(
             parts = [p.strip() for p in line.split("│")]
             if len(parts) > 3 and parts[1] in configs:
                 cells.setdefault(parts[1], set()).add(parts[3])
-    assert cells == {"t": {'"NaN"'}, "u": {'"0.1"'}, "v": {'"true"'}, "w": {"NaN"}, "x": {"adam"}}, cells
+    assert cells == {"t": {'"NaN"'}, "u": {'"0.1"'}, "v": {'"true"'}, "w": {"NaN"}, "x": {"adam"}, "y": {'"null"'}}, (
+        cells
+    )
 
 
 @settings(max_examples=200, deadline=None)
