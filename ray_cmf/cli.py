@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, MLMD_FILE, STORE
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.exits import shown_status
-from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials, trial_order
+from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials, summary_columns, trial_order
 from ray_cmf.lineage import (
     Execution,
     Lineage,
@@ -253,7 +253,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
     seeds only when asked for (``every``), and a counter (``epoch``, ``step``, ``loss_nonfinite``) by its final
     value only. How trials ended and what users noted show where some trial has them, or always where the
     output is read by a program (``stable``: ``--json``, whose rows keep their keys whatever the filter)."""
-    summaries = _summaries(table.columns)
+    summaries = summary_columns(table.columns)
     recorded = [c for c in table.columns if c not in summaries]  # a metric named config/lr is no config
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = [c for c in ("recovered", "stopped") if c in table.columns and (stable or table[c].any())]
@@ -272,17 +272,6 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
         elif kind in summary_kinds(metric) and (every or metric not in TUNE_BOOKKEEPING):
             keep.append(column)
     return [*keep, "steps"]
-
-
-def _summaries(columns: Iterable[str]) -> list[str]:
-    """The trial table's ``<metric>_best`` and ``<metric>_final`` columns: those that come in such a pair (a
-    config key that ends in ``_best`` has no ``_final`` beside it)."""
-    names = set(columns)
-    return [
-        c
-        for c in columns
-        if c.endswith(("_best", "_final")) and {f"{c.rsplit('_', 1)[0]}_{kind}" for kind in ("best", "final")} <= names
-    ]
 
 
 RECORD_COLUMNS = ("stage", "started_at", "md5", "url")  # where and when a trial ran, and its file

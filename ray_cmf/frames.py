@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -393,6 +393,19 @@ def settle_ints(table: pd.DataFrame) -> pd.DataFrame:
 CONFIG_EXCEPT = "config except "  # group_by="config except seed": every config key but those named
 
 
+def summary_columns(columns: Iterable[str]) -> list[str]:
+    """A trial table's ``<metric>_best`` and ``<metric>_final`` columns: those that come in such a pair, whatever
+    the metric's name (``config/lr``); a config key that ends in ``_best`` has no ``_final`` beside it."""
+    names = list(columns)
+    present = set(names)
+    return [
+        c
+        for c in names
+        if c.endswith(("_best", "_final"))
+        and {f"{c.rsplit('_', 1)[0]}_{kind}" for kind in ("best", "final")} <= present
+    ]
+
+
 def group_keys(table: pd.DataFrame, group_by: str | Sequence[str]) -> list[str]:
     """The trial-table columns that ``group_by`` names: columns (``config/opt``, ``tag/team``), or
     ``"config except seed, lr"`` for every config column but those. An unknown name raises, listing them."""
@@ -401,7 +414,8 @@ def group_keys(table: pd.DataFrame, group_by: str | Sequence[str]) -> list[str]:
     for name in names:
         if name.startswith(CONFIG_EXCEPT):
             left_out = {f"config/{k.strip().removeprefix('config/')}" for k in name[len(CONFIG_EXCEPT) :].split(",")}
-            config = [c for c in table.columns if c.startswith("config/")]
+            summaries = set(summary_columns(table.columns))  # a metric named config/x: no config key
+            config = [c for c in table.columns if c.startswith("config/") and c not in summaries]
             unknown = sorted(left_out - set(config))
             if unknown:
                 raise InvalidArgumentError(
@@ -449,7 +463,7 @@ def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     ``_final``, ``steps``) over the group's finite values."""
     import pandas as pd
 
-    summaries = [c for c in table.columns if c.endswith(("_best", "_final")) or c == "steps"]
+    summaries = [*summary_columns(table.columns), *(["steps"] if "steps" in table.columns else [])]
     labels = [group_label(row, keys) for row in table[list(keys)].itertuples(index=False, name=None)]
     rows = []
     for label, members in table.groupby(pd.Series(labels, index=table.index), sort=False):

@@ -55,6 +55,7 @@ from ray_cmf.frames import (
     numeric,
     sort_trials,
     summarize,
+    summary_columns,
 )
 from ray_cmf.results import COUNTERS, TUNE_BOOKKEEPING, summary_kinds
 
@@ -584,7 +585,7 @@ def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
     if "step" in table.columns:
         found = [c for c in _logged(table) if _drawable(table[c])]
     else:
-        found = [c[: -len("_best")] for c in table.columns if c.endswith("_best")]
+        found = [c[: -len("_best")] for c in summary_columns(table.columns) if c.endswith("_best")]
     if metrics is None:
         return _shown(found)
     unknown = [m for m in metrics if m not in found]
@@ -623,7 +624,7 @@ def _with_summary(
     trials: pd.DataFrame, steps: pd.DataFrame, metrics: list[str], mode: str | Mapping[str, str]
 ) -> pd.DataFrame:
     """The trial table with best / final / steps computed from ``steps`` (committed and spilled rows)."""
-    trials = trials.drop(columns=[c for c in trials.columns if c.endswith(("_best", "_final"))] + ["steps"])
+    trials = trials.drop(columns=[*summary_columns(trials.columns), "steps"])
     if not len(steps):
         return trials.assign(steps=0)
     table = trials.join(summarize(steps.sort_values("step", kind="stable"), metrics, mode), on="trial_id")
@@ -819,9 +820,11 @@ def _group_table(groups: pd.DataFrame, keys: Sequence[str], metrics: list[str], 
 def _table(trials: pd.DataFrame, metrics: list[str], mode: str) -> str:
     """The trial table, in the order it comes (best first), the first metric's best marked as its sort."""
     stopped = ["stopped"] if "stopped" in trials.columns and trials["stopped"].any() else []  # by Tune
-    columns = ["trial_id", "status", *stopped, *[c for c in trials.columns if c.startswith(("config/", TAG_COLUMN))]]
+    summaries = set(summary_columns(trials.columns))  # a metric named config/x is a result
+    recorded = [c for c in trials.columns if c not in summaries]
+    columns = ["trial_id", "status", *stopped, *[c for c in recorded if c.startswith(("config/", TAG_COLUMN))]]
     columns += _summaries(metrics, set(trials.columns))
-    columns += [c for c in trials.columns if c.startswith("metrics/")]  # log_execution_metrics
+    columns += [c for c in recorded if c.startswith("metrics/")]  # log_execution_metrics
     columns += [c for c in ("steps", "md5") if c in trials.columns]  # a sweep of no trial yet has neither
     sorted_by = f"{metrics[0]}_best" if metrics else None
     order = ' class="asc"' if mode == "min" else ' class="desc"'

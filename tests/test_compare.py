@@ -860,6 +860,28 @@ def test_a_summary_named_as_a_recorded_column_keeps_the_table(
     assert code == 0 and json.loads(out)[0]["config/x_best"] == 7, err
 
 
+def test_a_config_key_ending_in_best_is_config_in_groups_and_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config key ``lr_best``: ``report`` refused to run ("Unknown metric(s) ['config/lr']"), ``--group-by``
+    averaged it as a result (``config/lr_best_mean``), and ``config except i`` grouped by the summaries of a
+    metric named ``config/x`` (a new user's). A summary is a ``_best``/``_final`` pair, wherever its name starts."""
+    from tests._stores import Trial, write_trials
+
+    def rows(loss: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": loss, "config/x": 7.0} for i in range(2)]}
+
+    trials = [Trial(t, {"i": i, "s": "a", "lr_best": 0.5}, rows(0.1 * (i + 1))) for i, t in enumerate("abc")]
+    store = write_trials(tmp_path / "store", trials)
+    sweep = Sweep(store.root)
+    groups = sweep.trials(group_by="config except i")
+    assert groups["group"].tolist() == ["lr_best=0.5, s=a"], groups["group"]
+    assert "config/lr_best_mean" not in groups and groups["loss_best_mean"].iloc[0] == pytest.approx(0.2)
+    assert groups["config/x_best_mean"].iloc[0] == 7.0  # the metric named config/x is a result
+    code, _, err = _cli(capsys, "report", "--store", str(store.root), "-o", str(tmp_path / "r.html"))
+    assert code == 0, err
+
+
 def test_a_text_that_reads_as_a_number_is_quoted_whatever_the_filter_keeps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
