@@ -254,7 +254,8 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
     value only. How trials ended and what users noted show where some trial has them, or always where the
     output is read by a program (``stable``: ``--json``, whose rows keep their keys whatever the filter)."""
     summaries = summary_columns(table.columns)
-    recorded = [c for c in table.columns if c not in summaries]  # a metric named config/lr is no config
+    apart = set(summaries)
+    recorded = [c for c in table.columns if c not in apart]  # a metric named config/lr is no config
     ranked = [c for c in ("top_rank", "in_top_n") if c in table.columns]
     recovered = [c for c in ("recovered", "stopped") if c in table.columns and (stable or table[c].any())]
     curated = [c for c in recorded if c.startswith(TAG_COLUMN)]

@@ -844,8 +844,7 @@ class Sweep:
         if other:
             raise InvalidArgumentError(
                 f"Metric(s) {other} hold values that are not numbers (bools or text, in some trials or all), so they "
-                f"have no best or final; "
-                f"the numeric metrics are {_offered(numeric)}"
+                f"have no best or final; the numeric metrics are {_offered(numeric)}"
             )
         return chosen
 
@@ -1364,7 +1363,8 @@ def _no_summary(metrics: Sequence[str]) -> pd.DataFrame:
 def _without_recorded(summary: pd.DataFrame, recorded: Iterable[str]) -> pd.DataFrame:
     """``summary`` without the columns a recorded one of the same name takes the place of (a config key
     ``x_best`` beside a metric ``config/x``), with a warning that names each."""
-    hidden = [c for c in summary.columns if c in set(recorded)]
+    present = set(recorded)
+    hidden = [c for c in summary.columns if c in present]
     for column in hidden:
         metric = column.rsplit("_", 1)[0]
         log.warning(
