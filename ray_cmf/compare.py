@@ -541,8 +541,9 @@ class Sweep:
         when the rows read include them)."""
         known = set(self._known_schema().names)
         known |= {name for table in spilled or [] for name in table.column_names}
-        unknown = [m for m in metrics if m not in known]
-        unknown = [m for m in unknown if m not in self._awaited(unknown)]
+        missing = [m for m in metrics if m not in known]
+        awaited = self._awaited(missing)
+        unknown = [m for m in missing if m not in awaited]
         if unknown and (known or spilled is None):
             raise self._unknown(unknown)
 
