@@ -825,7 +825,13 @@ def test_metrics_named_like_recorded_columns_are_shown_once_as_metrics(
     from tests._stores import Trial, write_trials
 
     rows = [{"training_iteration": i + 1, "config/lr": 1.0 + i, "tag/team": 2.0, "env/reward": -i} for i in range(3)]
-    store = write_trials(tmp_path / "store", [Trial("a", {"lr": 0.1}, {"": rows})])
+    diverged = [  # another execution: non-finite values, and a unicode metric only it logs (a ragged column)
+        {"training_iteration": 1, "config/lr": math.nan, "config/学习率": 0.5},
+        {"training_iteration": 2, "config/lr": -math.inf},
+        {"training_iteration": 3, "config/lr": 4.0, "config/学习率": 0.25},
+    ]
+    trials = [Trial("a", {"lr": 0.1}, {"": rows}), Trial("b", {"lr": 0.2, "学习率": 0.3}, {"": diverged})]
+    store = write_trials(tmp_path / "store", trials)
     for every in ([], ["--all-columns"]):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -833,9 +839,11 @@ def test_metrics_named_like_recorded_columns_are_shown_once_as_metrics(
             assert code == 0, err
             code, _, err = _cli(capsys, "trials", "--store", str(store.root), *every)  # no warning either
             assert code == 0, err
-        [row] = json.loads(out)
+        row, other = sorted(json.loads(out), key=lambda r: r["trial_id"])
         assert row["config/lr"] == 0.1 and row["config/lr_best"] == 1.0 and row["config/lr_final"] == 3.0, row
         assert row["tag/team_final"] == 2.0 and row["env/reward_best"] == -2.0, row
+        assert other["config/学习率"] == 0.3 and other["config/学习率_best"] == 0.25, other
+        assert other["config/lr_best"] == 4.0 and other["config/lr_final"] == 4.0, other  # NaN and -inf never best
         keys = list(row)
         summaries = [k for k in keys if k.endswith(("_best", "_final"))]
         first = keys.index(summaries[0])
