@@ -48,8 +48,8 @@ class Reply:
         return bool(ray.wait([self._ref], timeout=0)[0])
 
     def result(self, timeout: float | None = None) -> Any:
-        """The writer's result; its error raised as it raised it (ray_cmf's own errors, not Ray's wrapper of
-        them, which holds the actor's traceback)."""
+        """The writer's result; its error raised as it raised it, not as Ray's wrapper of it: ray_cmf's own
+        errors alone, others with the wrapper (the actor's traceback) chained."""
         if self._ref is not None:
             import ray
 
@@ -58,6 +58,8 @@ class Reply:
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, RayCmfError):
                     raise exc.cause from None
+                if isinstance(exc.cause, Exception):
+                    raise exc.cause from exc
                 raise
         if self._error is not None:
             raise self._error

@@ -252,7 +252,7 @@ def properties(node: Artifact | Execution | Context, *, text: bool = False) -> d
     return out
 
 
-def _duplicate(exc: Exception) -> bool:
+def _duplicate(exc: BaseException) -> bool:
     """Whether a write failed on a unique key: another writer of a shared database got there first."""
     text = str(exc).lower()
     return isinstance(exc, mlmd_errors.AlreadyExistsError) or "duplicate" in text or "already exists" in text
@@ -271,8 +271,9 @@ def _created_or_found(create: Callable[[], T], find: Callable[[], T | None]) -> 
 
 def lineage_away(error: BaseException) -> bool:
     """Whether an error says the MLMD server did not answer (down, restarting) or failed a call: what a
-    later try may not meet."""
-    return _SOURCE_ERROR in str(error)
+    later try may not meet. Not a unique key that another writer took first: ML-Metadata words that as a
+    source error too, but the server answered, and trying again meets the same key."""
+    return _SOURCE_ERROR in str(error) and not _duplicate(error)
 
 
 class _Restarting:

@@ -394,8 +394,23 @@ class StoreWriter:
 
     def _log_environment(self, live: Store, execution_id: int, environment: Environment, merged: bool = False) -> None:
         """Record an environment (``merged``: its properties are, see :meth:`Store.log_environment`), and push
-        its package list where the store's files are pushed as they go."""
-        package_list = live.log_environment(execution_id, environment, merged=merged)
+        its package list where the store's files are pushed as they go.
+
+        What an execution runs on completes its record; a record that fails (a full disk, or another writer
+        of a shared database linking the same package list at the same moment) is a warning: the execution
+        keeps its registration, its rows and its attempt, which retrying a whole registration would count
+        twice."""
+        try:
+            package_list = live.log_environment(execution_id, environment, merged=merged)
+        except Exception as exc:
+            log.warning(
+                "ray_cmf: could not record the package list and environment of execution %d (%s: %s); its "
+                "metrics are recorded all the same",
+                execution_id,
+                type(exc).__name__,
+                exc,
+            )
+            return
         if package_list is not None:
             self._push(live, package_list)
 

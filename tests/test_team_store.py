@@ -15,7 +15,7 @@ import pytest
 from ray_cmf import Cmf, Store, StoreError, Sweep
 from ray_cmf.cli import main
 from ray_cmf.constants import STORE_CONFIG
-from ray_cmf.lineage import properties
+from ray_cmf.lineage import lineage_away, properties
 from tests._require import require
 from tests._servers import (
     ADMIN_PASSWORD,
@@ -739,3 +739,22 @@ def test_a_login_without_a_password_and_one_without_grants_say_what_to_do(
         StoreError, match=r"user 'reader' may not use the tables .*GRANT ALL ON SCHEMA public TO reader"
     ):
         _one_run(pg.url("reader", "reader-secret", "cmf_grants"), tmp_path / "reader", 1)
+
+
+def test_a_duplicate_key_from_another_writer_is_an_answer_not_a_lost_server(pg: Postgres, tmp_path: Path) -> None:
+    """Two writers of one database record the same node at once (two drivers' identical package lists, say):
+    the later insert fails on the unique key, and ML-Metadata's message says "PostgreSQL metadata source
+    error", as it says of a lost connection. It was read as one: the writer connected to the server again and
+    ran the call once more, and a registration was run again from its start, counting the trial's attempt
+    twice. It is the server's answer, and the caller's to take (by reading the node the other writer made)."""
+    from ml_metadata.proto import metadata_store_pb2 as mlpb
+
+    url = pg.url("team", "team-secret", "cmf_duplicate")
+    first, second = (Store(tmp_path / name, mlmd=url) for name in ("first", "second"))
+    node = mlpb.Artifact(type_id=first.lineage.type_id("artifact", "Dataset"), name="data:8d77", uri="data")
+    first.lineage.store.put_artifacts([node])
+    connection = second.lineage.store._store  # the writer's connection to the server
+    with pytest.raises(Exception, match="metadata source error") as raised:
+        second.lineage.store.put_artifacts([node])
+    assert not lineage_away(raised.value)
+    assert second.lineage.store._store is connection  # answered on the connection it has: not connected again

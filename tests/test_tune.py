@@ -793,6 +793,27 @@ def test_the_driver_holds_every_trials_cmf_at_once(ray_session: None, tmp_path: 
     assert type(refused.value) is MetricsNotFoundError and str(refused.value).startswith("No committed metrics 'never'")
 
 
+def test_a_writer_actors_error_reaches_the_caller_as_itself(ray_session: None, tmp_path: Path) -> None:
+    """A request that the writer actor failed raised Ray's wrapper of the error, whose text is the actor's
+    traceback and whose repr named no error: a spill that failed so warned "spilling metrics to the ray_cmf
+    writer failed: RayTaskError(Al..., actor_id=...)". It raises the writer's own error, Ray's (and the
+    actor's traceback) chained to it."""
+    import ray
+
+    from ray_cmf.actor import start_writer
+    from ray_cmf.constants import TRIAL_EXECUTION_TYPE
+    from ray_cmf.writer import StoreWriter
+
+    client = start_writer(tmp_path / "store")
+    binding = client.call(
+        StoreWriter.bind, kind="trial", name="errs", pipeline="p", stage="s", type_name=TRIAL_EXECUTION_TYPE
+    )
+    with pytest.raises(ValueError, match="event must be 'input' or 'output', got 'sideways'") as raised:
+        client.call(StoreWriter.log_file, binding=binding, type_name="Dataset", path=str(tmp_path), event="sideways")
+    assert type(raised.value) is ValueError
+    assert isinstance(raised.value.__cause__, ray.exceptions.RayTaskError)
+
+
 def test_a_trial_that_no_sweep_will_register_is_an_error_at_once(ray_session: None, tmp_path: Path) -> None:
     """cmflib's docs build ``CmfRayLogger(trial_id)`` inside the trainable: where the Tuner has no
     CmfRayLogger of its own, nothing ever registers the trial, and asking for its Cmf waited a minute before it

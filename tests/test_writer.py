@@ -14,6 +14,8 @@ from ray_cmf import client as client_module
 from ray_cmf.binding import SeriesKey
 from ray_cmf.client import WriterClient
 from ray_cmf.constants import (
+    ATTEMPT_PROPERTY,
+    ENVIRONMENTS_DIR,
     RESULTS_METRICS_NAME,
     RUN_EXECUTION_TYPE,
     SEQUENCE_COLUMN,
@@ -21,6 +23,7 @@ from ray_cmf.constants import (
     SYSTEM_METRICS_NAME,
     TRIAL_EXECUTION_TYPE,
 )
+from ray_cmf.environment import Environment
 from ray_cmf.frames import SERIES_COLUMN
 from ray_cmf.lineage import properties
 from ray_cmf.series_format import SpillManifest, read_segments
@@ -268,3 +271,25 @@ def test_a_trial_whose_registration_failed_learns_why_at_once(store_dir: Path, m
     monkeypatch.setattr(StoreWriter, "execution", real)
     bound = client.call(StoreWriter.bind, **arguments)
     assert client.wait_for_trial(StoreWriter.binding, "t1", timeout=1.0) == bound
+
+
+def test_a_trial_whose_environment_cannot_be_recorded_is_still_registered_once(
+    store_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The package list a trial runs with is written beside its record; where it cannot be (here its folder is
+    a file; on a shared database, another writer's same list at the same moment), the trial registered all the
+    same, in its first attempt: its rows are the record, the list completes it. Before, the registration
+    failed, and the driver lost every result of the trial."""
+    store = Store(store_dir)
+    store.root.mkdir(parents=True, exist_ok=True)
+    (store.root / ENVIRONMENTS_DIR).write_text("not a folder")
+    client = WriterClient(StoreWriter(store))
+    environment = Environment({"env_host": "node-1"}, "torch==2.13.0\n")
+    arguments = {"kind": "trial", "name": "t1", "pipeline": "p", "stage": "s", "type_name": TRIAL_EXECUTION_TYPE}
+    with caplog.at_level(logging.WARNING, logger="ray_cmf"):
+        bound = client.call(StoreWriter.bind, **arguments, environment=environment, start=True)
+    assert bound.attempt == 1
+    assert client.wait_for_trial(StoreWriter.binding, "t1", timeout=1.0) == bound
+    recorded = properties(store.lineage.get_execution(bound.execution_id))
+    assert recorded["env_host"] == "node-1" and recorded[ATTEMPT_PROPERTY] == 1  # what could be recorded was
+    assert [r.message for r in caplog.records if "package list" in r.message] != []
