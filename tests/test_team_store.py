@@ -285,7 +285,8 @@ def test_two_tune_sweeps_from_two_drivers_write_one_database_at_once(pg: Postgre
     failed = {name: err[-3000:] for name, (_, err) in outputs.items() if drivers[name].returncode != 0}
     assert failed == {}
     warned = [line for _, err in outputs.values() for line in err.splitlines() if "ray_cmf:" in line]
-    assert not [line for line in warned if "could not" in line or "failed" in line]  # no write was lost
+    lost = [line for line in warned if "could not" in line or "failed" in line]
+    assert not lost, "\n".join(lost)  # no write was lost (whole lines: an assertion's repr cuts the error)
     for name, scale in (("first", 1.0), ("second", 10.0)):
         trials = Sweep(Store(tmp_path / name, mlmd=url), pipeline="two_sweeps", stage=name).trials(["loss"])
         trials = trials.sort_values("trial_id")  # rows come in the order trials started
