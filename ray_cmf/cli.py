@@ -29,7 +29,15 @@ from ray_cmf.constants import DELETED_PROPERTY, GLOG_LEVEL_ENV, MLMD_FILE, STORE
 from ray_cmf.curation import DELETED_COLUMN, NOTE_COLUMN, TAG_COLUMN, check_deleted
 from ray_cmf.errors import MetricsNotFoundError, RayCmfError, RecoveryError, exception_of
 from ray_cmf.exits import shown_status
-from ray_cmf.frames import ERROR_COLUMN, RESTART_COLUMNS, SERIES_COLUMN, sort_trials, summary_columns, trial_order
+from ray_cmf.frames import (
+    ERROR_COLUMN,
+    RESTART_COLUMNS,
+    SERIES_COLUMN,
+    config_columns,
+    sort_trials,
+    summary_columns,
+    trial_order,
+)
 from ray_cmf.lineage import (
     Execution,
     Lineage,
@@ -261,7 +269,7 @@ def _summary_columns(table: Any, metrics: list[str] | None, every: bool = False,
     curated = [c for c in recorded if c.startswith(TAG_COLUMN)]
     shown = (*RESTART_COLUMNS, NOTE_COLUMN, ERROR_COLUMN, DELETED_COLUMN)
     curated += [c for c in shown if c in table.columns and (stable or table[c].notna().any())]
-    keep = ["trial_id", "status", *recovered, *ranked, *[c for c in recorded if c.startswith("config/")]]
+    keep = ["trial_id", "status", *recovered, *ranked, *config_columns(table.columns)]
     keep += curated
     keep += [c for c in recorded if c.startswith("metrics/")]  # log_execution_metrics: few, and results
     keep += [c for c in recorded if c.startswith(("env/", "seed/")) or c in RECORD_COLUMNS] if every else []

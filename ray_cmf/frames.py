@@ -406,6 +406,14 @@ def summary_columns(columns: Iterable[str]) -> list[str]:
     ]
 
 
+def config_columns(columns: Iterable[str]) -> list[str]:
+    """A trial table's config columns (``config/<key>``), less the summaries of a metric whose name starts so
+    (``config/x_best`` and ``config/x_final`` of a metric ``config/x`` are results, see :func:`summary_columns`)."""
+    names = list(columns)
+    summaries = set(summary_columns(names))
+    return [c for c in names if c.startswith("config/") and c not in summaries]
+
+
 def group_keys(table: pd.DataFrame, group_by: str | Sequence[str]) -> list[str]:
     """The trial-table columns that ``group_by`` names: columns (``config/opt``, ``tag/team``), or
     ``"config except seed, lr"`` for every config column but those. An unknown name raises, listing them."""
@@ -414,8 +422,7 @@ def group_keys(table: pd.DataFrame, group_by: str | Sequence[str]) -> list[str]:
     for name in names:
         if name.startswith(CONFIG_EXCEPT):
             left_out = {f"config/{k.strip().removeprefix('config/')}" for k in name[len(CONFIG_EXCEPT) :].split(",")}
-            summaries = set(summary_columns(table.columns))  # a metric named config/x: no config key
-            config = [c for c in table.columns if c.startswith("config/") and c not in summaries]
+            config = config_columns(table.columns)
             unknown = sorted(left_out - set(config))
             if unknown:
                 raise InvalidArgumentError(

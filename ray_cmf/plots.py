@@ -14,7 +14,18 @@ import numpy as np
 
 from ray_cmf._atomic import atomic_write
 from ray_cmf.errors import InvalidArgumentError
-from ray_cmf.frames import Span, alone, blank, category, category_labels, drawable, floats, log_spread, numeric
+from ray_cmf.frames import (
+    Span,
+    alone,
+    blank,
+    category,
+    category_labels,
+    config_columns,
+    drawable,
+    floats,
+    log_spread,
+    numeric,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -165,7 +176,7 @@ def params(trials: pd.DataFrame, metric: str, path: Path, *, title: str) -> Path
     best = f"{metric}_best"
     if best not in trials.columns:
         raise InvalidArgumentError(f"No metric {metric!r} in the trial table")
-    keys = [c for c in trials.columns if c.startswith("config/") and numeric(trials[c]) and trials[c].nunique() > 1]
+    keys = [c for c in config_columns(trials.columns) if numeric(trials[c]) and trials[c].nunique() > 1]
     if not keys:
         raise InvalidArgumentError("No numeric config key varies across trials; nothing to plot")
     cols = min(3, len(keys))

@@ -43,6 +43,7 @@ from ray_cmf.frames import (
     alone,
     category,
     category_labels,
+    config_columns,
     drawable,
     floats,
     group_keys,
@@ -119,7 +120,7 @@ class _Section:
 def _hover_config(trials: pd.DataFrame, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """Each trial's config as its curves' hover names it: its own keys only (``configs``, by trial), each
     value read as the table reads it."""
-    keys = [c[len("config/") :] for c in trials.columns if c.startswith("config/")]
+    keys = [c[len("config/") :] for c in config_columns(trials.columns)]
     own = [configs.get(str(t), {}) for t in trials["trial_id"]]
     texts = _shorts([[config.get(k) for k in keys] for config in own])  # None: blank, for the table
     return {
@@ -430,7 +431,7 @@ def _parcoords(trials: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     if trials.empty:
         return None
     dims = []
-    for column in [c for c in trials.columns if c.startswith("config/")]:
+    for column in config_columns(trials.columns):
         values, key = trials[column], column[len("config/") :]
         if not _varies(values):
             continue
@@ -487,7 +488,7 @@ def _varies(values: pd.Series) -> bool:
 def _config_notes(trials: pd.DataFrame, metric: str | None) -> dict[str, str]:
     """What the parallel coordinates and the importance plots say of the trials they leave out, or, where they
     draw nothing, why: no config key varies, or too few trials have a finite best ``metric`` to draw."""
-    varying = [c for c in trials.columns if c.startswith("config/") and _varies(trials[c])]
+    varying = [c for c in config_columns(trials.columns) if _varies(trials[c])]
     kept = int(drawable(trials[f"{metric}_best"].astype(float).to_numpy()).sum()) if metric else 0
     left_out = len(trials) - kept
     if not varying:
@@ -525,7 +526,7 @@ def importance(trials: pd.DataFrame, metric: str) -> dict[str, float]:
 
     best = trials[f"{metric}_best"].astype(float)
     out = {}
-    for column in [c for c in trials.columns if c.startswith("config/")]:
+    for column in config_columns(trials.columns):
         if not numeric(trials[column]):
             continue
         # ranked among the trials that have both: a trial without one would hold a rank of the other

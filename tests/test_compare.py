@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -876,18 +877,23 @@ def test_a_config_key_ending_in_best_is_config_in_groups_and_the_report(
     metric named ``config/x`` (a new user's). A summary is a ``_best``/``_final`` pair, wherever its name starts."""
     from tests._stores import Trial, write_trials
 
-    def rows(loss: float) -> dict[str, list[dict[str, Any]]]:
-        return {"": [{"training_iteration": i + 1, "loss": loss, "config/x": 7.0} for i in range(2)]}
+    def rows(loss: float, x: float) -> dict[str, list[dict[str, Any]]]:
+        return {"": [{"training_iteration": i + 1, "loss": loss, "config/x": x} for i in range(2)]}
 
-    trials = [Trial(t, {"i": i, "s": "a", "lr_best": 0.5}, rows(0.1 * (i + 1))) for i, t in enumerate("abc")]
+    trials = [Trial(t, {"i": i, "s": "a", "lr_best": 0.5}, rows(0.1 * (i + 1), 7.0 - i)) for i, t in enumerate("abc")]
     store = write_trials(tmp_path / "store", trials)
     sweep = Sweep(store.root)
     groups = sweep.trials(group_by="config except i")
     assert groups["group"].tolist() == ["lr_best=0.5, s=a"], groups["group"]
     assert "config/lr_best_mean" not in groups and groups["loss_best_mean"].iloc[0] == pytest.approx(0.2)
-    assert groups["config/x_best_mean"].iloc[0] == 7.0  # the metric named config/x is a result
+    assert groups["config/x_best_mean"].iloc[0] == 6.0  # the metric named config/x is a result
     code, _, err = _cli(capsys, "report", "--store", str(store.root), "-o", str(tmp_path / "r.html"))
     assert code == 0, err
+    data = json.loads(re.search(r"let DATA = (.*);\n", (tmp_path / "r.html").read_text()).group(1))  # type: ignore[union-attr]
+    axes = [d["label"] for d in data["parcoords"]["dimensions"]]  # its summaries were drawn as config axes
+    assert axes == ["i", "best loss"] and [p["key"] for p in data["params"]] == ["i"], (axes, data["params"])
+    hover = data["sections"][0]["traces"][0]["hovertemplate"].split("<br>")[1]
+    assert hover == "i=0, lr_best=0.5, s=a", hover
 
 
 def test_a_text_that_reads_as_a_number_is_quoted_whatever_the_filter_keeps(
