@@ -595,6 +595,16 @@ def _metrics(table: pd.DataFrame, metrics: Sequence[str] | None) -> list[str]:
     return list(metrics)
 
 
+def _ranked_first(sweep: Sweep, metrics: list[str]) -> list[str]:
+    """``metrics`` with the one the sweep ranks its trials by first (see ``Sweep.ranked_metric``), as
+    ``trials`` and ``compare`` rank them: the report's table follows it, and its plots' best."""
+    try:
+        ranked = sweep.ranked_metric()
+    except InvalidArgumentError:  # no logger said which: the first metric reported
+        return metrics
+    return [ranked, *[m for m in metrics if m != ranked]] if ranked in metrics else metrics
+
+
 def _logged(steps: pd.DataFrame) -> list[str]:
     return [c for c in steps.columns if is_metric(c)]
 
@@ -713,6 +723,8 @@ def content(
     else:
         chosen = _metrics(trials, metrics)
         steps = sweep.steps(chosen, exact=True)
+    if metrics is None:
+        chosen = _ranked_first(sweep, chosen)
     primary = chosen[0] if chosen else None
     mode = mode_of(modes, primary) if primary else "min"  # the order of the table and the "best" of the plots
     trials = _best_first(trials, f"{primary}_best", mode) if primary else trials

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from ray_cmf._atomic import atomic_write, write_text
 from ray_cmf._json import dumps, float_of
 from ray_cmf.constants import ARTIFACTS_DIR, SEGMENT_GLOB, SEQUENCE_COLUMN, SPILL_LOCK, SPILL_MANIFEST, SUMMARY_KEY
+from ray_cmf.versioning import file_md5
 
 log = logging.getLogger(__name__)
 
@@ -178,16 +179,7 @@ class Spill:
         self._close_segment()
         if self.base_unknown:
             raise RuntimeError(f"the spill {self.directory} extends a version not known yet: settle_base() first")
-        base = pq.ParquetFile(self.base) if self.base is not None else None
-        schemas = [base.schema_arrow] if base is not None and base.metadata.num_rows else []
-        schemas += [batch.schema for batch in read_segments(self.directory)]  # a pass that keeps no rows
-
-        def batches() -> Iterator[pa.RecordBatch]:
-            if base is not None:
-                yield from base.iter_batches(batch_size=1 << 20)
-            yield from read_segments(self.directory)
-
-        finished = write_parquet(batches(), Path(dest), schemas)
+        finished = self._unchanged() or self._rewritten(Path(dest))
         try:
             accepted = accept(finished)
         except BaseException:
@@ -198,6 +190,26 @@ class Spill:
         self._release()
         self.base, self._count, self._manifest_written, self.pending = finished.path, 0, False, 0
         return accepted
+
+    def _unchanged(self) -> FinishedFile | None:
+        """The last version as it is, where nothing was spilled since: rewriting it would change its row groups,
+        and so its bytes and its md5, not its rows."""
+        if self._count or self.base is None or not self.base.is_file():
+            return None
+        return FinishedFile(self.base, file_md5(self.base), self.base.stat().st_size, self._base_rows())
+
+    def _rewritten(self, dest: Path) -> FinishedFile:
+        """The last version's rows, then the spilled ones, written to ``dest``."""
+        base = pq.ParquetFile(self.base) if self.base is not None else None
+        schemas = [base.schema_arrow] if base is not None and base.metadata.num_rows else []
+        schemas += [batch.schema for batch in read_segments(self.directory)]  # a pass that keeps no rows
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            if base is not None:
+                yield from base.iter_batches(batch_size=1 << 20)
+            yield from read_segments(self.directory)
+
+        return write_parquet(batches(), dest, schemas)
 
     def close(self) -> None:
         """Close the open segment; what was written stays on disk for recovery."""

@@ -547,12 +547,21 @@ def test_a_password_in_an_mlmd_url_is_never_written(tmp_path: Path) -> None:
 
 
 def test_committing_again_without_new_rows_records_the_same_version(store_dir: Path) -> None:
+    """A commit with no row logged since the last one rewrote the last version's rows into new row groups:
+    new bytes, a new md5 and a second file of the same rows (a new user's: a changed md5 where no data
+    changed). It records the last version again: its file, its md5, its artifact."""
     cmf = Cmf(pipeline_name="p", store=store_dir)
     cmf.log_metric("m", {"x": 1})
-    cmf.commit_metrics("m")
-    second = cmf.commit_metrics("m")  # rebuilt from the first version: new row groups, new bytes
-    third = cmf.commit_metrics("m")  # the same bytes as the second: MLMD already has its output event
-    assert second is not None and third is not None and third.id == second.id
+    first = cmf.commit_metrics("m")
+    cmf.log_metric("m", {"x": 2})  # the second version: the first's row group, then this row's
+    second = cmf.commit_metrics("m")
+    third = cmf.commit_metrics("m")
+    fourth = cmf.commit_metrics("m")
+    assert first is not None and second is not None and third is not None and fourth is not None
+    assert third.id == second.id and fourth.id == second.id, [properties(a)["Commit"] for a in (second, third)]
+    files = sorted(p.name for p in store_dir.rglob("*.parquet") if "artifacts" in p.parts)
+    assert len(files) == 2, files
+    assert cmf.read_metrics("m")["x"].tolist() == [1, 2]
 
 
 def test_read_metrics_reads_its_own_execution_never_another(store_dir: Path) -> None:

@@ -374,10 +374,11 @@ def test_the_report_never_shows_two_different_values_as_one(tmp_path: Path) -> N
 def test_parallel_coordinates_keep_true_1_and_text_1_apart(tmp_path: Path) -> None:
     """A config key of ``True``, ``False`` and ``1`` (an int) across trials: the parallel coordinates drew the
     ``1`` as missing (pandas counts ``True`` and ``1`` as one value), and a key of only ``True`` and ``1`` did
-    not vary at all. Each recorded value is its own category, its type named where two read alike."""
+    not vary at all. Each recorded value is its own category, its type named where two read alike; an int
+    and a float of one value are one number."""
     from tests._stores import Trial, write_trials
 
-    flags = {"t": True, "f": False, "one": 1, "text": "1"}
+    flags = {"t": True, "f": False, "one": 1, "text": "1", "two": 2, "two.0": 2.0}
     trials = [Trial(name, {"flag": flag}, _losses(i + 1.0)) for i, (name, flag) in enumerate(flags.items())]
     trials += [Trial(f"same-{flag!r}", {"same": flag}, _losses(5.0)) for flag in (True, 1)]
     data = _data(Sweep(write_trials(tmp_path / "store", trials)).report(tmp_path / "r.html").read_text())
@@ -385,8 +386,9 @@ def test_parallel_coordinates_keep_true_1_and_text_1_apart(tmp_path: Path) -> No
     flag = dims["flag"]
     ticks = dict(zip(flag["tickvals"], flag["ticktext"], strict=True))
     picked = {t: ticks[code] for t, code in zip(data["status"], flag["values"], strict=True)}
-    expected = {"t": "True", "f": "False", "one": "1 (int)", "text": "1 (str)", "same-True": "(none)"}
-    assert picked == {**expected, "same-1": "(none)"}, flag
+    expected = {"t": "True", "f": "False", "one": "1 (number)", "text": "1 (str)", "same-True": "(none)"}
+    # 2 and 2.0 are one value, as the tables, groups and diffs read them (they were two ticks, "2" and "2.0")
+    assert picked == {**expected, "two": "2", "two.0": "2", "same-1": "(none)"}, flag
     assert "same" in dims  # True and 1 differ
     lists = [
         Trial(name, {"width": width}, _losses(i + 1.0)) for i, (name, width) in enumerate((("l", [32]), ("s", "[32]")))
@@ -880,6 +882,32 @@ def test_a_series_whose_values_read_as_text_is_drawn_or_named(tmp_path: Path) ->
         assert lines["a"] == [float(2**60), float(2**60 + 2)] and lines["b"][0] == 0.5, options
         note = re.search(r'id="curves-note">([^<]*)<', page).group(1)  # type: ignore[union-attr]
         assert "mine/phase" in note and "text" in note, note
+
+
+def test_the_report_ranks_by_the_metric_the_sweep_ranks_by(tmp_path: Path) -> None:
+    """``CmfRayLogger(metric="val", mode="min")`` over trials that report ``aux`` first: ``trials``, ``compare``
+    and ``ranked_metric()`` rank by val, and the report (and ``serve``) ranked by aux, the first metric
+    reported: its table put the worst trial by val first, and its plots coloured the trials by aux (a new
+    user's). It ranks by val, shown first, unless ``metrics`` names others."""
+    from ray_cmf.constants import RANKED_BY_PROPERTY, RANKED_MODE_PROPERTY
+    from tests._stores import Trial, write_trials
+
+    ranked = {RANKED_BY_PROPERTY: "val", RANKED_MODE_PROPERTY: "min"}
+    trials = [
+        Trial(f"t{x}", {"x": x}, {"": [{"training_iteration": 1, "aux": x, "val": -x}]}, props=ranked)
+        for x in (1.0, 2.0, 3.0)
+    ]
+    store = write_trials(tmp_path / "store", trials)
+    sweep = Sweep(store.root)
+    assert sweep.ranked_metric() == "val"
+    page = sweep.report(tmp_path / "r.html").read_text()
+    data = _data(page)
+    assert data["primary"] == "val" and data["mode"] == "min", (data["primary"], data["mode"])
+    assert re.findall(r'<tr data-trial="([^"]+)"', page) == ["t3.0", "t2.0", "t1.0"]
+    assert [s["title"] for s in data["sections"]] == ["val · tune_results", "aux · tune_results"]
+    assert data["parcoords"]["dimensions"][-1]["label"] == "best val"
+    asked = _data(sweep.report(tmp_path / "aux.html", metrics=["aux"]).read_text())
+    assert asked["primary"] == "aux"
 
 
 def test_a_report_of_no_trial_yet_is_a_page_not_a_key_error(tmp_path: Path) -> None:
