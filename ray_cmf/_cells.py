@@ -111,7 +111,8 @@ def needs_quotes(text: str) -> bool:
 
 def _reads_as_value(text: str) -> bool:
     """Whether a text reads as a number, a bool or no value does, or as a list or a mapping does (a
-    :class:`JsonText`)."""
+    :class:`JsonText`). Not one with an ``_``, which Python's ``float`` takes (``98145_00000``, a Tune trial
+    id) and no table shows in a number."""
     if isinstance(text, JsonText):
         return False
     if text in ("True", "False", "true", "false", "null", "None"):  # null: what --where calls no value
@@ -121,6 +122,8 @@ def _reads_as_value(text: str) -> bool:
             return isinstance(json.loads(text), list | dict)
         except ValueError:
             return False
+    if "_" in text:
+        return False
     try:
         float(text)
     except ValueError:

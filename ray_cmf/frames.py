@@ -7,6 +7,7 @@ the same way.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -493,8 +494,19 @@ def group_summaries(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
 
 def category(value: Any) -> tuple[str, str]:
     """A config value as a category: its type and its text, so that ``True``, ``1`` and ``"1"`` are three
-    (pandas counts ``True`` and ``1`` as one value)."""
+    (pandas counts ``True`` and ``1`` as one value); ``2`` and ``2.0`` are one number, as the tables, groups
+    and diffs read them."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
+        return "number", _number_text(value)
     return type(value).__name__, str(value)
+
+
+def _number_text(value: Any) -> str:
+    """A number's text, one for equal ints and floats (``2`` for ``2.0``) where a float holds the int exactly."""
+    number = float(value)
+    if isinstance(value, numbers.Integral) or (number.is_integer() and abs(number) <= EXACT_FLOAT_INT):
+        return str(int(value))
+    return repr(number)
 
 
 def category_labels(values: pd.Series) -> dict[tuple[str, str], str]:

@@ -927,6 +927,22 @@ def test_a_text_that_reads_as_a_number_is_quoted_whatever_the_filter_keeps(
     )
 
 
+def test_a_trial_id_of_digits_is_shown_bare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Tune's trial ids are 5 hex digits of the clock, ``_``, and the trial's index: in about one sweep of ten
+    the hex digits are all decimal, and ``98145_00000`` reads as a number to Python (``float`` takes the
+    ``_``), so every table quoted every id of the sweep, and a copied id held the quotes (a new user's). No
+    table shows a number with an ``_``: such a text is shown as it is."""
+    from tests._stores import Trial, write_trials
+
+    rows = {"": [{"training_iteration": 1, "loss": 1.0}]}
+    ids = ["98145_00000", "98145_00001"]
+    store = write_trials(tmp_path / "store", [Trial(t, {"opt": "1_000"}, rows) for t in ids])
+    code, out, err = _cli(capsys, "trials", "--store", str(store.root))
+    assert code == 0, err
+    lines = [[p.strip() for p in line.split("│")] for line in out.splitlines() if "98145" in line]
+    assert [line[1] for line in lines] == ids and {line[3] for line in lines} == {"1_000"}, out
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(

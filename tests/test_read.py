@@ -724,7 +724,7 @@ def test_a_plot_coloured_by_a_key_keeps_an_int_and_its_text_apart(
     [ax] = drawn[0].axes
     legend = ax.get_legend()
     labels = [t.get_text() for t in legend.get_texts()]
-    assert labels == ["3 (int)", "3 (str)", "4", "(none)"], labels
+    assert labels == ["3 (number)", "3 (str)", "4", "(none)"], labels
     colours = {tuple(line.get_color()) for line in ax.lines}
     assert len(colours) == 4
 
