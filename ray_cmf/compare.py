@@ -103,7 +103,7 @@ from ray_cmf.lineage import (
     tune_id_of_key,
 )
 from ray_cmf.query import Query, parse
-from ray_cmf.results import TUNE_BOOKKEEPING
+from ray_cmf.results import TUNE_BOOKKEEPING, counts
 from ray_cmf.series_format import (
     SeriesSummary,
     SpillManifest,
@@ -460,8 +460,8 @@ class Sweep:
         ``series`` key), committed or among the ``spilled`` ones (trial, series instance): a running script's
         one series reads with the same columns before its commit and after."""
         held = {(f.trial_id, f.instance) for f in self.files()} | set(spilled)
-        counts = Counter(trial for trial, _ in held)
-        return {trial for trial, n in counts.items() if n > 1}
+        seen = Counter(trial for trial, _ in held)
+        return {trial for trial, n in seen.items() if n > 1}
 
     # -- frames --------------------------------------------------------------------------------------
     def steps(
@@ -972,8 +972,9 @@ class Sweep:
         ranked = next(iter(declared), None)
         if ranked is None and sole and len(numeric := _numeric(self._schema())) == 1:
             [ranked] = numeric
+        ask = "Name a metric (metric=..., --metric on the command line)"
         if ranked is None and (deleted := self.emptied_by_deletion()):
-            raise InvalidArgumentError(f"Name a metric (--metric): {deleted}")
+            raise InvalidArgumentError(f"{ask}: {deleted}")
         if ranked is None:
             unlogged = [m for m in self.modes() if m != THROUGHPUT and m not in logged]
             why = (
@@ -981,9 +982,9 @@ class Sweep:
                 if unlogged
                 else f"no logger of {self.pipeline!r} said which of its {self.metrics_name} metrics to rank by"
             )
-            raise InvalidArgumentError(
-                f"Name a metric (--metric): {why}; they are {_offered(sorted(_numeric(self._schema())))}"
-            )
+            numeric = sorted(_numeric(self._schema()))
+            rankable = [m for m in numeric if not counts(m) and m != THROUGHPUT] or numeric  # counts rank nothing
+            raise InvalidArgumentError(f"{ask}: {why}; they are {_offered(rankable)}")
         return ranked
 
     def mode_for(self, metric: str, mode: str | None = None) -> str:

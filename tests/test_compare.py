@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_cmf import Cmf, RayCmfError, Store, StoreError, Sweep, lineage
+from ray_cmf import Cmf, InvalidArgumentError, RayCmfError, Store, StoreError, Sweep, lineage
 from ray_cmf.cli import main
 from ray_cmf.versioning import cache_path, file_md5
 from tests._values import floats, same
@@ -1021,7 +1021,25 @@ def test_plot_draws_a_series_only_metric_without_being_told_it(
     assert code == 0 and json.loads(out)[0]["plot"].endswith("one.png"), err
     for argv in (("plot", "-o", str(tmp_path / "top.png"), "--top", "1"), ("compare",)):
         code, _, err = _cli(capsys, argv[0], *store, *argv[1:])
-        assert code == 2 and "Name a metric (--metric)" in err and "['loss']" in err, (argv, err)
+        assert code == 2 and "--metric" in err and "they are ['loss']" in err, (argv, err)
+
+
+def test_asked_which_metric_to_rank_by_the_error_offers_metrics_not_counters(tmp_path: Path) -> None:
+    """A StepLogger's series without ``modes=``: ``Sweep.ranked_metric()`` told a Python user to pass
+    ``--metric``, and offered the ``_nonfinite`` counts and the throughput, which nothing ranks by (a new
+    user's). It names both ways to say it and offers the metrics."""
+    cmf = Cmf(pipeline_name="train", store=tmp_path / "store")
+    for step in range(3):
+        row = {"step": step, "loss": 1.0 / (step + 1), "loss_nonfinite": 0.0, "samples_per_s": 100.0}
+        cmf.log_metric("steps", row)
+    cmf.commit_metrics("steps")
+    cmf.close()
+    with pytest.raises(InvalidArgumentError) as refused:
+        Sweep(tmp_path / "store", metrics_name="steps").ranked_metric()
+    said = str(refused.value)
+    assert said.startswith("Name a metric (metric=..., --metric on the command line)") and said.endswith(
+        "they are ['loss']"
+    ), said
 
 
 def test_pull_brings_back_every_file_it_can_and_then_names_those_it_cannot(
