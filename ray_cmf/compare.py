@@ -111,6 +111,7 @@ from ray_cmf.series_format import (
     float_texts,
     int_magnitude,
     read_segments,
+    segment_columns,
     unify,
 )
 from ray_cmf.store import Store
@@ -562,6 +563,16 @@ class Sweep:
         table = _scan_with_trials(dataset, _columns(schema, metrics, steps, numbered), files, several=several)
         return _keyed(table, steps, metrics)
 
+    def _spilled_columns(self) -> set[str]:
+        """The columns this sweep's series holds in its spills (running trials' uncommitted rows)."""
+        ids = {e.id for e, _ in self.executions()}
+        return {
+            column
+            for directory, manifest in self._manifests()
+            if manifest.metrics_name == self.metrics_name and manifest.execution_id in ids
+            for column in segment_columns(directory)
+        }
+
     def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
         """The uncommitted rows of this sweep's series, one table per spill directory."""
         ids = {e.id: self.key(e) for e, _ in self.executions()}
@@ -887,14 +898,15 @@ class Sweep:
         return [m for m in declared if not self._series_with([m])]
 
     def _series_with(self, metrics: list[str]) -> list[str]:
-        """The pipeline's other series that hold every one of ``metrics`` (committed), by name."""
+        """The pipeline's other series that hold every one of ``metrics`` (committed, or spilled by a running
+        trial), by name."""
         holding = []
         for name in self.series_names():
             if name == self.metrics_name:
                 continue
             other = Sweep(self.store, self.pipeline, self.stage, name, include_deleted=self.include_deleted)
             with contextlib.suppress(RayCmfError):
-                if set(metrics) <= set(other._known_schema().names):
+                if set(metrics) <= set(other._known_schema().names) | other._spilled_columns():
                     holding.append(name)
         return holding
 

@@ -292,6 +292,15 @@ def read_segments(directory: Path) -> Iterator[pa.RecordBatch]:
                 log.info("ray_cmf: %s ends in a torn batch; keeping the complete ones", segment)
 
 
+def segment_columns(directory: Path) -> set[str]:
+    """The columns a spill directory's segments hold, read from their schemas alone (no rows)."""
+    columns: set[str] = set()
+    for segment in directory.glob(SEGMENT_GLOB):
+        with open(segment, "rb") as source, contextlib.suppress(pa.ArrowInvalid, OSError, EOFError):
+            columns.update(pa.ipc.open_stream(source).schema.names)
+    return columns
+
+
 def write_parquet(batches: Iterable[pa.RecordBatch], dest: Path, schemas: list[pa.Schema]) -> FinishedFile:
     """Write batches (``schemas``: theirs) as one row group each to ``dest`` atomically, hashing while
     writing; one batch at a time is in memory, however long the series.

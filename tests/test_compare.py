@@ -808,6 +808,14 @@ def test_the_ranked_metric_asked_of_another_series_is_unknown_there(
     assert code == 2 and "['tune_results'] holds them" in err, err
     running = write_trials(tmp_path / "running", [Trial("c", {}, {"": system}, status="RUNNING", props=ranked)])
     assert math.isnan(Sweep(running.root).trials(["loss"])["loss_best"].iloc[0])  # declared, logged nowhere yet
+    live = [Trial("d", {}, {"": results}, status="RUNNING", props=ranked)]  # its results spilled, not committed
+    write_trials(tmp_path / "live", live)
+    write_trials(
+        tmp_path / "live", [Trial("d", {}, {"": system}, status="RUNNING", props=ranked)], metrics_name="system_metrics"
+    )
+    for read_live in (True, False):  # each read it as awaited: a NaN column
+        with pytest.raises(RayCmfError, match=r"\['tune_results'\] holds them"):
+            Sweep(tmp_path / "live", metrics_name="system_metrics").trials(["loss"], live=read_live)
     ended = write_trials(tmp_path / "ended", [Trial("c", {}, {"": [{"step": 1, "acc": 0.5}]}, props=ranked)])
     with pytest.raises(RayCmfError, match=r"Unknown metric\(s\) \['loss'\] in series 'tune_results'"):
         Sweep(ended.root).best("loss")  # the sweep ranks by it, and no trial ever logged it
