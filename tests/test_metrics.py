@@ -877,3 +877,15 @@ def test_a_copied_metric_holds_what_the_original_held_and_goes_its_own_way(
     reference.update(torch.tensor(values[:5]))
     _close(alone.compute(), reference.compute(), "a standalone metric's copy")
     _close(alone.sync().wait(), reference.sync().wait(), "a standalone metric's copy, synced")
+
+
+def test_a_collection_of_unnamed_metrics_is_refused_saying_how_to_name_them() -> None:
+    """``MetricCollection([Mean(), Max()])`` raised ``AttributeError: 'list' object has no attribute 'items'``
+    from inside the package (a new user's). It is a TypeError that says what it takes; a collection's repr
+    names its metrics, as each metric's does."""
+    with pytest.raises(TypeError, match=r"MetricCollection takes a \{name: metric\} dict, got a list"):
+        MetricCollection([Mean(), Max()])  # type: ignore[arg-type]
+    assert (
+        repr(MetricCollection({"loss": Mean(), "top": Max()}))
+        == f"MetricCollection({{'loss': {Mean()!r}, 'top': {Max()!r}}})"
+    )

@@ -33,6 +33,11 @@ class MetricCollection:
     """
 
     def __init__(self, metrics: Mapping[str, Metric], *, device: Any = None) -> None:
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"MetricCollection takes a {{name: metric}} dict, got a {type(metrics).__name__} ({metrics!r:.80}): "
+                "name each metric, MetricCollection({'loss': Mean()})"
+            )
         if not metrics:
             raise ValueError("MetricCollection needs at least one metric")
         for name, metric in metrics.items():
@@ -43,6 +48,9 @@ class MetricCollection:
         self._groups = self._pack()
         self._patterns: dict[Pattern, tuple[list[Metric], bool]] = {}  # per call pattern: its metrics, and
         # whether they all stage their arguments as given (then the call is staged as one)
+
+    def __repr__(self) -> str:
+        return f"MetricCollection({self._metrics!r})"
 
     def _pack(self) -> MetricGroups:
         members = {**self._metrics, **self._hidden}
