@@ -125,6 +125,7 @@ def trial_cmf(
     if trainable is not None:
         _flush_at_saves(trainable)
         _hand_over_at_stop(trainable)
+        _hand_over_at_restarts(trainable)
     if in_trial:
         interval = None if joined.node_sampled else system_metrics
         flush_seconds = buffer_options.get("flush_seconds", DEFAULT_FLUSH_SECONDS)
@@ -297,6 +298,26 @@ def _hand_over_at_stop(trainable: tune.Trainable) -> None:
         cleanup()
 
     trainable.cleanup = cleanup_after_hand_over  # type: ignore[method-assign]
+
+
+def _hand_over_at_restarts(trainable: tune.Trainable) -> None:
+    """Make a trial that Tune starts again in this instance (``reuse_actors``: PBT pauses a trial and resumes
+    it in the actor it had, from another trial's checkpoint) hand over the Cmf it holds, which is bound to the
+    attempt before: the next ``trial_cmf()`` joins the new attempt, whose rows replace the steps it logs again.
+    Wraps, on the instance, ``reset_config`` and ``load_checkpoint``, which ``Trainable.reset`` and ``restore``
+    (bound by Ray as it starts the actor) call on ``self``."""
+    for name in ("reset_config", "load_checkpoint"):
+        if name in vars(trainable):  # wrapped already
+            continue
+        method = getattr(trainable, name)
+
+        @functools.wraps(method)
+        def after_hand_over(*args: Any, __method: Any = method, **kwargs: Any) -> Any:
+            for trial_id, cmf in list(_TRIAL_CMFS.items()):  # a trial's process holds the Cmf of the trial it ran
+                _HandOver(trial_id, cmf, None)()
+            return __method(*args, **kwargs)
+
+        setattr(trainable, name, after_hand_over)
 
 
 def _running(method: Any) -> Any:

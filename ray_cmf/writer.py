@@ -8,6 +8,7 @@ crash-safe spill, and a commit turns the spill into a versioned Parquet file.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -155,6 +156,7 @@ class StoreWriter:
         self._stores: dict[Store, Store] = {}
         self._bindings: dict[tuple[str, str], tuple[Binding, str | None]] = {}  # with the token of its start
         self._unbound: dict[tuple[str, str], str] = {}  # why the last registration of a trial or run failed
+        self._binding_now: collections.Counter[tuple[str, str]] = collections.Counter()  # registrations under way
         self._series: dict[tuple[Store, str], _Series] = {}
         self._ended: set[tuple[Store, int]] = set()  # executions whose trial or run has ended
         self._node_sampled: set[tuple[str, str]] = set()  # trials whose process their node's sampler samples
@@ -269,15 +271,24 @@ class StoreWriter:
 
     @contextlib.contextmanager
     def _registering(self, kind: str, name: str) -> Iterator[None]:
-        """Remember why a registration failed (see :meth:`binding`); a later one that succeeds forgets it."""
+        """Remember why a registration failed (see :meth:`binding`); a later one that succeeds forgets it.
+        While it runs, the binding of that name is not given out (see :meth:`binding`)."""
+        with self._lock:
+            self._binding_now[(kind, name)] += 1
         try:
             yield
         except Exception as exc:
             with self._lock:
                 self._unbound[(kind, name)] = f"{type(exc).__name__}: {exc}"
             raise
-        with self._lock:
-            self._unbound.pop((kind, name), None)
+        else:
+            with self._lock:
+                self._unbound.pop((kind, name), None)
+        finally:
+            with self._lock:
+                self._binding_now[(kind, name)] -= 1
+                if not self._binding_now[(kind, name)]:
+                    del self._binding_now[(kind, name)]
 
     def binding(self, *, kind: str, name: str, token: str | None = None) -> Binding | None:
         """The binding of a trial or run, or None when none was made yet; with a ``token``, None until a
@@ -288,6 +299,8 @@ class StoreWriter:
             RayCmfError: Its registration failed (the store refused it): waiting would never end well.
         """
         with self._lock:
+            if (kind, name) in self._binding_now:  # a start registers it again (a reused actor's: the same token)
+                return None
             binding, bound_by = self._bindings.get((kind, name), (None, None))
             failed = self._unbound.get((kind, name))
         if failed is not None:

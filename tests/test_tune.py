@@ -1936,6 +1936,65 @@ def test_a_trainable_class_logs_through_trial_cmf_in_step_and_is_told_where_not_
     assert "ray_cmf.tune.trial_cmf(self.trial_id) in step()" in table.loc["get_cmf", "error"]
 
 
+def test_a_class_trainable_that_pbt_restarts_in_its_own_actor_logs_each_step_once(
+    ray_session: None, tmp_path: Path
+) -> None:
+    """PBT with ``reuse_actors=True`` (what Tune's own warning recommends): the worse trial is paused and
+    resumed, in the actor it had, from the better one's checkpoint, and logs its steps from there again. Its
+    ``trial_cmf(self.trial_id)`` was the Cmf it held before, bound to the attempt before, so the series read
+    those steps twice (a new user's). The restart hands that Cmf over: the next one is the new attempt's."""
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from ray_cmf import CmfRayLogger
+    from ray_cmf.tune import trial_cmf
+
+    class Climbs(tune.Trainable):
+        def setup(self, config: dict[str, Any]) -> None:
+            self.i, self.s = 0, 0.0
+
+        def step(self) -> dict[str, Any]:
+            self.i += 1
+            self.s += self.config["lr"]
+            trial_cmf(self.trial_id).log_metric("fine", {"step": self.i, "s": self.s})
+            time.sleep(0.05)  # trials that take turns on the 2 CPUs: a paused one resumes in an actor it had
+            return {"s": self.s}
+
+        def reset_config(self, new_config: dict[str, Any]) -> bool:
+            self.i, self.s = 0, 0.0
+            return True
+
+        def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+            return {"i": self.i, "s": self.s}
+
+        def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            self.i, self.s = checkpoint["i"], checkpoint["s"]
+
+    pbt = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=2,
+        hyperparam_mutations={"lr": [0.1, 1.0, 3.0]},
+        quantile_fraction=0.5,
+    )
+    logger = CmfRayLogger("pbt_reused", store=str(tmp_path / "store"), metric="s", mode="max", system_metrics=None)
+    tune.Tuner(
+        Climbs,
+        param_space={"lr": tune.grid_search([0.1, 0.3, 1.0, 3.0])},
+        tune_config=tune.TuneConfig(metric="s", mode="max", scheduler=pbt, reuse_actors=True),
+        run_config=tune.RunConfig(
+            storage_path=str(tmp_path / "results"),
+            callbacks=[logger],
+            stop={"training_iteration": 8},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+            verbose=0,
+        ),
+    ).fit()
+    rows = Sweep(tmp_path / "store", metrics_name="fine").steps(["s", "attempt"])
+    steps = {trial: group["step"].tolist() for trial, group in rows.groupby("trial_id")}
+    assert all(sorted(s) == list(range(1, 9)) for s in steps.values()), steps  # each step once
+    assert rows["attempt"].max() >= 2, rows  # a trial was restarted from the other's checkpoint
+
+
 def test_a_long_errors_table_cell_is_its_exception_line() -> None:
     """A trial that raised ``ValueError("x" * 5000)``: the error keeps the type, and the trials table shows
     the exception's line, shortened, where it showed the end of the cut message (a row of x's)."""
