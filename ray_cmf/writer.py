@@ -291,9 +291,10 @@ class StoreWriter:
                     del self._binding_now[(kind, name)]
 
     def binding(self, *, kind: str, name: str, token: str | None = None) -> Binding | None:
-        """The binding of a trial or run, or None when none was made yet; with a ``token``, None until a
-        start of that token binds it (an earlier run of the name, or a trial's failed attempt, must not be
-        taken for this one), or a start that named none.
+        """The binding of a trial or run, or None when none was made yet, or while a registration of it runs
+        (a start of it: the binding it makes is the one to take); with a ``token``, None until a start of that
+        token binds it (an earlier run of the name, or a trial's failed attempt, must not be taken for this
+        one), or a start that named none.
 
         Raises:
             RayCmfError: Its registration failed (the store refused it): waiting would never end well.
