@@ -563,24 +563,24 @@ class Sweep:
         table = _scan_with_trials(dataset, _columns(schema, metrics, steps, numbered), files, several=several)
         return _keyed(table, steps, metrics)
 
-    def _spilled_columns(self) -> set[str]:
-        """The columns this sweep's series holds in its spills (running trials' uncommitted rows)."""
-        ids = {e.id for e, _ in self.executions()}
-        return {
-            column
+    def _own_spills(self) -> list[tuple[Path, SpillManifest, str]]:
+        """This sweep's series' spill directories (running trials' uncommitted rows), each with its manifest
+        and its trial's key."""
+        ids = {e.id: self.key(e) for e, _ in self.executions()}
+        return [
+            (directory, manifest, ids[manifest.execution_id])
             for directory, manifest in self._manifests()
             if manifest.metrics_name == self.metrics_name and manifest.execution_id in ids
-            for column in segment_columns(directory)
-        }
+        ]
+
+    def _spilled_columns(self) -> set[str]:
+        """The columns this sweep's series holds in its spills, read from their schemas alone."""
+        return {column for directory, _, _ in self._own_spills() for column in segment_columns(directory)}
 
     def _spilled(self, metrics: list[str] | None) -> list[_Spilled]:
         """The uncommitted rows of this sweep's series, one table per spill directory."""
-        ids = {e.id: self.key(e) for e, _ in self.executions()}
         tables = []
-        for directory, manifest in self._manifests():
-            trial = ids.get(manifest.execution_id)
-            if manifest.metrics_name != self.metrics_name or trial is None:
-                continue
+        for directory, manifest, trial in self._own_spills():
             batches = list(read_segments(directory))
             if not batches:
                 continue
